@@ -1,0 +1,256 @@
+// The one pybind11 module, dnnkit._cpu. Thin: checks what a kernel relies on, releases the GIL, calls
+// the kernel. The Python layer (dnnkit.api) does the user-facing validation with operator-named errors;
+// the checks here keep direct callers from crashing the process.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "common.h"
+#include "cpu_info.h"
+#include "eltwise/eltwise.h"
+#include "gemm/blocking.h"
+#include "gemm/gemm.h"
+#include "gemm/ukernel.h"
+
+namespace py = pybind11;
+using namespace dnnkit;
+
+namespace {
+
+struct View2D {
+  index_t rows, cols, rs, cs;  // strides in elements
+};
+
+template <typename T>
+View2D view2d(const py::array& x, const char* op, const char* name) {
+  if (x.ndim() != 2) throw py::value_error(std::string(op) + ": " + name + " must be 2-D");
+  if (!py::isinstance<py::array_t<T>>(x) || x.itemsize() != static_cast<py::ssize_t>(sizeof(T)))
+    throw py::type_error(std::string(op) + ": " + name + " has the wrong dtype");
+  for (int d = 0; d < 2; ++d)
+    if (x.strides(d) % static_cast<py::ssize_t>(sizeof(T)) != 0)
+      throw py::value_error(std::string(op) + ": " + name + " has strides that are not a multiple of its itemsize");
+  return {x.shape(0), x.shape(1), x.strides(0) / static_cast<index_t>(sizeof(T)),
+          x.strides(1) / static_cast<index_t>(sizeof(T))};
+}
+
+Activation activation_from_int(int act) {
+  if (act < 0 || act > 4) throw py::value_error("activation code must be in 0..4");
+  return static_cast<Activation>(act);
+}
+
+template <typename T>
+void gemm_impl(const py::array& a, const py::array& b, py::array& c, double alpha, double beta,
+               const py::object& bias, int act, int nthreads) {
+  const char* op = "gemm";
+  View2D va = view2d<T>(a, op, "a"), vb = view2d<T>(b, op, "b"), vc = view2d<T>(c, op, "c");
+  if (va.cols != vb.rows) throw py::value_error("gemm: inner dimensions of a and b differ");
+  if (vc.rows != va.rows || vc.cols != vb.cols) throw py::value_error("gemm: c has the wrong shape");
+  if (!c.writeable()) throw py::value_error("gemm: c is read-only");
+  GemmArgs<T> g;
+  g.m = va.rows;
+  g.n = vb.cols;
+  g.k = va.cols;
+  g.alpha = static_cast<T>(alpha);
+  g.beta = static_cast<T>(beta);
+  g.a = static_cast<const T*>(a.data());
+  g.rs_a = va.rs;
+  g.cs_a = va.cs;
+  g.b = static_cast<const T*>(b.data());
+  g.rs_b = vb.rs;
+  g.cs_b = vb.cs;
+  g.c = static_cast<T*>(c.mutable_data());
+  g.rs_c = vc.rs;
+  g.cs_c = vc.cs;
+  g.act = activation_from_int(act);
+  py::array_t<T, py::array::c_style> bias_arr;
+  if (!bias.is_none()) {
+    bias_arr = py::array_t<T, py::array::c_style>::ensure(bias);
+    if (!bias_arr || bias_arr.ndim() != 1 || bias_arr.shape(0) != g.n)
+      throw py::value_error("gemm: bias must be 1-D with one element per column of c");
+    g.bias = bias_arr.data();
+  }
+  py::gil_scoped_release nogil;
+  gemm<T>(g, nthreads);
+}
+
+template <typename T>
+py::array_t<T> contiguous(const py::object& x, const char* op, const char* name) {
+  auto arr = py::array_t<T, py::array::c_style>::ensure(x);
+  if (!arr) throw py::type_error(std::string(op) + ": " + name + " must be a contiguous array of the right dtype");
+  return arr;
+}
+
+template <typename T>
+void ukernel_test_impl(Isa isa, const py::array& ap, const py::array& bp, py::array& c, double alpha, double beta,
+                       int m, int n) {
+  const UKernel<T> uk = select_ukernel<T>(isa);
+  auto a = py::array_t<T, py::array::c_style>::ensure(ap);
+  auto b = py::array_t<T, py::array::c_style>::ensure(bp);
+  if (!a || !b || a.size() % uk.mr != 0 || b.size() / uk.nr != a.size() / uk.mr || b.size() % uk.nr != 0)
+    throw py::value_error("ukernel_test: packed panels must hold k*MR and k*NR elements");
+  if (m < 0 || m > uk.mr || n < 0 || n > uk.nr) throw py::value_error("ukernel_test: need 0 <= m <= MR, 0 <= n <= NR");
+  View2D vc = view2d<T>(c, "ukernel_test", "c");
+  if (vc.rows < m || vc.cols < n) throw py::value_error("ukernel_test: c is smaller than m x n");
+  if (!c.writeable()) throw py::value_error("ukernel_test: c is read-only");
+  const index_t k = a.size() / uk.mr;
+  // Copy into 64-byte-aligned buffers, as the driver's packing provides.
+  AlignedBuffer<T> abuf(static_cast<std::size_t>(k * uk.mr + 1)), bbuf(static_cast<std::size_t>(k * uk.nr + 1));
+  std::copy(a.data(), a.data() + a.size(), abuf.data());
+  std::copy(b.data(), b.data() + b.size(), bbuf.data());
+  uk.fn(k, abuf.data(), bbuf.data(), static_cast<T*>(c.mutable_data()), vc.rs, vc.cs, static_cast<T>(alpha),
+        static_cast<T>(beta), m, n);
+}
+
+bool is_f32(const py::array& x) { return py::isinstance<py::array_t<float>>(x) && x.itemsize() == 4; }
+bool is_f64(const py::array& x) { return py::isinstance<py::array_t<double>>(x) && x.itemsize() == 8; }
+
+}  // namespace
+
+PYBIND11_MODULE(_cpu, m) {
+  m.doc() = "dnnkit CPU kernels (C++, OpenMP)";
+
+  m.def("gemm",
+        [](const py::array& a, const py::array& b, py::array& c, double alpha, double beta, const py::object& bias,
+           int act, int nthreads) {
+          if (is_f32(c)) return gemm_impl<float>(a, b, c, alpha, beta, bias, act, nthreads);
+          if (is_f64(c)) return gemm_impl<double>(a, b, c, alpha, beta, bias, act, nthreads);
+          throw py::type_error("gemm: c must be float32 or float64");
+        },
+        py::arg("a"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
+        py::arg("bias") = py::none(), py::arg("activation") = 0, py::arg("nthreads") = 0,
+        "C := act(alpha*A@B + beta*C + bias) on 2-D strided arrays of one dtype; C is not read when beta == 0.");
+
+  m.def("gemm_workspace_bytes",
+        [](index_t mm, index_t n, index_t k, int itemsize, int nthreads) {
+          if (mm < 0 || n < 0 || k < 0) throw py::value_error("gemm_workspace_bytes: sizes must be >= 0");
+          if (itemsize == 4) return gemm_workspace_bytes<float>(mm, n, k, nthreads);
+          if (itemsize == 8) return gemm_workspace_bytes<double>(mm, n, k, nthreads);
+          throw py::value_error("gemm_workspace_bytes: itemsize must be 4 or 8");
+        },
+        py::arg("m"), py::arg("n"), py::arg("k"), py::arg("itemsize"), py::arg("nthreads") = 0);
+
+  m.def("activation_forward", [](const py::array& z, py::array& y, int act) {
+    const Activation a = activation_from_int(act);
+    if (z.size() != y.size() || !y.writeable()) throw py::value_error("activation_forward: y must match z");
+    if (is_f32(z)) {
+      auto zz = contiguous<float>(z, "activation_forward", "z");
+      auto yy = contiguous<float>(y, "activation_forward", "y");
+      if (yy.ptr() != y.ptr()) throw py::value_error("activation_forward: y must be C-contiguous");
+      py::gil_scoped_release nogil;
+      activation_forward<float>(zz.data(), yy.mutable_data(), zz.size(), a);
+    } else if (is_f64(z)) {
+      auto zz = contiguous<double>(z, "activation_forward", "z");
+      auto yy = contiguous<double>(y, "activation_forward", "y");
+      if (yy.ptr() != y.ptr()) throw py::value_error("activation_forward: y must be C-contiguous");
+      py::gil_scoped_release nogil;
+      activation_forward<double>(zz.data(), yy.mutable_data(), zz.size(), a);
+    } else {
+      throw py::type_error("activation_forward: z must be float32 or float64");
+    }
+  });
+
+  m.def("activation_backward", [](const py::array& grad_y, const py::object& z, const py::object& y,
+                                  py::array& grad_z, int act) {
+    const Activation a = activation_from_int(act);
+    if (grad_y.size() != grad_z.size() || !grad_z.writeable())
+      throw py::value_error("activation_backward: grad_z must match grad_y");
+    if (z.is_none() && (y.is_none() || a == Activation::gelu))
+      throw py::value_error("activation_backward: gelu needs z; the others need z or y");
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      auto gy = contiguous<T>(grad_y, "activation_backward", "grad_y");
+      auto gz = contiguous<T>(grad_z, "activation_backward", "grad_z");
+      if (gz.ptr() != grad_z.ptr()) throw py::value_error("activation_backward: grad_z must be C-contiguous");
+      py::array_t<T> zz, yy;
+      if (!z.is_none()) zz = contiguous<T>(z, "activation_backward", "z");
+      if (!y.is_none()) yy = contiguous<T>(y, "activation_backward", "y");
+      if ((zz && zz.size() != gy.size()) || (yy && yy.size() != gy.size()))
+        throw py::value_error("activation_backward: z and y must match grad_y");
+      const T* zp = zz ? zz.data() : nullptr;
+      const T* yp = yy ? yy.data() : nullptr;
+      py::gil_scoped_release nogil;
+      activation_backward<T>(gy.data(), zp, yp, gz.mutable_data(), gy.size(), a);
+    };
+    if (is_f32(grad_y)) run(float{});
+    else if (is_f64(grad_y)) run(double{});
+    else throw py::type_error("activation_backward: grad_y must be float32 or float64");
+  });
+
+  m.def("column_sums", [](const py::array& x) -> py::array {
+    if (x.ndim() != 2) throw py::value_error("column_sums: x must be 2-D");
+    auto run = [&](auto tag) -> py::array {
+      using T = decltype(tag);
+      auto xx = contiguous<T>(x, "column_sums", "x");
+      py::array_t<T> out(xx.shape(1));
+      const index_t rows = xx.shape(0), cols = xx.shape(1);
+      T* o = out.mutable_data();
+      {
+        py::gil_scoped_release nogil;
+        column_sums<T>(xx.data(), rows, cols, o);
+      }
+      return out;
+    };
+    if (is_f32(x)) return run(float{});
+    if (is_f64(x)) return run(double{});
+    throw py::type_error("column_sums: x must be float32 or float64");
+  });
+
+  m.def("ukernel_test",
+        [](const std::string& isa, const py::array& ap, const py::array& bp, py::array& c, double alpha, double beta,
+           int mm, int n) {
+          const Isa i = isa_from_name(isa);
+          if (static_cast<int>(i) > static_cast<int>(detected_isa()))
+            throw py::value_error("ukernel_test: this CPU does not support " + isa);
+          if (is_f32(c)) return ukernel_test_impl<float>(i, ap, bp, c, alpha, beta, mm, n);
+          if (is_f64(c)) return ukernel_test_impl<double>(i, ap, bp, c, alpha, beta, mm, n);
+          throw py::type_error("ukernel_test: c must be float32 or float64");
+        },
+        "Test-only: run one ISA's micro-kernel on packed panels (a: k*MR, b: k*NR) into the m x n tile c.");
+
+  m.def("ukernel_info", [](const std::string& isa, int itemsize) {
+    const Isa i = isa_from_name(isa);
+    if (itemsize == 4) {
+      auto u = select_ukernel<float>(i);
+      auto b = blocking_for<float>(i);
+      return py::make_tuple(u.name, u.mr, u.nr, b.mc, b.kc, b.nc);
+    }
+    auto u = select_ukernel<double>(i);
+    auto b = blocking_for<double>(i);
+    return py::make_tuple(u.name, u.mr, u.nr, b.mc, b.kc, b.nc);
+  }, "(name, MR, NR, MC, KC, NC) of an ISA's micro-kernel and blocking for itemsize 4 or 8.");
+
+  m.def("measure_peak_gflops", [](const std::string& isa, int nthreads, double seconds) {
+    if (nthreads < 1) throw py::value_error("measure_peak_gflops: nthreads must be >= 1");
+    if (!(seconds > 0) || seconds > 60) throw py::value_error("measure_peak_gflops: seconds must be in (0, 60]");
+    const Isa i = isa_from_name(isa);
+    if (static_cast<int>(i) > static_cast<int>(detected_isa()))
+      throw py::value_error("measure_peak_gflops: this CPU does not support " + isa);
+    py::gil_scoped_release nogil;
+    return dnnkit::measure_peak_gflops(i, nthreads, seconds);
+  }, py::arg("isa"), py::arg("nthreads"), py::arg("seconds") = 0.2,
+     "float32 FMA throughput of nthreads threads, GFLOP/s.");
+
+  m.def("detected_isa", [] { return std::string(isa_name(detected_isa())); });
+  m.def("active_isa", [] { return std::string(isa_name(active_isa())); });
+  m.def("set_isa", [](const std::string& name) {
+    try {
+      set_isa(isa_from_name(name));
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  });
+  m.def("cpu_model_name", &cpu_model_name);
+  m.def("get_num_threads", &get_num_threads);
+  m.def("set_num_threads", [](int n) {
+    if (n < 1) throw py::value_error("set_num_threads: n must be >= 1");
+    set_num_threads(n);
+  });
+  m.def("has_openmp", [] {
+#ifdef _OPENMP
+    return true;
+#else
+    return false;
+#endif
+  });
+}

@@ -1,0 +1,59 @@
+// Shared helpers for the CPU kernels: aligned buffers, threading, error types.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace dnnkit {
+
+using index_t = std::int64_t;
+
+// Alignment of every packed buffer: one cache line, which is also one AVX-512 vector.
+constexpr std::size_t kAlign = 64;
+
+// An owning, aligned, uninitialised buffer of T. Throws std::bad_alloc (MemoryError in Python).
+template <typename T>
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(std::size_t n) { resize(n); }
+  ~AlignedBuffer() { std::free(ptr_); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+
+  // Grows (never shrinks) to hold n elements; contents are not preserved.
+  void resize(std::size_t n) {
+    if (n <= cap_) return;
+    std::free(ptr_);
+    ptr_ = nullptr;
+    cap_ = 0;
+    if (n > (SIZE_MAX - kAlign) / sizeof(T)) throw std::bad_alloc();
+    std::size_t bytes = (n * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, bytes);
+    if (!p) throw std::bad_alloc();
+    ptr_ = static_cast<T*>(p);
+    cap_ = n;
+  }
+  T* data() { return ptr_; }
+  const T* data() const { return ptr_; }
+
+ private:
+  T* ptr_ = nullptr;
+  std::size_t cap_ = 0;
+};
+
+inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
+inline index_t round_up(index_t a, index_t b) { return ceil_div(a, b) * b; }
+
+// Number of threads kernels use; set from Python (dnnkit.set_num_threads).
+int get_num_threads();
+void set_num_threads(int n);
+
+}  // namespace dnnkit

@@ -1,0 +1,64 @@
+// Element-wise epilogues fused into the GEMM tile store, and their derivatives for the backward pass.
+//   y = act(z),  z = alpha*A*B + beta*C + bias[j]
+#pragma once
+#include <cmath>
+
+#include "../common.h"
+
+namespace dnnkit {
+
+enum class Activation : int { identity = 0, relu = 1, tanh = 2, sigmoid = 3, gelu = 4 };
+
+template <typename T>
+inline T activate(Activation act, T z) {
+  switch (act) {
+    case Activation::relu: return z < T(0) ? T(0) : z;  // NaN passes through, as in torch.relu
+    case Activation::tanh: return std::tanh(z);
+    case Activation::sigmoid: return T(1) / (T(1) + std::exp(-z));
+    case Activation::gelu: return T(0.5) * z * (T(1) + std::erf(z * T(0.70710678118654752440)));
+    default: return z;
+  }
+}
+
+// d act / dz, from z (the pre-activation) and y = act(z).
+template <typename T>
+inline T activate_grad(Activation act, T z, T y) {
+  switch (act) {
+    case Activation::relu: return z > T(0) ? T(1) : (z != z ? z : T(0));
+    case Activation::tanh: return T(1) - y * y;
+    case Activation::sigmoid: return y * (T(1) - y);
+    case Activation::gelu: {
+      const T cdf = T(0.5) * (T(1) + std::erf(z * T(0.70710678118654752440)));
+      const T pdf = std::exp(T(-0.5) * z * z) * T(0.39894228040143267794);  // 1/sqrt(2*pi)
+      return cdf + z * pdf;
+    }
+    default: return T(1);
+  }
+}
+
+struct Epilogue {
+  const void* bias = nullptr;  // length n, added to every row; nullptr for none
+  Activation act = Activation::identity;
+  bool empty() const { return bias == nullptr && act == Activation::identity; }
+};
+
+// Applies bias and activation to an m x n tile at c (row stride rs_c, column stride cs_c); `bias`
+// points at the tile's first column.
+template <typename T>
+void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, const T* bias, Activation act) {
+  for (index_t i = 0; i < m; ++i) {
+    T* row = c + i * rs_c;
+    if (bias)
+      for (index_t j = 0; j < n; ++j) row[j * cs_c] += bias[j];
+    switch (act) {
+      case Activation::identity: break;
+      case Activation::relu:
+        for (index_t j = 0; j < n; ++j) row[j * cs_c] = activate(Activation::relu, row[j * cs_c]);
+        break;
+      default:
+        for (index_t j = 0; j < n; ++j) row[j * cs_c] = activate(act, row[j * cs_c]);
+    }
+  }
+}
+
+}  // namespace dnnkit

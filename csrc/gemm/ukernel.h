@@ -1,0 +1,58 @@
+// The GEMM micro-kernel contract, written once.
+//
+//   ukernel(k, a, b, c, rs_c, cs_c, alpha, beta, m, n)
+//
+//   a : packed A micro-panel, MR x k, stored k-major:  a[p*MR + i] = A(i, p)    (64-byte aligned)
+//   b : packed B micro-panel, k x NR, stored k-major:  b[p*NR + j] = B(p, j)    (64-byte aligned)
+//   c : the C tile; element (i, j) lives at c[i*rs_c + j*cs_c]
+//
+//   For 0 <= i < m <= MR and 0 <= j < n <= NR:   C(i,j) := beta * C(i,j) + alpha * sum_p A(i,p) B(p,j)
+//
+//   - Rows i >= m and columns j >= n of C are never read or written (edge tiles); the packed panels
+//     are zero-padded there by the packing routines, so the kernel always computes a full MR x NR tile.
+//   - When beta == 0, C is never read: it may hold NaN or Inf, and the result is alpha * A*B exactly.
+//   - k == 0 is allowed: C := beta * C (or 0 when beta == 0).
+//   - NaN and Inf in A and B propagate through the products as IEEE arithmetic says.
+#pragma once
+#include "../common.h"
+#include "../cpu_info.h"
+
+namespace dnnkit {
+
+template <typename T>
+using ukernel_fn = void (*)(index_t k, const T* a, const T* b, T* c, index_t rs_c, index_t cs_c, T alpha,
+                            T beta, int m, int n);
+
+template <typename T>
+struct UKernel {
+  const char* name;  // geometry and ISA: "ukernel_12x32_avx512"
+  int mr;
+  int nr;
+  ukernel_fn<T> fn;
+};
+
+// One entry per ISA; each is defined in its own file (ukernel_<isa>.cpp).
+template <typename T> UKernel<T> ukernel_ref();
+template <typename T> UKernel<T> ukernel_avx2();
+template <typename T> UKernel<T> ukernel_avx512();
+
+// The micro-kernel for an ISA (the active one by default).
+template <typename T>
+UKernel<T> select_ukernel(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return ukernel_avx512<T>();
+    case Isa::avx2: return ukernel_avx2<T>();
+    default: return ukernel_ref<T>();
+  }
+}
+
+// Peak-FLOP probes: a loop of independent FMAs on `iters` iterations, per ISA. Returns a value that
+// depends on every FMA (so the loop cannot be removed) and sets *flops to the FLOPs executed.
+double fma_probe_ref(index_t iters, double* flops);
+double fma_probe_avx2(index_t iters, double* flops);
+double fma_probe_avx512(index_t iters, double* flops);
+
+// GFLOP/s of nthreads threads running the ISA's FMA probe for about `seconds` (gemm/peak.cpp).
+double measure_peak_gflops(Isa isa, int nthreads, double seconds);
+
+}  // namespace dnnkit

@@ -1,0 +1,66 @@
+// AVX2+FMA micro-kernels: float32 6x16 (12 accumulators), float64 6x8 (12 accumulators).
+#include <immintrin.h>
+
+#include "ukernel.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+namespace {
+
+struct Avx2F32 {
+  using T = float;
+  using reg = __m256;
+  static constexpr int width = 8;
+  static inline reg zero() { return _mm256_setzero_ps(); }
+  static inline reg set1(T x) { return _mm256_set1_ps(x); }
+  static inline reg load(const T* p) { return _mm256_load_ps(p); }
+  static inline reg loadu(const T* p) { return _mm256_loadu_ps(p); }
+  static inline void store(T* p, reg v) { _mm256_store_ps(p, v); }
+  static inline void storeu(T* p, reg v) { _mm256_storeu_ps(p, v); }
+  static inline reg broadcast(const T* p) { return _mm256_set1_ps(*p); }
+  static inline reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static inline reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+};
+
+struct Avx2F64 {
+  using T = double;
+  using reg = __m256d;
+  static constexpr int width = 4;
+  static inline reg zero() { return _mm256_setzero_pd(); }
+  static inline reg set1(T x) { return _mm256_set1_pd(x); }
+  static inline reg load(const T* p) { return _mm256_load_pd(p); }
+  static inline reg loadu(const T* p) { return _mm256_loadu_pd(p); }
+  static inline void store(T* p, reg v) { _mm256_store_pd(p, v); }
+  static inline void storeu(T* p, reg v) { _mm256_storeu_pd(p, v); }
+  static inline reg broadcast(const T* p) { return _mm256_set1_pd(*p); }
+  static inline reg fma(reg a, reg b, reg c) { return _mm256_fmadd_pd(a, b, c); }
+  static inline reg mul(reg a, reg b) { return _mm256_mul_pd(a, b); }
+  static inline reg add(reg a, reg b) { return _mm256_add_pd(a, b); }
+};
+
+}  // namespace
+
+#include "ukernel_impl.h"
+
+namespace {
+constexpr int kMR = 6;  // rows of the tile; 2 vectors wide
+void uk_f32(dnnkit::index_t k, const float* a, const float* b, float* c, dnnkit::index_t rs_c,
+            dnnkit::index_t cs_c, float alpha, float beta, int m, int n) {
+  ukernel_tile<Avx2F32, kMR, 2>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n);
+}
+void uk_f64(dnnkit::index_t k, const double* a, const double* b, double* c, dnnkit::index_t rs_c,
+            dnnkit::index_t cs_c, double alpha, double beta, int m, int n) {
+  ukernel_tile<Avx2F64, kMR, 2>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n);
+}
+double probe(dnnkit::index_t iters, double* flops) { return fma_probe<Avx2F32, 12>(iters, flops); }
+}  // namespace
+
+#pragma GCC pop_options
+
+namespace dnnkit {
+template <> UKernel<float> ukernel_avx2<float>() { return {"ukernel_6x16_avx2", kMR, 16, uk_f32}; }
+template <> UKernel<double> ukernel_avx2<double>() { return {"ukernel_6x8_avx2", kMR, 8, uk_f64}; }
+double fma_probe_avx2(index_t iters, double* flops) { return probe(iters, flops); }
+}  // namespace dnnkit

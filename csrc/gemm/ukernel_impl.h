@@ -1,0 +1,109 @@
+// The register-blocked micro-kernel, generic over a SIMD traits type V (simd.h). Include this only
+// from a ukernel_<isa>.cpp file, inside that file's `#pragma GCC target` region and after every
+// standard header, so that nothing compiled for the ISA leaks into other translation units.
+//
+// Tile: MR rows x NV vectors of V::width columns. Per k step: NV vector loads of B, MR broadcasts of A,
+// MR*NV FMAs into MR*NV accumulator registers (MR*NV + NV + 1 registers must fit the register file).
+
+namespace {
+
+template <class V, int MR, int NV>
+void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const typename V::T* __restrict b,
+                  typename V::T* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, typename V::T alpha,
+                  typename V::T beta, int m, int n) {
+  using T = typename V::T;
+  using R = typename V::reg;
+  constexpr int W = V::width;
+  constexpr int NR = NV * W;
+
+  // Prefetch every cache line of the C tile; the k loop hides the latency.
+  if (cs_c == 1) {
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; j += 64 / static_cast<int>(sizeof(T))) __builtin_prefetch(c + i * rs_c + j, 1, 3);
+    if (n > 0)
+      for (int i = 0; i < m; ++i) __builtin_prefetch(c + i * rs_c + n - 1, 1, 3);
+  }
+
+  R acc[MR][NV];
+#pragma GCC unroll 64
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) acc[i][j] = V::zero();
+
+#pragma GCC unroll 4
+  for (dnnkit::index_t p = 0; p < k; ++p) {
+    R bv[NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) bv[j] = V::load(b + j * W);
+#pragma GCC unroll 64
+    for (int i = 0; i < MR; ++i) {
+      R av = V::broadcast(a + i);
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) acc[i][j] = V::fma(av, bv[j], acc[i][j]);
+    }
+    a += MR;
+    b += NR;
+  }
+
+  const R va = V::set1(alpha);
+  if (m == MR && n == NR && cs_c == 1) {
+    if (beta == T(0)) {
+#pragma GCC unroll 64
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) V::storeu(c + i * rs_c + j * W, V::mul(acc[i][j], va));
+    } else {
+      const R vb = V::set1(beta);
+#pragma GCC unroll 64
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) {
+          T* cp = c + i * rs_c + j * W;
+          V::storeu(cp, V::fma(vb, V::loadu(cp), V::mul(acc[i][j], va)));
+        }
+    }
+    return;
+  }
+  // Edge tile or strided C: spill the accumulators, then touch only the m x n valid elements.
+  alignas(64) T tile[MR * NR];
+#pragma GCC unroll 64
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) V::store(tile + i * NR + j * W, V::mul(acc[i][j], va));
+  if (beta == T(0)) {
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) c[i * rs_c + j * cs_c] = tile[i * NR + j];
+  } else {
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        T* cp = c + i * rs_c + j * cs_c;
+        *cp = beta * *cp + tile[i * NR + j];
+      }
+  }
+}
+
+// Peak probe: NACC independent FMA chains (enough to cover FMA latency x throughput), `iters` steps.
+template <class V, int NACC>
+double fma_probe(dnnkit::index_t iters, double* flops) {
+  using R = typename V::reg;
+  using T = typename V::T;
+  R acc[NACC];
+#pragma GCC unroll 32
+  for (int i = 0; i < NACC; ++i) acc[i] = V::set1(T(i) * T(1e-3));
+  const R x = V::set1(T(0.999999));
+  const R y = V::set1(T(1e-7));
+  for (dnnkit::index_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 32
+    for (int i = 0; i < NACC; ++i) acc[i] = V::fma(acc[i], x, y);
+    __asm__ volatile("" ::: "memory");
+  }
+  alignas(64) T out[V::width];
+  R s = acc[0];
+#pragma GCC unroll 32
+  for (int i = 1; i < NACC; ++i) s = V::add(s, acc[i]);
+  V::store(out, s);
+  *flops = 2.0 * V::width * NACC * static_cast<double>(iters);
+  return static_cast<double>(out[0]);
+}
+
+}  // namespace

@@ -1,0 +1,44 @@
+// Portable reference micro-kernels (any CPU): float32 and float64 4x8, plain C++ on a scalar "vector".
+#include "ukernel.h"
+
+namespace {
+
+template <typename TT>
+struct Scalar {
+  using T = TT;
+  using reg = TT;
+  static constexpr int width = 1;
+  static inline reg zero() { return T(0); }
+  static inline reg set1(T x) { return x; }
+  static inline reg load(const T* p) { return *p; }
+  static inline reg loadu(const T* p) { return *p; }
+  static inline void store(T* p, reg v) { *p = v; }
+  static inline void storeu(T* p, reg v) { *p = v; }
+  static inline reg broadcast(const T* p) { return *p; }
+  static inline reg fma(reg a, reg b, reg c) { return a * b + c; }
+  static inline reg mul(reg a, reg b) { return a * b; }
+  static inline reg add(reg a, reg b) { return a + b; }
+};
+
+}  // namespace
+
+#include "ukernel_impl.h"
+
+namespace {
+constexpr int kMR = 4;
+constexpr int kNR = 8;
+void uk_f32(dnnkit::index_t k, const float* a, const float* b, float* c, dnnkit::index_t rs_c,
+            dnnkit::index_t cs_c, float alpha, float beta, int m, int n) {
+  ukernel_tile<Scalar<float>, kMR, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n);
+}
+void uk_f64(dnnkit::index_t k, const double* a, const double* b, double* c, dnnkit::index_t rs_c,
+            dnnkit::index_t cs_c, double alpha, double beta, int m, int n) {
+  ukernel_tile<Scalar<double>, kMR, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n);
+}
+}  // namespace
+
+namespace dnnkit {
+template <> UKernel<float> ukernel_ref<float>() { return {"ukernel_4x8_ref", kMR, kNR, uk_f32}; }
+template <> UKernel<double> ukernel_ref<double>() { return {"ukernel_4x8_ref", kMR, kNR, uk_f64}; }
+double fma_probe_ref(index_t iters, double* flops) { return fma_probe<Scalar<float>, 8>(iters, flops); }
+}  // namespace dnnkit

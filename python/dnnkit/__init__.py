@@ -1,0 +1,36 @@
+"""dnnkit: deep-learning operator kernels for Python (CPU: C++/OpenMP; GPU: Numba-CUDA), with an
+autotuner. NumPy arrays in and out on the CPU."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import _cpu
+from ._config import (
+    get_num_threads, get_tuning, get_workspace_limit, set_num_threads, set_tuning, set_workspace_limit,
+)
+from .api import explain, gemm, linear, linear_backward
+from .problem import GemmProblem
+from . import algos, machine
+
+
+def info() -> dict:
+    """What dnnkit runs on here: version, backends, ISA and micro-kernels, threads."""
+    return {
+        "version": __version__,
+        "backends": ["cpu"],
+        "cpu": _cpu.cpu_model_name(),
+        "isa_detected": _cpu.detected_isa(),
+        "isa_active": _cpu.active_isa(),
+        "openmp": _cpu.has_openmp(),
+        "threads": get_num_threads(),
+        "ukernels": machine.ukernels(),
+        "tuning": get_tuning(),
+        "workspace_limit": get_workspace_limit(),
+    }
+
+
+__all__ = [
+    "__version__", "gemm", "linear", "linear_backward", "explain", "info", "GemmProblem", "algos", "machine",
+    "set_num_threads", "get_num_threads", "set_tuning", "get_tuning", "set_workspace_limit",
+    "get_workspace_limit",
+]

@@ -1,0 +1,85 @@
+"""Process-wide settings: threads, tuning mode, workspace limit. Environment variables are read once,
+at import: DNNKIT_NUM_THREADS, DNNKIT_TUNING, DNNKIT_WORKSPACE_LIMIT (bytes)."""
+from __future__ import annotations
+
+import os
+
+from . import _cpu
+
+TUNING_MODES = ("heuristic", "measure", "off")
+
+
+def _default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _env_int(name: str, minimum: int) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def set_num_threads(n: int) -> None:
+    """Number of CPU threads every dnnkit kernel uses (default: the cores this process may run on)."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"set_num_threads: n must be an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"set_num_threads: n must be >= 1, got {n}")
+    _cpu.set_num_threads(n)
+
+
+def get_num_threads() -> int:
+    return _cpu.get_num_threads()
+
+
+_state = {"tuning": "heuristic", "workspace_limit": None}
+
+
+def set_tuning(mode: str) -> None:
+    """What dispatch does for a problem with no explicit algo: see DESIGN.md. 'off' takes the first
+    supporting algorithm of the registry."""
+    if mode not in TUNING_MODES:
+        raise ValueError(f"set_tuning: mode must be one of {TUNING_MODES}, got {mode!r}")
+    _state["tuning"] = mode
+
+
+def get_tuning() -> str:
+    return _state["tuning"]
+
+
+def set_workspace_limit(nbytes: int | None) -> None:
+    """Algorithms whose workspace_bytes() exceeds this are not chosen (None: no limit)."""
+    if nbytes is not None:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+            raise TypeError(f"set_workspace_limit: nbytes must be an int or None, got {type(nbytes).__name__}")
+        if nbytes < 0:
+            raise ValueError(f"set_workspace_limit: nbytes must be >= 0, got {nbytes}")
+    _state["workspace_limit"] = nbytes
+
+
+def get_workspace_limit() -> int | None:
+    return _state["workspace_limit"]
+
+
+def _init_from_env() -> None:
+    n = _env_int("DNNKIT_NUM_THREADS", 1)
+    _cpu.set_num_threads(n if n is not None else _default_threads())
+    mode = os.environ.get("DNNKIT_TUNING")
+    if mode:
+        if mode not in TUNING_MODES:
+            raise ValueError(f"DNNKIT_TUNING must be one of {TUNING_MODES}, got {mode!r}")
+        _state["tuning"] = mode
+    _state["workspace_limit"] = _env_int("DNNKIT_WORKSPACE_LIMIT", 0)
+
+
+_init_from_env()

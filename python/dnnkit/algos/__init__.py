@@ -1,0 +1,44 @@
+"""Algorithms and their registry.
+
+An Algorithm is one way to compute a Problem. The registry keeps, per (op, backend), an ordered list;
+dispatch walks it and every rejection carries its reason. Adding an algorithm is one module here, its
+kernels, and one line in _REGISTRY below.
+"""
+from __future__ import annotations
+
+from .base import Algorithm, Candidate
+from . import gemm_cpu
+
+_REGISTRY: dict[tuple[str, str], list[Algorithm]] = {}
+
+
+def register(algo: Algorithm) -> Algorithm:
+    key = (algo.op, algo.backend)
+    names = [a.name for a in _REGISTRY.get(key, [])]
+    if algo.name in names:
+        raise ValueError(f"register: {algo.op}/{algo.backend} already has an algorithm named {algo.name!r}")
+    _REGISTRY.setdefault(key, []).append(algo)
+    return algo
+
+
+def algorithms(op: str, backend: str) -> list[Algorithm]:
+    """The ordered algorithms for (op, backend); empty when there are none."""
+    return list(_REGISTRY.get((op, backend), []))
+
+
+def all_algorithms() -> list[Algorithm]:
+    return [a for algos in _REGISTRY.values() for a in algos]
+
+
+def get(op: str, backend: str, name: str) -> Algorithm:
+    for a in _REGISTRY.get((op, backend), []):
+        if a.name == name:
+            return a
+    known = [a.name for a in _REGISTRY.get((op, backend), [])]
+    raise ValueError(f"{op}: no {backend} algorithm named {name!r}; known: {known}")
+
+
+# The registry, in order of preference when nothing else decides.
+register(gemm_cpu.BlockedGemm())
+
+__all__ = ["Algorithm", "Candidate", "register", "algorithms", "all_algorithms", "get"]

@@ -1,0 +1,50 @@
+"""The Algorithm contract (see DESIGN.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class Algorithm:
+    """One way to compute a Problem.
+
+    name:      carries geometry and backend ("blocked_gemm", "winograd_f4x4_3x3")
+    op:        the operator and direction ("gemm", "conv2d_fwd", ...)
+    backend:   "cpu" or "cuda"
+    tolerance: bound on the relative L2 error against the float64 reference, for float32 inputs
+    """
+
+    name: str = ""
+    op: str = ""
+    backend: str = "cpu"
+    tolerance: float = 1e-5
+
+    def supports(self, p) -> str | None:
+        """None when this algorithm can run p, else the reason it cannot."""
+        raise NotImplementedError
+
+    def workspace_bytes(self, p) -> int:
+        """Extra memory run() needs for p, known before running."""
+        return 0
+
+    def run(self, p, *arrays, out=None, **params):
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<Algorithm {self.op}/{self.backend}/{self.name}>"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One line of explain(): an algorithm, and whether (and why not) it can run a problem."""
+
+    algorithm: str
+    supported: bool
+    reason: str | None
+    workspace_bytes: int | None
+    chosen: bool = False
+
+    def __str__(self) -> str:
+        mark = "*" if self.chosen else " "
+        if self.supported:
+            return f"{mark} {self.algorithm:<24} supported  workspace {self.workspace_bytes} B"
+        return f"{mark} {self.algorithm:<24} rejected   {self.reason}"

@@ -1,0 +1,272 @@
+"""The public array-op API: validate -> build a Problem -> dispatch -> run.
+
+Semantics follow BLAS (gemm) and torch.nn.functional (linear). Errors name the operator and argument.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from . import _cpu
+from .algos.gemm_cpu import ACTIVATION_CODES
+from .dispatch import choose, explain_problem
+from .problem import ACTIVATIONS, GemmProblem
+
+_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+# ----------------------------------------------------------------------------------------------- checks
+def _array(op: str, name: str, x, ndim=None) -> np.ndarray:
+    """x as a float32/float64 ndarray (no copy for ndarrays), or a TypeError/ValueError naming op and name."""
+    if x is None:
+        raise TypeError(f"{op}: {name} must be an array, got None")
+    if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
+        raise TypeError(f"{op}: {name} is a CUDA array; dnnkit has no CUDA algorithm for {op} yet")
+    if not isinstance(x, np.ndarray):
+        try:
+            x = np.asarray(x)
+        except Exception as e:  # noqa: BLE001 - any conversion failure is the caller's bad input
+            raise TypeError(f"{op}: {name} must be an array, got {type(x).__name__} ({e})") from None
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{op}: {name} must have dtype float32 or float64, got {x.dtype}")
+    if ndim is not None and x.ndim not in (ndim if isinstance(ndim, tuple) else (ndim,)):
+        want = " or ".join(f"{d}-D" for d in (ndim if isinstance(ndim, tuple) else (ndim,)))
+        raise ValueError(f"{op}: {name} must be {want}, got shape {x.shape}")
+    return x
+
+
+def _same_dtype(op: str, **arrays) -> np.dtype:
+    named = [(k, v) for k, v in arrays.items() if v is not None]
+    dtype = named[0][1].dtype
+    for k, v in named[1:]:
+        if v.dtype != dtype:
+            raise TypeError(
+                f"{op}: {k} has dtype {v.dtype} but {named[0][0]} has {dtype}; all arrays must share one dtype"
+            )
+    return dtype
+
+
+def _scalar(op: str, name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{op}: {name} must be a real number, got {type(v).__name__}")
+    return float(v)
+
+
+def _flag(op: str, name: str, v) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{op}: {name} must be a bool, got {type(v).__name__}")
+    return bool(v)
+
+
+def _activation(op: str, activation) -> str:
+    if activation is None:
+        return "identity"
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise ValueError(f"{op}: activation must be None or one of {ACTIVATIONS}, got {activation!r}")
+    return activation
+
+
+def _output(op: str, name: str, out, shape, dtype) -> np.ndarray:
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{op}: {name} must be a NumPy array, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"{op}: {name} must have dtype {dtype}, got {out.dtype}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"{op}: {name} must have shape {tuple(shape)}, got {out.shape}")
+    if not out.flags.writeable:
+        raise ValueError(f"{op}: {name} is read-only")
+    if any(s == 0 and n > 1 for s, n in zip(out.strides, out.shape)):
+        raise ValueError(f"{op}: {name} has a zero stride (a broadcast view); it must not overlap itself")
+    return out
+
+
+def _unshared(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """x, copied if it may overlap out (an output written while it is still being read)."""
+    return x.copy() if np.may_share_memory(x, out) else x
+
+
+# ------------------------------------------------------------------------------------------------- gemm
+def _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b):
+    op = "gemm"
+    a = _array(op, "a", a, ndim=2)
+    b = _array(op, "b", b, ndim=2)
+    dtype = _same_dtype(op, a=a, b=b)
+    alpha = _scalar(op, "alpha", alpha)
+    beta = _scalar(op, "beta", beta)
+    A = a.T if _flag(op, "trans_a", trans_a) else a  # M x K
+    B = b.T if _flag(op, "trans_b", trans_b) else b  # K x N
+    if A.shape[1] != B.shape[0]:
+        raise ValueError(
+            f"gemm: inner dimensions differ: op(a) is {A.shape[0]}x{A.shape[1]}, op(b) is {B.shape[0]}x{B.shape[1]}"
+        )
+    m, k = A.shape
+    n = B.shape[1]
+    if c is None:
+        if beta != 0.0:
+            raise ValueError("gemm: beta is nonzero but c is None; pass c to accumulate into")
+    else:
+        _output(op, "c", c, (m, n), dtype)
+    p = GemmProblem(m, n, k, trans_a=bool(trans_a), trans_b=bool(trans_b), dtype=str(dtype))
+    return p, A, B, alpha, beta
+
+
+def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, algo="auto"):
+    """C := alpha * op(a) @ op(b) + beta * C, with op(x) = x.T when trans_x, as BLAS sgemm/dgemm.
+
+    a, b: 2-D float32 or float64 arrays of one dtype, any strides. When c is given it is updated in place
+    and returned; when beta == 0 it is not read (it may hold NaN). Without c a new array is returned.
+    """
+    p, A, B, alpha, beta = _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b)
+    algorithm = choose(p, algo)
+    if c is None:
+        c = np.empty((p.m, p.n), dtype=A.dtype)
+    else:
+        A, B = _unshared(A, c), _unshared(B, c)
+    algorithm.run(p, A, B, out=c, alpha=alpha, beta=beta)
+    return c
+
+
+# ----------------------------------------------------------------------------------------------- linear
+def _linear_prepare(x, weight, bias, activation):
+    op = "linear"
+    x = _array(op, "input", x)
+    if x.ndim < 1:
+        raise ValueError(f"linear: input must have at least 1 dimension, got shape {x.shape}")
+    w = _array(op, "weight", weight, ndim=2)
+    if bias is not None:
+        bias = _array(op, "bias", bias, ndim=1)
+    dtype = _same_dtype(op, input=x, weight=w, bias=bias)
+    out_f, in_f = w.shape
+    if x.shape[-1] != in_f:
+        raise ValueError(
+            f"linear: input has {x.shape[-1]} features (last dimension of shape {x.shape}) but weight "
+            f"{w.shape} expects {in_f}"
+        )
+    if bias is not None and bias.shape[0] != out_f:
+        raise ValueError(f"linear: bias must have {out_f} elements (weight rows), got {bias.shape[0]}")
+    act = _activation(op, activation)
+    lead = x.shape[:-1]
+    m = int(np.prod(lead, dtype=np.int64))
+    p = GemmProblem(m, out_f, in_f, trans_b=True, dtype=str(dtype), bias=bias is not None, activation=act)
+    return p, x.reshape(m, in_f), w, bias, lead
+
+
+def linear(input, weight, bias=None, *, activation=None, return_preactivation=False, algo="auto"):
+    """y = act(input @ weight.T + bias), as torch.nn.functional.linear followed by the activation.
+
+    input: (..., in_features); weight: (out_features, in_features); bias: (out_features,) or None.
+    activation: None, 'relu', 'tanh', 'sigmoid' or 'gelu' (the exact, erf form), fused into the GEMM.
+    return_preactivation: also return z = input @ weight.T + bias (what linear_backward needs for gelu).
+    """
+    p, x2, w, bias, lead = _linear_prepare(input, weight, bias, activation)
+    _flag("linear", "return_preactivation", return_preactivation)
+    algorithm = choose(p, algo)
+    y = np.empty(lead + (p.n,), dtype=w.dtype)
+    y2 = y.reshape(p.m, p.n)
+    if not return_preactivation or p.activation == "identity":
+        algorithm.run(p, x2, w.T, out=y2, bias=bias)
+        return (y, y.copy()) if return_preactivation else y
+    z = np.empty_like(y)
+    pz = GemmProblem(p.m, p.n, p.k, trans_b=True, dtype=p.dtype, bias=p.bias)
+    algorithm.run(pz, x2, w.T, out=z.reshape(p.m, p.n), bias=bias)
+    _cpu.activation_forward(z, y, ACTIVATION_CODES[p.activation])
+    return y, z
+
+
+def linear_backward(grad_output, input, weight, *, bias=True, activation=None, output=None,
+                    preactivation=None, algo="auto"):
+    """Gradients of y = act(input @ weight.T + bias): returns (grad_input, grad_weight, grad_bias).
+
+    grad_bias is None when bias is False. With an activation, pass the forward's output (enough for relu,
+    tanh and sigmoid) or its preactivation (needed for gelu; see linear(return_preactivation=True)).
+    """
+    op = "linear_backward"
+    x = _array(op, "input", input)
+    if x.ndim < 1:
+        raise ValueError(f"{op}: input must have at least 1 dimension, got shape {x.shape}")
+    w = _array(op, "weight", weight, ndim=2)
+    gy = _array(op, "grad_output", grad_output)
+    dtype = _same_dtype(op, grad_output=gy, input=x, weight=w)
+    out_f, in_f = w.shape
+    if x.shape[-1] != in_f:
+        raise ValueError(f"{op}: input has {x.shape[-1]} features but weight {w.shape} expects {in_f}")
+    expect = x.shape[:-1] + (out_f,)
+    if gy.shape != expect:
+        raise ValueError(f"{op}: grad_output must have shape {expect}, got {gy.shape}")
+    act = _activation(op, activation)
+    _flag(op, "bias", bias)
+    saved = {}
+    for name, arr in (("output", output), ("preactivation", preactivation)):
+        if arr is not None:
+            arr = _array(op, name, arr)
+            if arr.dtype != dtype:
+                raise TypeError(f"{op}: {name} must have dtype {dtype}, got {arr.dtype}")
+            if arr.shape != expect:
+                raise ValueError(f"{op}: {name} must have shape {expect}, got {arr.shape}")
+            saved[name] = arr
+    m = int(np.prod(x.shape[:-1], dtype=np.int64))
+    x2 = x.reshape(m, in_f)
+    gy2 = gy.reshape(m, out_f)
+    if act == "identity":
+        gz = gy2
+    else:
+        if "preactivation" not in saved and ("output" not in saved or act == "gelu"):
+            need = "preactivation" if act == "gelu" else "output or preactivation"
+            raise ValueError(f"{op}: activation {act!r} needs the forward's {need}")
+        z = saved.get("preactivation")
+        y = saved.get("output")
+        gz = np.empty((m, out_f), dtype=dtype)
+        _cpu.activation_backward(
+            np.ascontiguousarray(gy2), None if z is None else np.ascontiguousarray(z),
+            None if y is None else np.ascontiguousarray(y), gz, ACTIVATION_CODES[act],
+        )
+    # grad_input (M x K) = gz (M x N) @ weight (N x K)
+    p_dx = GemmProblem(m, in_f, out_f, dtype=str(dtype))
+    grad_x = np.empty(x.shape, dtype=dtype)
+    choose(p_dx, algo).run(p_dx, gz, w, out=grad_x.reshape(m, in_f))
+    # grad_weight (N x K) = gz.T (N x M) @ input (M x K)
+    p_dw = GemmProblem(out_f, in_f, m, trans_a=True, dtype=str(dtype))
+    grad_w = np.empty((out_f, in_f), dtype=dtype)
+    choose(p_dw, algo).run(p_dw, gz.T, x2, out=grad_w)
+    grad_b = _cpu.column_sums(np.ascontiguousarray(gz)) if bias else None
+    return grad_x, grad_w, grad_b
+
+
+# ---------------------------------------------------------------------------------------------- explain
+class Explanation(list):
+    """explain()'s answer: a list of Candidate, printed as a table."""
+
+    def __init__(self, problem, candidates):
+        super().__init__(candidates)
+        self.problem = problem
+
+    def __str__(self) -> str:
+        lines = [f"{self.problem.op} {self.problem.descriptor()}"]
+        lines += [str(c) for c in self]
+        return "\n".join(lines)
+
+
+_PREPARE = {
+    "gemm": lambda a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False: _gemm_prepare(
+        a, b, c, alpha, beta, trans_a, trans_b)[0],
+    "linear": lambda input, weight, bias=None, *, activation=None: _linear_prepare(
+        input, weight, bias, activation)[0],
+}
+
+
+def explain(what, *args, algo="auto", workspace_limit=None, **kwargs) -> Explanation:
+    """The candidate algorithms for a call and why each can or cannot run it.
+
+    what: an operator name with the call's arguments (explain("gemm", a, b, trans_b=True)), a Problem,
+    or a problem descriptor string ("m64n4096k4096tb_f32").
+    """
+    if isinstance(what, GemmProblem):
+        p = what
+    elif isinstance(what, str) and what in _PREPARE:
+        p = _PREPARE[what](*args, **kwargs)
+    elif isinstance(what, str):
+        p = GemmProblem.parse(what)
+    else:
+        raise TypeError(f"explain: what must be an operator name, a Problem or a descriptor, got {type(what).__name__}")
+    return Explanation(p, explain_problem(p, algo, workspace_limit))

@@ -1,0 +1,69 @@
+"""Chooses the algorithm for a problem: an explicit algo= > a cached tuning result > the tuning mode.
+
+The measured and predicted modes come with the autotuner; until a problem has a tuning result, every
+mode takes the first supporting algorithm of the registry that fits the workspace limit.
+"""
+from __future__ import annotations
+
+from . import algos
+from ._config import get_workspace_limit
+from .algos.base import Algorithm, Candidate
+
+
+def _backend(p) -> str:
+    return "cuda" if p.device == "cuda" else "cpu"
+
+
+def candidates(p, workspace_limit: int | None = None) -> list[tuple[Algorithm, str | None, int | None]]:
+    """Every registered algorithm for p's (op, backend) with the reason it cannot run p (None if it can)
+    and its workspace. An algorithm needing more than the workspace limit is rejected with that reason."""
+    limit = get_workspace_limit() if workspace_limit is None else workspace_limit
+    out = []
+    for algo in algos.algorithms(p.op, _backend(p)):
+        reason = algo.supports(p)
+        ws = None
+        if reason is None:
+            ws = algo.workspace_bytes(p)
+            if limit is not None and ws > limit:
+                reason = f"needs {ws} B of workspace, over the limit of {limit} B"
+        out.append((algo, reason, ws))
+    return out
+
+
+def choose(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) -> Algorithm:
+    """The algorithm that runs p. Raises ValueError naming the operator when none can."""
+    if isinstance(algo, Algorithm):
+        reason = algo.supports(p)
+        if reason is not None:
+            raise ValueError(f"{p.op}: algo {algo.name!r} does not support {p.descriptor()}: {reason}")
+        return algo
+    if not isinstance(algo, str):
+        raise TypeError(f"{p.op}: algo must be 'auto', an algorithm name or an Algorithm, got {type(algo).__name__}")
+    cands = candidates(p, workspace_limit)
+    if algo != "auto":
+        for a, reason, _ in cands:
+            if a.name == algo:
+                if reason is not None:
+                    raise ValueError(f"{p.op}: algo {algo!r} cannot run {p.descriptor()}: {reason}")
+                return a
+        known = [a.name for a, _, _ in cands]
+        raise ValueError(f"{p.op}: algo must be 'auto' or one of {known}, got {algo!r}")
+    for a, reason, _ in cands:
+        if reason is None:
+            return a
+    if not cands:
+        raise ValueError(f"{p.op}: no {_backend(p)} algorithm exists for this operator yet ({p.descriptor()})")
+    reasons = "; ".join(f"{a.name}: {r}" for a, r, _ in cands)
+    raise ValueError(f"{p.op}: no algorithm supports {p.descriptor()} ({reasons})")
+
+
+def explain_problem(p, algo: str = "auto", workspace_limit: int | None = None) -> list[Candidate]:
+    """One Candidate per registered algorithm: supported or why not, workspace, and which is chosen."""
+    try:
+        chosen = choose(p, algo, workspace_limit).name
+    except ValueError:
+        chosen = None
+    return [
+        Candidate(a.name, reason is None, reason, ws, chosen=(a.name == chosen))
+        for a, reason, ws in candidates(p, workspace_limit)
+    ]
