@@ -41,7 +41,7 @@ Activation activation_from_int(int act) {
 
 template <typename T>
 void gemm_impl(const py::array& a, const py::array& b, py::array& c, double alpha, double beta,
-               const py::object& bias, int act, int nthreads) {
+               const py::object& bias, int act, int nthreads, bool small_m) {
   const char* op = "gemm";
   View2D va = view2d<T>(a, op, "a"), vb = view2d<T>(b, op, "b"), vc = view2d<T>(c, op, "c");
   if (va.cols != vb.rows) throw py::value_error("gemm: inner dimensions of a and b differ");
@@ -70,8 +70,14 @@ void gemm_impl(const py::array& a, const py::array& b, py::array& c, double alph
       throw py::value_error("gemm: bias must be 1-D with one element per column of c");
     g.bias = bias_arr.data();
   }
+  if (small_m && ((g.cs_a != 1 && g.k > 1) || (g.rs_b != 1 && g.k > 1)))
+    throw py::value_error("gemm_small_m: a must be contiguous along k (its rows) and b must be the transpose of a "
+                          "row-contiguous matrix");
   py::gil_scoped_release nogil;
-  gemm<T>(g, nthreads);
+  if (small_m)
+    gemm_small_m<T>(g, nthreads);
+  else
+    gemm<T>(g, nthreads);
 }
 
 template <typename T>
@@ -113,13 +119,24 @@ PYBIND11_MODULE(_cpu, m) {
   m.def("gemm",
         [](const py::array& a, const py::array& b, py::array& c, double alpha, double beta, const py::object& bias,
            int act, int nthreads) {
-          if (is_f32(c)) return gemm_impl<float>(a, b, c, alpha, beta, bias, act, nthreads);
-          if (is_f64(c)) return gemm_impl<double>(a, b, c, alpha, beta, bias, act, nthreads);
+          if (is_f32(c)) return gemm_impl<float>(a, b, c, alpha, beta, bias, act, nthreads, false);
+          if (is_f64(c)) return gemm_impl<double>(a, b, c, alpha, beta, bias, act, nthreads, false);
           throw py::type_error("gemm: c must be float32 or float64");
         },
         py::arg("a"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
         py::arg("bias") = py::none(), py::arg("activation") = 0, py::arg("nthreads") = 0,
         "C := act(alpha*A@B + beta*C + bias) on 2-D strided arrays of one dtype; C is not read when beta == 0.");
+
+  m.def("gemm_small_m",
+        [](const py::array& a, const py::array& b, py::array& c, double alpha, double beta, const py::object& bias,
+           int act, int nthreads) {
+          if (is_f32(c)) return gemm_impl<float>(a, b, c, alpha, beta, bias, act, nthreads, true);
+          if (is_f64(c)) return gemm_impl<double>(a, b, c, alpha, beta, bias, act, nthreads, true);
+          throw py::type_error("gemm: c must be float32 or float64");
+        },
+        py::arg("a"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
+        py::arg("bias") = py::none(), py::arg("activation") = 0, py::arg("nthreads") = 0,
+        "gemm's contract for A with rows contiguous along k and B = W^T with W rows contiguous: no packing.");
 
   m.def("gemm_workspace_bytes",
         [](index_t mm, index_t n, index_t k, int itemsize, int nthreads) {
@@ -162,13 +179,15 @@ PYBIND11_MODULE(_cpu, m) {
       auto gy = contiguous<T>(grad_y, "activation_backward", "grad_y");
       auto gz = contiguous<T>(grad_z, "activation_backward", "grad_z");
       if (gz.ptr() != grad_z.ptr()) throw py::value_error("activation_backward: grad_z must be C-contiguous");
+      // A default-constructed array_t is an empty array, not a null handle: track presence explicitly.
+      const bool has_z = !z.is_none(), has_y = !y.is_none();
       py::array_t<T> zz, yy;
-      if (!z.is_none()) zz = contiguous<T>(z, "activation_backward", "z");
-      if (!y.is_none()) yy = contiguous<T>(y, "activation_backward", "y");
-      if ((zz && zz.size() != gy.size()) || (yy && yy.size() != gy.size()))
+      if (has_z) zz = contiguous<T>(z, "activation_backward", "z");
+      if (has_y) yy = contiguous<T>(y, "activation_backward", "y");
+      if ((has_z && zz.size() != gy.size()) || (has_y && yy.size() != gy.size()))
         throw py::value_error("activation_backward: z and y must match grad_y");
-      const T* zp = zz ? zz.data() : nullptr;
-      const T* yp = yy ? yy.data() : nullptr;
+      const T* zp = has_z ? zz.data() : nullptr;
+      const T* yp = has_y ? yy.data() : nullptr;
       py::gil_scoped_release nogil;
       activation_backward<T>(gy.data(), zp, yp, gz.mutable_data(), gy.size(), a);
     };

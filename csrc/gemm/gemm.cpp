@@ -42,7 +42,9 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   index_t tiles = ceil_div(m, uk.mr) * ceil_div(std::min(n, p.nc), uk.nr);
   nt = static_cast<int>(std::min<index_t>(nt, std::max<index_t>(tiles, 1)));
   p.nthreads = nt;
-  p.split_m = ceil_div(m, uk.mr) >= 4 * nt;
+  // Split m only when every thread gets a full MC block: below that, splitting n lets each thread pack
+  // and consume only its own B panels (no B traffic between cores) and keeps the A block shared.
+  p.split_m = m >= static_cast<index_t>(nt) * blk.mc;
   if (p.split_m) {
     // Equal blocks per thread: the number of ic blocks is a multiple of nt.
     index_t nb = round_up(ceil_div(m, blk.mc), nt);

@@ -29,6 +29,11 @@ struct GemmArgs {
 template <typename T>
 void gemm(const GemmArgs<T>& g, int nthreads = 0);
 
+// The same contract for few rows of A and B = W^T (requires cs_a == 1 and rs_b == 1): dot products of
+// contiguous rows, no packing, no workspace (gemm_small_m.cpp).
+template <typename T>
+void gemm_small_m(const GemmArgs<T>& g, int nthreads = 0);
+
 // Bytes of packing buffers gemm() allocates for these sizes (the algorithm's workspace).
 template <typename T>
 index_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int nthreads = 0);

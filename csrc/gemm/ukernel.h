@@ -31,10 +31,27 @@ struct UKernel {
   ukernel_fn<T> fn;
 };
 
+// Small-M dot kernel (gemm_small_m.cpp): out[i*ldo + j] = sum_p x[i*ldx + p] * w[j*ldw + p] for
+// i < mi <= MI_MAX, j < nj <= NJ; x and w rows contiguous along k; out is written, never read.
+template <typename T>
+using dot_fn = void (*)(int mi, index_t k, const T* x, index_t ldx, const T* w, index_t ldw, T* out, int ldo,
+                        int nj);
+
+template <typename T>
+struct DotKernel {
+  const char* name;  // "dot_4x4_avx512"
+  int mi_max;
+  int nj;
+  dot_fn<T> fn;
+};
+
 // One entry per ISA; each is defined in its own file (ukernel_<isa>.cpp).
 template <typename T> UKernel<T> ukernel_ref();
 template <typename T> UKernel<T> ukernel_avx2();
 template <typename T> UKernel<T> ukernel_avx512();
+template <typename T> DotKernel<T> dot_kernel_ref();
+template <typename T> DotKernel<T> dot_kernel_avx2();
+template <typename T> DotKernel<T> dot_kernel_avx512();
 
 // The micro-kernel for an ISA (the active one by default).
 template <typename T>
@@ -43,6 +60,15 @@ UKernel<T> select_ukernel(Isa isa) {
     case Isa::avx512: return ukernel_avx512<T>();
     case Isa::avx2: return ukernel_avx2<T>();
     default: return ukernel_ref<T>();
+  }
+}
+
+template <typename T>
+DotKernel<T> select_dot_kernel(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return dot_kernel_avx512<T>();
+    case Isa::avx2: return dot_kernel_avx2<T>();
+    default: return dot_kernel_ref<T>();
   }
 }
 

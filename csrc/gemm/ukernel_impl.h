@@ -82,6 +82,46 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
   }
 }
 
+// Small-M dot tile (no packing): out[i*ldo + j] = sum_p x[i*ldx + p] * w[j*ldw + p] for i < MI, j < NJ.
+// Both operands are contiguous along k (a fully-connected layer: x rows and weight rows); vector
+// accumulators along k, one horizontal sum per output at the end. nj <= NJ rows of w are valid.
+template <class V, int MI, int NJ>
+void dot_tile(dnnkit::index_t k, const typename V::T* __restrict x, dnnkit::index_t ldx,
+              const typename V::T* __restrict w, dnnkit::index_t ldw, typename V::T* out, int ldo, int nj) {
+  using T = typename V::T;
+  using R = typename V::reg;
+  constexpr int W = V::width;
+  R acc[MI][NJ];
+#pragma GCC unroll 16
+  for (int i = 0; i < MI; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < NJ; ++j) acc[i][j] = V::zero();
+  const T* wr[NJ];
+#pragma GCC unroll 16
+  for (int j = 0; j < NJ; ++j) wr[j] = w + (j < nj ? j : 0) * ldw;  // invalid rows re-read row 0
+  dnnkit::index_t p = 0;
+  for (; p + W <= k; p += W) {
+    R wv[NJ];
+#pragma GCC unroll 16
+    for (int j = 0; j < NJ; ++j) wv[j] = V::loadu(wr[j] + p);
+#pragma GCC unroll 16
+    for (int i = 0; i < MI; ++i) {
+      R xv = V::loadu(x + i * ldx + p);
+#pragma GCC unroll 16
+      for (int j = 0; j < NJ; ++j) acc[i][j] = V::fma(xv, wv[j], acc[i][j]);
+    }
+  }
+  alignas(64) T lanes[W];
+  for (int i = 0; i < MI; ++i)
+    for (int j = 0; j < nj; ++j) {
+      V::store(lanes, acc[i][j]);
+      T s = T(0);
+      for (int l = 0; l < W; ++l) s += lanes[l];
+      for (dnnkit::index_t q = p; q < k; ++q) s += x[i * ldx + q] * wr[j][q];
+      out[i * ldo + j] = s;
+    }
+}
+
 // Peak probe: NACC independent FMA chains (enough to cover FMA latency x throughput), `iters` steps.
 template <class V, int NACC>
 double fma_probe(dnnkit::index_t iters, double* flops) {

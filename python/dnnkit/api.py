@@ -4,6 +4,7 @@ Semantics follow BLAS (gemm) and torch.nn.functional (linear). Errors name the o
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -14,11 +15,29 @@ from .dispatch import choose, explain_problem
 from .problem import ACTIVATIONS, GemmProblem
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
+
+# Problems are immutable and built from a handful of ints, flags and names: keep one object per key so
+# that a repeated call builds no dataclass and hashes to a cached dispatch decision.
+_problems: dict = {}
+
+
+def _gemm_problem(m, n, k, trans_a, trans_b, dtype, bias=False, activation="identity") -> GemmProblem:
+    key = (m, n, k, trans_a, trans_b, dtype, bias, activation)
+    p = _problems.get(key)
+    if p is None:
+        if len(_problems) > 4096:
+            _problems.clear()
+        p = _problems[key] = GemmProblem(m, n, k, trans_a=trans_a, trans_b=trans_b, dtype=_DTYPE_NAMES[dtype],
+                                          bias=bias, activation=activation)
+    return p
 
 
 # ----------------------------------------------------------------------------------------------- checks
 def _array(op: str, name: str, x, ndim=None) -> np.ndarray:
     """x as a float32/float64 ndarray (no copy for ndarrays), or a TypeError/ValueError naming op and name."""
+    if type(x) is np.ndarray and x.dtype in _FLOAT_DTYPES and ndim is None:
+        return x  # the common case, checked first
     if x is None:
         raise TypeError(f"{op}: {name} must be an array, got None")
     if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
@@ -76,14 +95,35 @@ def _output(op: str, name: str, out, shape, dtype) -> np.ndarray:
         raise ValueError(f"{op}: {name} must have shape {tuple(shape)}, got {out.shape}")
     if not out.flags.writeable:
         raise ValueError(f"{op}: {name} is read-only")
-    if any(s == 0 and n > 1 for s, n in zip(out.strides, out.shape)):
+    # A zero-size array may have zero strides (NumPy gives them all 0) without overlapping itself.
+    if out.size > 0 and any(s == 0 and n > 1 for s, n in zip(out.strides, out.shape)):
         raise ValueError(f"{op}: {name} has a zero stride (a broadcast view); it must not overlap itself")
     return out
+
+
+def _empty(op: str, shape, dtype) -> np.ndarray:
+    """np.empty, with an output too large to allocate reported as a MemoryError naming op (NumPy raises
+    ValueError rather than MemoryError when the byte count overflows)."""
+    try:
+        return np.empty(shape, dtype=dtype)
+    except (MemoryError, ValueError) as e:
+        raise MemoryError(f"{op}: cannot allocate an output of shape {tuple(shape)} ({e})") from None
 
 
 def _unshared(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     """x, copied if it may overlap out (an output written while it is still being read)."""
     return x.copy() if np.may_share_memory(x, out) else x
+
+
+def _choose(op: str, p, algo):
+    """dispatch.choose, its errors naming the public function op (linear's problems are GEMM problems)."""
+    try:
+        return choose(p, algo)
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        if op == p.op or not msg.startswith(f"{p.op}: "):
+            raise
+        raise type(e)(f"{op}: {msg[len(p.op) + 2:]}") from None
 
 
 # ------------------------------------------------------------------------------------------------- gemm
@@ -107,7 +147,7 @@ def _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b):
             raise ValueError("gemm: beta is nonzero but c is None; pass c to accumulate into")
     else:
         _output(op, "c", c, (m, n), dtype)
-    p = GemmProblem(m, n, k, trans_a=bool(trans_a), trans_b=bool(trans_b), dtype=str(dtype))
+    p = _gemm_problem(m, n, k, bool(trans_a), bool(trans_b), dtype)
     return p, A, B, alpha, beta
 
 
@@ -120,7 +160,7 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, alg
     p, A, B, alpha, beta = _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b)
     algorithm = choose(p, algo)
     if c is None:
-        c = np.empty((p.m, p.n), dtype=A.dtype)
+        c = _empty("gemm", (p.m, p.n), A.dtype)
     else:
         A, B = _unshared(A, c), _unshared(B, c)
     algorithm.run(p, A, B, out=c, alpha=alpha, beta=beta)
@@ -147,8 +187,8 @@ def _linear_prepare(x, weight, bias, activation):
         raise ValueError(f"linear: bias must have {out_f} elements (weight rows), got {bias.shape[0]}")
     act = _activation(op, activation)
     lead = x.shape[:-1]
-    m = int(np.prod(lead, dtype=np.int64))
-    p = GemmProblem(m, out_f, in_f, trans_b=True, dtype=str(dtype), bias=bias is not None, activation=act)
+    m = math.prod(lead)
+    p = _gemm_problem(m, out_f, in_f, False, True, dtype, bias is not None, act)
     return p, x.reshape(m, in_f), w, bias, lead
 
 
@@ -161,14 +201,14 @@ def linear(input, weight, bias=None, *, activation=None, return_preactivation=Fa
     """
     p, x2, w, bias, lead = _linear_prepare(input, weight, bias, activation)
     _flag("linear", "return_preactivation", return_preactivation)
-    algorithm = choose(p, algo)
-    y = np.empty(lead + (p.n,), dtype=w.dtype)
+    algorithm = _choose("linear", p, algo)
+    y = _empty("linear", lead + (p.n,), w.dtype)
     y2 = y.reshape(p.m, p.n)
     if not return_preactivation or p.activation == "identity":
         algorithm.run(p, x2, w.T, out=y2, bias=bias)
         return (y, y.copy()) if return_preactivation else y
-    z = np.empty_like(y)
-    pz = GemmProblem(p.m, p.n, p.k, trans_b=True, dtype=p.dtype, bias=p.bias)
+    z = _empty("linear", y.shape, y.dtype)
+    pz = _gemm_problem(p.m, p.n, p.k, False, True, w.dtype, p.bias)
     algorithm.run(pz, x2, w.T, out=z.reshape(p.m, p.n), bias=bias)
     _cpu.activation_forward(z, y, ACTIVATION_CODES[p.activation])
     return y, z
@@ -205,7 +245,7 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
             if arr.shape != expect:
                 raise ValueError(f"{op}: {name} must have shape {expect}, got {arr.shape}")
             saved[name] = arr
-    m = int(np.prod(x.shape[:-1], dtype=np.int64))
+    m = math.prod(x.shape[:-1])
     x2 = x.reshape(m, in_f)
     gy2 = gy.reshape(m, out_f)
     if act == "identity":
@@ -216,19 +256,19 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
             raise ValueError(f"{op}: activation {act!r} needs the forward's {need}")
         z = saved.get("preactivation")
         y = saved.get("output")
-        gz = np.empty((m, out_f), dtype=dtype)
+        gz = _empty(op, (m, out_f), dtype)
         _cpu.activation_backward(
             np.ascontiguousarray(gy2), None if z is None else np.ascontiguousarray(z),
             None if y is None else np.ascontiguousarray(y), gz, ACTIVATION_CODES[act],
         )
     # grad_input (M x K) = gz (M x N) @ weight (N x K)
-    p_dx = GemmProblem(m, in_f, out_f, dtype=str(dtype))
-    grad_x = np.empty(x.shape, dtype=dtype)
-    choose(p_dx, algo).run(p_dx, gz, w, out=grad_x.reshape(m, in_f))
+    p_dx = _gemm_problem(m, in_f, out_f, False, False, dtype)
+    grad_x = _empty(op, x.shape, dtype)
+    _choose(op, p_dx, algo).run(p_dx, gz, w, out=grad_x.reshape(m, in_f))
     # grad_weight (N x K) = gz.T (N x M) @ input (M x K)
-    p_dw = GemmProblem(out_f, in_f, m, trans_a=True, dtype=str(dtype))
-    grad_w = np.empty((out_f, in_f), dtype=dtype)
-    choose(p_dw, algo).run(p_dw, gz.T, x2, out=grad_w)
+    p_dw = _gemm_problem(out_f, in_f, m, True, False, dtype)
+    grad_w = _empty(op, (out_f, in_f), dtype)
+    _choose(op, p_dw, algo).run(p_dw, gz.T, x2, out=grad_w)
     grad_b = _cpu.column_sums(np.ascontiguousarray(gz)) if bias else None
     return grad_x, grad_w, grad_b
 

@@ -30,8 +30,25 @@ def candidates(p, workspace_limit: int | None = None) -> list[tuple[Algorithm, s
     return out
 
 
+# Decisions already made: (problem, algo, workspace limit, registry version) -> Algorithm.
+_decisions: dict = {}
+
+
 def choose(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) -> Algorithm:
     """The algorithm that runs p. Raises ValueError naming the operator when none can."""
+    limit = get_workspace_limit() if workspace_limit is None else workspace_limit
+    key = (p, algo, limit, algos.version())
+    hit = _decisions.get(key)
+    if hit is not None:
+        return hit
+    chosen = _choose(p, algo, limit)
+    if len(_decisions) > 4096:
+        _decisions.clear()
+    _decisions[key] = chosen
+    return chosen
+
+
+def _choose(p, algo, workspace_limit) -> Algorithm:
     if isinstance(algo, Algorithm):
         reason = algo.supports(p)
         if reason is not None:

@@ -10,6 +10,11 @@ from .base import Algorithm, Candidate
 from . import gemm_cpu
 
 _REGISTRY: dict[tuple[str, str], list[Algorithm]] = {}
+_version = [0]  # bumped by register(): dispatch's cached decisions name the version they were made with
+
+
+def version() -> int:
+    return _version[0]
 
 
 def register(algo: Algorithm) -> Algorithm:
@@ -18,6 +23,7 @@ def register(algo: Algorithm) -> Algorithm:
     if algo.name in names:
         raise ValueError(f"register: {algo.op}/{algo.backend} already has an algorithm named {algo.name!r}")
     _REGISTRY.setdefault(key, []).append(algo)
+    _version[0] += 1
     return algo
 
 
@@ -39,6 +45,7 @@ def get(op: str, backend: str, name: str) -> Algorithm:
 
 
 # The registry, in order of preference when nothing else decides.
+register(gemm_cpu.SmallMGemm())
 register(gemm_cpu.BlockedGemm())
 
 __all__ = ["Algorithm", "Candidate", "register", "algorithms", "all_algorithms", "get"]
