@@ -57,6 +57,8 @@ class SmallMGemm(Algorithm):
     def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
         """As BlockedGemm.run. a must be row-contiguous and b the transpose of a row-contiguous matrix;
         other layouts are copied (a is small; b is copied only when it is not a transposed weight)."""
+        if p.m == 0 or p.n == 0:
+            return out  # nothing to write; NumPy gives empty arrays zero strides, which the layout check rejects
         item = a.dtype.itemsize
         if p.k > 1 and a.strides[1] != item:
             a = np.ascontiguousarray(a)

@@ -1,0 +1,144 @@
+"""NumPy reference implementations: the test oracle.
+
+Everything is computed in float64 from the inputs upcast, whatever their dtype, and returned as float64.
+This module imports nothing of dnnkit, so a bug in dnnkit cannot leak into its own oracle.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+ACTIVATIONS = ("identity", "relu", "tanh", "sigmoid", "gelu")
+
+_SQRT_HALF = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_erf = np.frompyfunc(math.erf, 1, 1)  # math.erf element-wise (object dtype out; cast back below)
+
+
+def _f64(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def _erf64(x: np.ndarray) -> np.ndarray:
+    return np.asarray(_erf(x), dtype=np.float64).reshape(x.shape)
+
+
+def _act_name(name) -> str:
+    name = "identity" if name is None else name
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; expected one of {ACTIVATIONS}")
+    return name
+
+
+# ------------------------------------------------------------------------------------------------- gemm
+def gemm_ref(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False) -> np.ndarray:
+    """alpha * op(a) @ op(b) + beta * c in float64, BLAS semantics: when beta == 0, c is not read (it may
+    be None or hold NaN), so the result is alpha * op(a) @ op(b) exactly."""
+    A = _f64(a).T if trans_a else _f64(a)  # M x K
+    B = _f64(b).T if trans_b else _f64(b)  # K x N
+    if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
+        raise ValueError(f"gemm_ref: op(a) {A.shape} and op(b) {B.shape} do not multiply")
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf in the inputs propagate silently
+        out = alpha * (A @ B)  # M x N
+        if beta != 0.0:
+            C = _f64(c)
+            if C.shape != out.shape:
+                raise ValueError(f"gemm_ref: c has shape {C.shape}, expected {out.shape}")
+            out = out + beta * C
+    return out
+
+
+# ------------------------------------------------------------------------------------------ activations
+def activation_ref(z, name) -> np.ndarray:
+    """act(z) in float64; gelu is the exact form 0.5 * z * (1 + erf(z / sqrt(2))). NaN propagates."""
+    z = _f64(z)
+    name = _act_name(name)
+    if name == "identity":
+        return z.copy()
+    if name == "relu":
+        return np.where(z < 0.0, 0.0, z)  # keeps NaN, unlike a comparison that would map it to 0
+    if name == "tanh":
+        return np.tanh(z)
+    if name == "sigmoid":
+        with np.errstate(over="ignore"):  # exp(-z) -> inf for z << 0 gives the right limit 0
+            return 1.0 / (1.0 + np.exp(-z))
+    return 0.5 * z * (1.0 + _erf64(z * _SQRT_HALF))
+
+
+def activation_grad_ref(z, name) -> np.ndarray:
+    """d act(z) / dz in float64; relu's derivative at 0 is taken as 0."""
+    z = _f64(z)
+    name = _act_name(name)
+    if name == "identity":
+        return np.ones_like(z)
+    if name == "relu":
+        return np.where(z > 0.0, 1.0, 0.0)
+    if name == "tanh":
+        return 1.0 - np.tanh(z) ** 2
+    if name == "sigmoid":
+        s = activation_ref(z, "sigmoid")
+        return s * (1.0 - s)
+    cdf = 0.5 * (1.0 + _erf64(z * _SQRT_HALF))
+    pdf = np.exp(-0.5 * z * z) * _INV_SQRT_2PI
+    return cdf + z * pdf
+
+
+# ----------------------------------------------------------------------------------------------- linear
+def linear_ref(x, w, bias=None, activation=None) -> np.ndarray:
+    """act(x @ w.T + bias), torch.nn.functional.linear semantics: x (..., in), w (out, in), bias (out,)."""
+    x, w = _f64(x), _f64(w)
+    z = x @ w.T  # (..., in) @ (in, out) -> (..., out); a 1-D x gives (out,)
+    if bias is not None:
+        z = z + _f64(bias)  # (out,) broadcast over the leading dimensions
+    return activation_ref(z, activation)
+
+
+def linear_backward_ref(grad_y, x, w, bias=True, activation=None, preactivation=None):
+    """Gradients of y = act(x @ w.T + b) given dL/dy: returns (grad_x, grad_w, grad_b or None).
+
+    preactivation: z = x @ w.T + b from the forward; required when the activation is not the identity
+    (the reference does not get the bias values, so it cannot recompute z).
+    """
+    x, w, gy = _f64(x), _f64(w), _f64(grad_y)
+    out_f, in_f = w.shape
+    m = int(np.prod(x.shape[:-1], dtype=np.int64))
+    x2 = x.reshape(m, in_f)  # (..., in) -> (M, in)
+    gy2 = gy.reshape(m, out_f)  # (..., out) -> (M, out)
+    name = _act_name(activation)
+    if name == "identity":
+        gz = gy2
+    else:
+        if preactivation is None:
+            raise ValueError(f"linear_backward_ref: activation {name!r} needs the preactivation")
+        z2 = _f64(preactivation).reshape(m, out_f)  # (..., out) -> (M, out)
+        gz = gy2 * activation_grad_ref(z2, name)
+    grad_x = (gz @ w).reshape(x.shape)  # (M, out) @ (out, in) -> (M, in) -> (..., in)
+    grad_w = gz.T @ x2  # (out, M) @ (M, in) -> (out, in)
+    grad_b = gz.sum(axis=0) if bias else None  # (out,)
+    return grad_x, grad_w, grad_b
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+def rel_l2(actual, expected) -> float:
+    """Relative L2 error ||actual - expected|| / ||expected||, in float64.
+
+    Non-finite values must match exactly: NaN where expected has NaN and nowhere else, and +-Inf where
+    expected has the same +-Inf. Any mismatch returns inf (so every tolerance check fails); matching
+    non-finite positions are left out of the norms. When ||expected|| == 0 the result is ||actual||
+    (the absolute error), so an all-zero expectation still demands a (near) zero answer.
+    Shapes must be equal (no broadcasting): a ValueError otherwise.
+    """
+    a, e = _f64(actual), _f64(expected)
+    if a.shape != e.shape:
+        raise ValueError(f"rel_l2: shapes differ: actual {a.shape}, expected {e.shape}")
+    a_nan, e_nan = np.isnan(a), np.isnan(e)
+    if not np.array_equal(a_nan, e_nan):
+        return math.inf
+    a_inf, e_inf = np.isinf(a), np.isinf(e)
+    if not np.array_equal(a_inf, e_inf) or not np.array_equal(a[a_inf], e[e_inf]):
+        return math.inf
+    finite = ~(e_nan | e_inf)
+    diff = float(np.linalg.norm(a[finite] - e[finite]))
+    norm = float(np.linalg.norm(e[finite]))
+    return diff if norm == 0.0 else diff / norm

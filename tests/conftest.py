@@ -1,0 +1,66 @@
+"""Shared configuration: the hypothesis profile, and fixtures that run a test under every ISA this CPU
+supports, under 1 and 2 threads, and for every registered CPU GEMM algorithm."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import dnnkit
+
+# "ci": reproducible (derandomized, no example database) and small enough for a 2-core machine.
+# "dev": more and random examples, for hunting bugs locally (HYPOTHESIS_PROFILE=dev).
+# The function-scoped fixtures below only set process-wide state (ISA, threads) that every example of a
+# test shares, so reusing them across examples is intended.
+_SUPPRESS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile(
+    "ci", deadline=None, max_examples=40, derandomize=True, database=None, suppress_health_check=_SUPPRESS,
+    print_blob=True,
+)
+settings.register_profile("dev", deadline=None, max_examples=300, suppress_health_check=_SUPPRESS)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+ISA_ORDER = ("ref", "avx2", "avx512")  # each ISA's CPUs run every ISA before it
+SUPPORTED_ISAS = ISA_ORDER[: ISA_ORDER.index(dnnkit._cpu.detected_isa()) + 1]
+THREAD_COUNTS = (1, 2)
+GEMM_ALGORITHMS = dnnkit.algos.algorithms("gemm", "cpu")
+
+
+@pytest.fixture(params=SUPPORTED_ISAS)
+def isa(request):
+    """Runs the test with dnnkit's CPU kernels switched to each supported ISA in turn."""
+    previous = dnnkit._cpu.active_isa()
+    dnnkit._cpu.set_isa(request.param)
+    try:
+        yield request.param
+    finally:
+        dnnkit._cpu.set_isa(previous)
+
+
+@pytest.fixture(params=THREAD_COUNTS, ids=lambda n: f"threads{n}")
+def num_threads(request):
+    previous = dnnkit.get_num_threads()
+    dnnkit.set_num_threads(request.param)
+    try:
+        yield request.param
+    finally:
+        dnnkit.set_num_threads(previous)
+
+
+@pytest.fixture(params=GEMM_ALGORITHMS, ids=lambda a: a.name)
+def gemm_algo(request):
+    """Every registered CPU GEMM algorithm, so a new one is tested with no change here."""
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _restore_settings():
+    """No test leaks process-wide settings into the next one."""
+    isa, threads = dnnkit._cpu.active_isa(), dnnkit.get_num_threads()
+    tuning, limit = dnnkit.get_tuning(), dnnkit.get_workspace_limit()
+    yield
+    dnnkit._cpu.set_isa(isa)
+    dnnkit.set_num_threads(threads)
+    dnnkit.set_tuning(tuning)
+    dnnkit.set_workspace_limit(limit)

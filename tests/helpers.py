@@ -1,0 +1,58 @@
+"""Helpers shared by the tests: dtypes and tolerances, memory layouts of one logical array, ukernel geometry."""
+from __future__ import annotations
+
+import numpy as np
+
+import dnnkit
+
+DTYPES = (np.float32, np.float64)
+FLOAT64_TOL = 1e-12  # relative L2 bound for float64 (Algorithm.tolerance is the float32 bound)
+SENTINEL = -7777.25  # fills memory around outputs; exactly representable in float32 and float64
+
+
+def tolerance(algo, dtype) -> float:
+    """Relative L2 error bound for algo's output in dtype."""
+    return algo.tolerance if np.dtype(dtype) == np.float32 else FLOAT64_TOL
+
+
+def dtype_tolerance(dtype) -> float:
+    """Bound for operators that pick their algorithm themselves (linear): the loosest registered one."""
+    algos = dnnkit.algos.algorithms("gemm", "cpu")
+    return max(tolerance(a, dtype) for a in algos)
+
+
+def ukernel_geometry(isa: str, dtype) -> dict:
+    name, mr, nr, mc, kc, nc = dnnkit._cpu.ukernel_info(isa, np.dtype(dtype).itemsize)
+    return {"name": name, "MR": mr, "NR": nr, "MC": mc, "KC": kc, "NC": nc}
+
+
+# Layouts of a 2-D array: the same values, different strides.
+#   C: row-major; F: column-major; strided: every 2nd row and 3rd column of a larger buffer;
+#   reversed: negative strides in both dimensions.
+LAYOUTS = ("C", "F", "strided", "reversed")
+
+
+def with_layout(x: np.ndarray, layout: str, fill=np.nan):
+    """(view, buffer): a view holding x's values in `layout`, and the buffer it lives in. Elements of the
+    buffer outside the view hold `fill` (NaN by default, so a kernel that reads outside its view fails)."""
+    r, c = x.shape
+    if layout in ("C", "F"):
+        v = np.array(x, order=layout)  # always a copy
+        return v, v
+    if layout == "strided":
+        buf = np.full((2 * r + 1, 3 * c + 2), fill, dtype=x.dtype)
+        v = buf[1::2, 2::3][:r, :c]  # (r, c) view, strides (2 rows, 3 columns)
+    elif layout == "reversed":
+        buf = np.full((r + 2, c + 2), fill, dtype=x.dtype)
+        v = buf[1:1 + r, 1:1 + c][::-1, ::-1]  # (r, c) view, negative strides
+    else:
+        raise ValueError(layout)
+    v[...] = x
+    assert v.shape == x.shape
+    return v, buf
+
+
+def untouched_outside(view: np.ndarray, buf: np.ndarray, fill) -> bool:
+    """True when every element of buf outside view still holds fill (NaN-aware). Overwrites view."""
+    view[...] = fill
+    return bool(np.isnan(buf).all()) if np.isnan(fill) else bool((buf == fill).all())

@@ -1,0 +1,242 @@
+"""dnnkit.gemm against the float64 reference, for every registered algorithm x ISA x thread count x dtype:
+zero-size and one-element shapes, tails that are not multiples of MR/NR, k beyond KC, m beyond MC, n beyond
+NC, all transposes, strided/negative/Fortran layouts, alpha/beta, NaN-poisoned outputs, NaN/Inf inputs,
+and concurrent callers."""
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dnnkit
+from dnnkit.problem import GemmProblem
+from dnnkit.reference import gemm_ref, rel_l2
+from helpers import DTYPES, LAYOUTS, SENTINEL, tolerance, ukernel_geometry, untouched_outside, with_layout
+
+SCALARS = st.one_of(st.sampled_from([1.0, -1.0, 0.5]), st.floats(-2.0, 2.0, allow_nan=False, width=32))
+BETAS = st.one_of(st.sampled_from([1.0, -1.5]), st.floats(-2.0, 2.0, allow_nan=False, width=32))
+
+
+@dataclass
+class GemmCase:
+    m: int
+    n: int
+    k: int
+    dtype: type
+    trans_a: bool
+    trans_b: bool
+    alpha: float
+    beta: float
+    with_c: bool
+    layouts: tuple  # (a, b, c)
+    seed: int
+
+
+@st.composite
+def gemm_cases(draw, dims=None, dtype=None):
+    if dims is None:
+        # Mostly small sizes (fast, and the tails of every tile); about one example in eight up to 300,
+        # past MC and several MR x NR tiles in both directions; now and then one dimension is 0.
+        big = draw(st.integers(0, 7)) == 7
+        dim = st.integers(1, 300) if big else st.one_of(st.integers(1, 9), st.integers(1, 64))
+        dims = [dim, dim, dim]
+        if draw(st.integers(0, 9)) == 9:
+            dims[draw(st.integers(0, 2))] = st.just(0)
+    m, n, k = (draw(d) for d in dims)
+    # beta == 0 with c (poisoned with NaN: must not be read), beta == 0 without c, or beta != 0.
+    mode = draw(st.sampled_from(["beta0", "no_c", "beta"]))
+    beta = 0.0 if mode != "beta" else draw(BETAS.filter(lambda v: v != 0.0))
+    return GemmCase(
+        m=m, n=n, k=k, dtype=dtype or draw(st.sampled_from(DTYPES)), trans_a=draw(st.booleans()),
+        trans_b=draw(st.booleans()), alpha=draw(SCALARS), beta=beta, with_c=mode != "no_c",
+        layouts=tuple(draw(st.sampled_from(LAYOUTS)) for _ in range(3)), seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+def unsupported(algo, m, n, k, trans_a, trans_b, dtype):
+    """Why algo cannot run this GEMM (None when it can)."""
+    return algo.supports(GemmProblem(m, n, k, trans_a=trans_a, trans_b=trans_b, dtype=np.dtype(dtype).name))
+
+
+def check_gemm(algo, case: GemmCase):
+    """Runs one case through dnnkit.gemm(algo=algo.name) and checks it against gemm_ref. When algo does
+    not support the case, checks that asking for it is a ValueError naming it and the reason instead."""
+    rng = np.random.default_rng(case.seed)
+    m, n, k, dtype = case.m, case.n, case.k, case.dtype
+    a0 = rng.standard_normal((k, m) if case.trans_a else (m, k)).astype(dtype)  # stored shape of a
+    b0 = rng.standard_normal((n, k) if case.trans_b else (k, n)).astype(dtype)  # stored shape of b
+    c0 = rng.standard_normal((m, n)).astype(dtype)
+    la, lb, lc = case.layouts
+    a, _ = with_layout(a0, la)  # memory around strided inputs is NaN: reading it poisons the result
+    b, _ = with_layout(b0, lb)
+    c = cbuf = None
+    if case.with_c:
+        # beta == 0: c must not be read, so it is poisoned with NaN; memory around it holds a sentinel.
+        c, cbuf = with_layout(c0 if case.beta != 0.0 else np.full_like(c0, np.nan), lc, fill=SENTINEL)
+    expected = gemm_ref(a0, b0, c0, case.alpha, case.beta, case.trans_a, case.trans_b)
+    reason = unsupported(algo, m, n, k, case.trans_a, case.trans_b, dtype)
+    if reason is not None:
+        with pytest.raises(ValueError, match=f"gemm: .*{re.escape(algo.name)}.*{re.escape(reason)}"):
+            dnnkit.gemm(a, b, c, alpha=case.alpha, beta=case.beta, trans_a=case.trans_a, trans_b=case.trans_b,
+                        algo=algo.name)
+        return
+
+    out = dnnkit.gemm(a, b, c, alpha=case.alpha, beta=case.beta, trans_a=case.trans_a, trans_b=case.trans_b,
+                      algo=algo.name)
+
+    assert isinstance(out, np.ndarray) and out.shape == (m, n) and out.dtype == dtype
+    if c is not None:
+        assert out is c, "gemm must return the c it was given, updated in place"
+    assert not np.isnan(out).any(), "NaN in the output: an element was not written, or c was read with beta == 0"
+    err = rel_l2(out, expected)
+    assert err <= tolerance(algo, dtype), f"relative L2 error {err:.3g} for {case}"
+    assert np.array_equal(a, a0) and np.array_equal(b, b0), "gemm modified its inputs"
+    if c is not None:
+        assert untouched_outside(c, cbuf, SENTINEL), "gemm wrote outside c"
+
+
+@settings(max_examples=80)  # the core property, and cheap: more examples than the profile's default
+@given(case=gemm_cases())
+def test_gemm_matches_reference(isa, num_threads, gemm_algo, case):
+    check_gemm(gemm_algo, case)
+
+
+@settings(max_examples=10)
+@given(data=st.data())
+def test_gemm_k_beyond_kc(isa, num_threads, gemm_algo, data):
+    """k spanning two and three KC blocks: the first block applies beta, the later ones accumulate."""
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    g = ukernel_geometry(isa, dtype)
+    dims = (st.integers(1, 2 * g["MR"] + 1), st.integers(1, 2 * g["NR"] + 1),
+            st.integers(g["KC"] - 1, 2 * g["KC"] + 3))
+    case = data.draw(gemm_cases(dims=dims, dtype=dtype), label="case")
+    check_gemm(gemm_algo, case)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_gemm_tile_tails(isa, num_threads, gemm_algo, dtype):
+    """Every combination of m and n just below, at and just above one micro-tile."""
+    g = ukernel_geometry(isa, dtype)
+    seed = 0
+    for m in (1, g["MR"] - 1, g["MR"], g["MR"] + 1, 2 * g["MR"] + 1):
+        for n in (1, g["NR"] - 1, g["NR"], g["NR"] + 1, 2 * g["NR"] + 1):
+            for k in (1, 7):
+                seed += 1
+                check_gemm(gemm_algo, GemmCase(m, n, k, dtype, False, True, 1.5, 0.0, True, ("C", "C", "C"), seed))
+                check_gemm(gemm_algo, GemmCase(m, n, k, dtype, True, False, -1.0, 0.5, True, ("C", "F", "C"), seed))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_gemm_beyond_mc_and_nc(isa, num_threads, gemm_algo, dtype):
+    """m past one MC block and n past one NC block (the outer loops of the driver), with tails."""
+    g = ukernel_geometry(isa, dtype)
+    for (m, n, k), trans_b, beta in [
+        ((g["MR"] + 1, g["NC"] + g["NR"] + 3, 5), True, 0.0),
+        ((g["MR"] + 1, g["NC"] + g["NR"] + 3, 5), False, 1.0),
+        ((g["MC"] + g["MR"] + 1, 2 * g["NR"] + 1, 9), False, 0.0),
+        ((g["MC"] + 3, g["NC"] + 1, 3), True, -0.5),
+    ]:
+        check_gemm(gemm_algo, GemmCase(m, n, k, dtype, False, trans_b, 1.0, beta, True, ("C", "C", "C"), m + n))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("m, n, k", [(0, 5, 3), (4, 0, 3), (4, 5, 0), (0, 0, 0), (0, 5, 0), (1, 1, 0), (1, 1, 1)])
+@pytest.mark.parametrize("beta, with_c", [(0.0, True), (0.0, False), (2.0, True)], ids=["beta0", "no_c", "beta2"])
+def test_gemm_zero_size(isa, gemm_algo, dtype, m, n, k, beta, with_c):
+    """m, n or k of 0: an empty result, or (k == 0) beta * c, or zeros when beta == 0 (c unread)."""
+    for trans_b in (False, True):
+        for layout in LAYOUTS:
+            check_gemm(gemm_algo, GemmCase(m, n, k, dtype, False, trans_b, 1.0, beta, with_c, (layout,) * 3, 7))
+    if k == 0 and m and n and not unsupported(gemm_algo, m, n, k, False, True, dtype):
+        c = np.full((m, n), 3.0, dtype=dtype)
+        out = dnnkit.gemm(np.zeros((m, 0), dtype), np.zeros((n, 0), dtype), c, beta=beta, trans_b=True,
+                          algo=gemm_algo.name)
+        assert np.array_equal(out, np.full((m, n), 3.0 * beta, dtype=dtype))
+
+
+@given(data=st.data())
+def test_gemm_propagates_nan_and_inf(isa, gemm_algo, data):
+    """NaN and Inf in a, b (and c when beta != 0) propagate as in a float64 NumPy computation."""
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    m, n, k = (data.draw(st.integers(1, 12), label=s) for s in "mnk")
+    trans_a, trans_b = data.draw(st.booleans(), label="trans_a"), data.draw(st.booleans(), label="trans_b")
+    alpha = data.draw(st.sampled_from([1.0, -2.0, 0.5]), label="alpha")
+    beta = data.draw(st.sampled_from([0.0, 1.0, -0.5]), label="beta")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    # Uniform in [-1, 1]: no overflow in float32, so every Inf and NaN comes from the injected values.
+    a = rng.uniform(-1, 1, (k, m) if trans_a else (m, k)).astype(dtype)
+    b = rng.uniform(-1, 1, (n, k) if trans_b else (k, n)).astype(dtype)
+    c = rng.uniform(-1, 1, (m, n)).astype(dtype)
+    for _ in range(data.draw(st.integers(1, 4), label="n_special")):
+        target = data.draw(st.sampled_from([a, b, c]), label="target")
+        index = tuple(data.draw(st.integers(0, s - 1)) for s in target.shape)
+        target[index] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]), label="value")
+    expected = gemm_ref(a, b, c, alpha, beta, trans_a, trans_b)
+    c_in = c.copy() if beta != 0.0 else np.full_like(c, np.nan)  # beta == 0: c must not be read
+    if unsupported(gemm_algo, m, n, k, trans_a, trans_b, dtype):
+        return  # the rejection itself is checked by test_gemm_matches_reference
+
+    out = dnnkit.gemm(a, b, c_in, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, algo=gemm_algo.name)
+
+    assert np.array_equal(np.isnan(out), np.isnan(expected)), "NaN positions differ from NumPy's"
+    assert np.array_equal(np.isinf(out), np.isinf(expected)), "Inf positions differ from NumPy's"
+    assert rel_l2(out, expected) <= tolerance(gemm_algo, dtype)
+
+
+def test_gemm_default_algo_and_aliasing(isa):
+    """algo='auto' dispatches to a registered algorithm; c may be one of the inputs (read before written)."""
+    rng = np.random.default_rng(3)
+    for dtype in DTYPES:
+        a = rng.standard_normal((37, 37)).astype(dtype)
+        b = rng.standard_normal((37, 37)).astype(dtype)
+        expected = gemm_ref(a, b, a, 1.0, 1.0)
+        tol = max(tolerance(alg, dtype) for alg in dnnkit.algos.algorithms("gemm", "cpu"))
+        assert rel_l2(dnnkit.gemm(a, b), gemm_ref(a, b)) <= tol
+        out = dnnkit.gemm(a, b, a, beta=1.0)  # c is a: a = a @ b + a
+        assert out is a
+        assert rel_l2(out, expected) <= tol
+
+
+def test_gemm_accepts_nested_lists():
+    out = dnnkit.gemm([[1.0, 2.0], [3.0, 4.0]], [[1.0], [1.0]])
+    assert out.dtype == np.float64
+    assert np.array_equal(out, np.array([[3.0], [7.0]]))
+
+
+def test_gemm_concurrent_callers(isa, gemm_algo):
+    """Several Python threads calling gemm at once (the GIL is released) each get their own right answer."""
+    dnnkit.set_num_threads(2)
+    n_threads, calls = 4, 20
+    failures = []
+
+    def worker(tid):
+        rng = np.random.default_rng(100 + tid)
+        try:
+            for i in range(calls):
+                dtype = DTYPES[(tid + i) % 2]
+                for _ in range(1000):  # sizes the algorithm supports
+                    m, n, k = (int(v) for v in rng.integers(1, 120, size=3))
+                    if not unsupported(gemm_algo, m, n, k, False, True, dtype):
+                        break
+                a = rng.standard_normal((m, k)).astype(dtype)
+                b = rng.standard_normal((n, k)).astype(dtype)
+                c = np.full((m, n), np.nan, dtype=dtype)
+                out = dnnkit.gemm(a, b, c, trans_b=True, algo=gemm_algo.name)
+                err = rel_l2(out, gemm_ref(a, b, trans_b=True))
+                if not err <= tolerance(gemm_algo, dtype):
+                    failures.append(f"thread {tid} call {i}: {m}x{n}x{k} {np.dtype(dtype).name} error {err:.3g}")
+        except Exception as e:  # noqa: BLE001 - reported below with its thread
+            failures.append(f"thread {tid}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a gemm call hung"
+    assert not failures, failures

@@ -1,0 +1,169 @@
+"""dnnkit.linear and dnnkit.linear_backward against the float64 reference (torch.nn.functional.linear
+semantics, x of shape (..., in)), under every supported ISA: 1-D, 2-D and 3-D inputs with zero and one
+batch, with and without bias, every activation, both dtypes; plus a finite-difference check of the
+backward pass against the forward."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import dnnkit
+from dnnkit.reference import linear_backward_ref, linear_ref, rel_l2
+from helpers import DTYPES, dtype_tolerance
+
+ACTIVATIONS = (None, "relu", "tanh", "sigmoid", "gelu")
+
+
+@dataclass
+class LinearCase:
+    lead: tuple  # the leading dimensions of x: () for 1-D x
+    in_f: int
+    out_f: int
+    dtype: type
+    bias: bool
+    activation: str | None
+    strided: bool  # x, weight and bias as non-contiguous views
+    seed: int
+
+
+@st.composite
+def linear_cases(draw):
+    ndim = draw(st.sampled_from([1, 2, 3]))
+    return LinearCase(
+        lead=tuple(draw(st.integers(0, 5)) for _ in range(ndim - 1)),
+        in_f=draw(st.integers(0, 40)), out_f=draw(st.integers(1, 40)), dtype=draw(st.sampled_from(DTYPES)),
+        bias=draw(st.booleans()), activation=draw(st.sampled_from(ACTIVATIONS)), strided=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+def make_inputs(case: LinearCase):
+    """x (lead + (in,)), weight (out, in), bias (out,) or None; scaled so preactivations are O(1)."""
+    rng = np.random.default_rng(case.seed)
+    scale = 1.0 / np.sqrt(max(case.in_f, 1))
+    x = rng.standard_normal(case.lead + (case.in_f,)).astype(case.dtype)
+    w = (scale * rng.standard_normal((case.out_f, case.in_f))).astype(case.dtype)
+    b = rng.standard_normal(case.out_f).astype(case.dtype) if case.bias else None
+    if case.strided:
+        x = np.repeat(x, 2, axis=-1)[..., ::2]  # same values, last-dimension stride 2
+        w = np.asfortranarray(w)  # column-major weight: w.T is the contiguous one
+        b = None if b is None else np.repeat(b, 3)[::3]
+    return x, w, b
+
+
+@given(case=linear_cases())
+def test_linear_matches_reference(isa, case):
+    x, w, b = make_inputs(case)
+    tol = dtype_tolerance(case.dtype)
+    expected = linear_ref(x, w, b, case.activation)
+    expected_z = linear_ref(x, w, b, None)
+
+    y = dnnkit.linear(x, w, b, activation=case.activation)
+
+    assert isinstance(y, np.ndarray) and y.shape == case.lead + (case.out_f,) and y.dtype == case.dtype
+    assert rel_l2(y, expected) <= tol
+    y2, z = dnnkit.linear(x, w, b, activation=case.activation, return_preactivation=True)
+    assert y2.shape == z.shape == y.shape and y2.dtype == z.dtype == case.dtype
+    assert rel_l2(y2, expected) <= tol
+    assert rel_l2(z, expected_z) <= tol
+    assert not np.shares_memory(y2, z)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("lead", [(), (0,), (1,), (3,), (0, 4), (1, 1), (2, 3)], ids=repr)
+def test_linear_shapes(isa, dtype, activation, lead):
+    """Every activation and dtype on 1-D, zero-batch, one-batch and 3-D inputs."""
+    case = LinearCase(lead, 7, 5, dtype, True, activation, False, seed=len(lead))
+    x, w, b = make_inputs(case)
+    y, z = dnnkit.linear(x, w, b, activation=activation, return_preactivation=True)
+    assert y.shape == z.shape == lead + (5,)
+    assert rel_l2(y, linear_ref(x, w, b, activation)) <= dtype_tolerance(dtype)
+    assert rel_l2(z, linear_ref(x, w, b, None)) <= dtype_tolerance(dtype)
+
+
+def saved_tensors(activation):
+    """What the backward may be given: relu/tanh/sigmoid need the output or the preactivation, gelu the
+    preactivation; the identity needs neither."""
+    if activation is None:
+        return ["none", "output"]
+    if activation == "gelu":
+        return ["preactivation", "both"]
+    return ["output", "preactivation", "both"]
+
+
+@given(case=linear_cases(), data=st.data())
+def test_linear_backward_matches_reference(isa, case, data):
+    saved = data.draw(st.sampled_from(saved_tensors(case.activation)), label="saved")
+    x, w, b = make_inputs(case)
+    y, z = dnnkit.linear(x, w, b, activation=case.activation, return_preactivation=True)
+    grad_y = np.random.default_rng(case.seed + 1).standard_normal(y.shape).astype(case.dtype)
+    kwargs = {}
+    if saved in ("output", "both"):
+        kwargs["output"] = y
+    if saved in ("preactivation", "both"):
+        kwargs["preactivation"] = z
+
+    grad_x, grad_w, grad_b = dnnkit.linear_backward(grad_y, x, w, bias=case.bias, activation=case.activation,
+                                                    **kwargs)
+
+    # The reference differentiates at dnnkit's own z, so both sides agree on which side of relu's kink
+    # every element lies.
+    ex, ew, eb = linear_backward_ref(grad_y, x, w, bias=case.bias, activation=case.activation, preactivation=z)
+    tol = dtype_tolerance(case.dtype)
+    assert grad_x.shape == x.shape and grad_x.dtype == case.dtype
+    assert grad_w.shape == w.shape and grad_w.dtype == case.dtype
+    assert rel_l2(grad_x, ex) <= tol
+    assert rel_l2(grad_w, ew) <= tol
+    if case.bias:
+        assert grad_b.shape == (case.out_f,) and grad_b.dtype == case.dtype
+        assert rel_l2(grad_b, eb) <= tol
+    else:
+        assert grad_b is None
+
+
+def _inputs_away_from_kinks(x_shape, out_f, margin=0.25):
+    """float64 x, w, b whose preactivations all have |z| >= margin (no relu kink within reach of a
+    finite-difference step), found by trying seeds in order."""
+    in_f = x_shape[-1]
+    for seed in range(1000):
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal(x_shape)
+        w = rng.standard_normal((out_f, in_f))
+        b = rng.standard_normal(out_f)
+        if np.abs(linear_ref(x, w, b, None)).min() >= margin:
+            return x, w, b
+    raise AssertionError("no seed gives preactivations away from 0")
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("x_shape", [(3,), (2, 3), (2, 2, 3)], ids=repr)
+def test_linear_backward_finite_differences(isa, activation, x_shape):
+    """linear_backward is the derivative of linear: central differences of L = sum(G * linear(x, w, b))."""
+    out_f, h = 4, 1e-6
+    x, w, b = _inputs_away_from_kinks(x_shape, out_f)
+    G = np.random.default_rng(99).standard_normal(x_shape[:-1] + (out_f,))
+
+    def loss(x_, w_, b_):
+        return float(np.sum(G * dnnkit.linear(x_, w_, b_, activation=activation)))
+
+    def numeric_grad(which):
+        args = [x, w, b]
+        grad = np.zeros_like(args[which])
+        for idx in np.ndindex(grad.shape):
+            plus = [a.copy() for a in args]
+            minus = [a.copy() for a in args]
+            plus[which][idx] += h
+            minus[which][idx] -= h
+            grad[idx] = (loss(*plus) - loss(*minus)) / (2 * h)
+        return grad
+
+    y, z = dnnkit.linear(x, w, b, activation=activation, return_preactivation=True)
+    grads = dnnkit.linear_backward(G, x, w, bias=True, activation=activation, output=y, preactivation=z)
+    for which, name in enumerate(("grad_input", "grad_weight", "grad_bias")):
+        err = rel_l2(grads[which], numeric_grad(which))
+        assert err <= 1e-6, f"{name}: relative L2 error {err:.3g} against finite differences"
