@@ -38,11 +38,13 @@ def read_problems(path):
     return out
 
 
-def interleaved_medians(fns, budget, block=0.05, min_rounds=3):
-    """Median seconds per call of each fn. The fns take turns in blocks of about `block` seconds (the
-    first call of a block is a discarded warm-up), until the budget is spent. Blocks rather than single
-    calls: each library's idle threads spin for a while after a call, and on a machine with few cores
-    they would steal the other library's cores if calls alternated one by one."""
+def interleaved_medians(fns, budget, block=0.05, min_rounds=5, settle=0.15):
+    """Median seconds per call of each fn. The fns take turns in blocks of about `block` seconds, the
+    order alternating each round; the first call of a block is a discarded warm-up, and `settle` seconds
+    of idle precede every block. Both the blocks and the idle time are there because each library's
+    worker threads spin for a while after a call (OpenBLAS for about 2^28 cycles by default): alternating
+    call by call, or block after block without a pause, one library's spinning threads would take the
+    other's cores on a machine with few of them."""
     per_call = []
     for fn in fns:
         fn()
@@ -54,12 +56,14 @@ def interleaved_medians(fns, budget, block=0.05, min_rounds=3):
     t_end = time.perf_counter() + budget
     rounds = 0
     while rounds < min_rounds or time.perf_counter() < t_end:
-        for fn, ts, r in zip(fns, times, reps):
-            fn()  # warm-up: wakes this library's threads
-            for _ in range(r):
+        order = range(len(fns)) if rounds % 2 == 0 else reversed(range(len(fns)))
+        for i in order:
+            time.sleep(settle)
+            fns[i]()  # warm-up: wakes this library's threads
+            for _ in range(reps[i]):
                 t0 = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t0)
+                fns[i]()
+                times[i].append(time.perf_counter() - t0)
         rounds += 1
     return [statistics.median(ts) for ts in times]
 
@@ -82,7 +86,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", default=os.path.join(HERE, "problems", "gemm.txt"))
     ap.add_argument("--threads", type=int, default=None, help="dnnkit threads (default: all cores)")
-    ap.add_argument("--budget", type=float, default=1.0, help="seconds of timing per problem")
+    ap.add_argument("--budget", type=float, default=2.0, help="seconds of timing per problem")
     ap.add_argument("--filter", default="", help="only problems whose name contains this")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table for bench/RESULTS.md")
     args = ap.parse_args(argv)

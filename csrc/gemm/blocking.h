@@ -15,14 +15,8 @@ struct Blocking {
   index_t nc;
 };
 
-#include <cstdio>
-#include <cstdlib>
 template <typename T>
 inline Blocking blocking_for(Isa isa) {
-  if (const char* e = std::getenv("DNNKIT_TMP_BLOCKING")) {  // TEMPORARY tuning hook
-    long a, b, c;
-    if (std::sscanf(e, "%ld,%ld,%ld", &a, &b, &c) == 3) return Blocking{a, b, c};
-  }
   constexpr bool f32 = sizeof(T) == 4;
   switch (isa) {
     //                      MC   KC    NC
