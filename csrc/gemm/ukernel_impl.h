@@ -30,9 +30,16 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) acc[i][j] = V::zero();
 
+  // B streams from L2 (a KC x NR micro-panel is larger than L1 for NR = 64): prefetch it
+  // kPrefetchK steps ahead, one prefetch per cache line of a B row.
+  constexpr int kPrefetchK = 8;
+  constexpr int kRowBytes = NR * static_cast<int>(sizeof(T));
 #pragma GCC unroll 4
   for (dnnkit::index_t p = 0; p < k; ++p) {
     R bv[NV];
+#pragma GCC unroll 8
+    for (int l = 0; l < kRowBytes; l += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(b + kPrefetchK * NR) + l, 0, 3);
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) bv[j] = V::load(b + j * W);
 #pragma GCC unroll 64
