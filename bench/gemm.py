@@ -1,6 +1,6 @@
 """dnnkit GEMM and linear beside NumPy (OpenBLAS) in one process.
 
-    python bench/gemm.py [--problems FILE] [--threads N] [--budget SECONDS] [--filter TEXT] [--markdown]
+    python bench/gemm.py [--problems FILE] [--threads N] [--budget SECONDS] [--filter TEXT] [--isa ISA] [--markdown]
 
 For each problem: the median time of dnnkit and of NumPy (runs interleaved, so both see the same
 machine state), GFLOP/s, the ratio dnnkit/NumPy (> 1: dnnkit faster) and the fraction of the measured
@@ -88,14 +88,17 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None, help="dnnkit threads (default: all cores)")
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of timing per problem")
     ap.add_argument("--filter", default="", help="only problems whose name contains this")
+    ap.add_argument("--isa", choices=("ref", "avx2", "avx512"), help="use this ISA's micro-kernels (default: the best)")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table for bench/RESULTS.md")
     args = ap.parse_args(argv)
     if args.threads:
         dnnkit.set_num_threads(args.threads)
+    if args.isa:
+        dnnkit._cpu.set_isa(args.isa)
     nt = dnnkit.get_num_threads()
     info = dnnkit.info()
-    peak = dnnkit.machine.peak_gflops(nt, seconds=0.5)
-    peak1 = dnnkit.machine.peak_gflops(1, seconds=0.5)
+    peak = dnnkit.machine.peak_gflops(nt, isa_name=info["isa_active"], seconds=0.5)
+    peak1 = dnnkit.machine.peak_gflops(1, isa_name=info["isa_active"], seconds=0.5)
     print(f"# {info['cpu']} | {platform.machine()} | ISA {info['isa_active']} | "
           f"{info['ukernels']['float32']['ukernel']} | threads {nt}")
     print(f"# measured fp32 peak: {peak:.1f} GFLOP/s on {nt} threads, {peak1:.1f} on one | numpy {np.__version__}")
