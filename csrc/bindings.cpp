@@ -8,6 +8,7 @@
 
 #include "common.h"
 #include "cpu_info.h"
+#include "conv/conv.h"
 #include "eltwise/eltwise.h"
 #include "gemm/blocking.h"
 #include "gemm/gemm.h"
@@ -110,6 +111,104 @@ void ukernel_test_impl(Isa isa, const py::array& ap, const py::array& bp, py::ar
 
 bool is_f32(const py::array& x) { return py::isinstance<py::array_t<float>>(x) && x.itemsize() == 4; }
 bool is_f64(const py::array& x) { return py::isinstance<py::array_t<double>>(x) && x.itemsize() == 8; }
+
+// (n, c, h, w, k, r, s, p, q, sh, sw, ph, pw, dh, dw, g), dilation 1-based; checked for consistency.
+ConvShape conv_shape(const py::tuple& t) {
+  if (t.size() != 16) throw py::value_error("conv2d: shape tuple must have 16 entries");
+  index_t v[16];
+  for (int i = 0; i < 16; ++i) v[i] = t[i].cast<index_t>();
+  ConvShape sh{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14], v[15]};
+  for (int i = 0; i < 16; ++i)
+    if (v[i] < 0) throw py::value_error("conv2d: shape entries must be >= 0");
+  if (sh.g < 1 || sh.c % sh.g || sh.k % sh.g) throw py::value_error("conv2d: groups must divide channels");
+  if (sh.sh < 1 || sh.sw < 1 || sh.dh < 1 || sh.dw < 1) throw py::value_error("conv2d: stride/dilation must be >= 1");
+  if (sh.r < 1 || sh.s < 1) throw py::value_error("conv2d: kernel must be at least 1x1");
+  const index_t p = (sh.h + 2 * sh.ph - (sh.r - 1) * sh.dh - 1), q = (sh.w + 2 * sh.pw - (sh.s - 1) * sh.dw - 1);
+  if (p < 0 || q < 0 || sh.p != p / sh.sh + 1 || sh.q != q / sh.sw + 1)
+    throw py::value_error("conv2d: output size does not match input, kernel, stride, padding and dilation");
+  return sh;
+}
+
+// A C-contiguous array of T holding exactly `elems` elements, or an error naming the argument.
+template <typename T>
+T* conv_arg(const py::object& o, index_t elems, const char* name, bool writable) {
+  if (!py::isinstance<py::array_t<T>>(o)) throw py::type_error(std::string("conv2d: ") + name + " has the wrong dtype");
+  py::array a = o.cast<py::array>();
+  if (!(a.flags() & py::array::c_style)) throw py::value_error(std::string("conv2d: ") + name + " must be C-contiguous");
+  if (a.size() != elems) throw py::value_error(std::string("conv2d: ") + name + " has the wrong number of elements");
+  if (writable && !a.writeable()) throw py::value_error(std::string("conv2d: ") + name + " is read-only");
+  return static_cast<T*>(const_cast<void*>(a.data()));
+}
+
+template <typename T>
+T* conv_workspace(const py::object& ws, const ConvShape& sh, index_t chunk) {
+  const index_t need = col_elems(sh, chunk);
+  if (need == 0) return nullptr;
+  if (ws.is_none()) throw py::value_error("conv2d: this algorithm needs a workspace");
+  if (!py::isinstance<py::array_t<T>>(ws)) throw py::type_error("conv2d: workspace has the wrong dtype");
+  py::array a = ws.cast<py::array>();
+  if (!(a.flags() & py::array::c_style) || !a.writeable() || a.size() < need)
+    throw py::value_error("conv2d: workspace is too small, read-only or not contiguous");
+  return static_cast<T*>(a.mutable_data());
+}
+
+template <typename T>
+void conv_run(const std::string& dir, const std::string& algo, const ConvShape& sh, const py::object& a0,
+              const py::object& a1, const py::object& bias, const py::object& out, const py::object& ws, index_t chunk) {
+  const index_t nx = sh.n * sh.c * sh.h * sh.w, nw = sh.k * sh.cg() * sh.r * sh.s, ny = sh.n * sh.k * sh.p * sh.q;
+  if (chunk < 1) throw py::value_error("conv2d: chunk must be >= 1");
+  if (dir == "fwd") {
+    const T* x = conv_arg<T>(a0, nx, "input", false);
+    const T* w = conv_arg<T>(a1, nw, "weight", false);
+    const T* b = bias.is_none() ? nullptr : conv_arg<T>(bias, sh.k, "bias", false);
+    T* y = conv_arg<T>(out, ny, "output", true);
+    if (algo == "direct") {
+      py::gil_scoped_release nogil;
+      conv2d_fwd_direct<T>(sh, x, w, b, y);
+    } else if (algo == "im2col_gemm") {
+      T* col = conv_workspace<T>(ws, sh, chunk);
+      py::gil_scoped_release nogil;
+      conv2d_fwd_im2col<T>(sh, x, w, b, y, col, chunk);
+    } else {
+      throw py::value_error("conv2d: unknown kernel " + algo);
+    }
+  } else if (dir == "bwd_data") {
+    const T* w = conv_arg<T>(a0, nw, "weight", false);
+    const T* dy = conv_arg<T>(a1, ny, "grad_output", false);
+    T* dx = conv_arg<T>(out, nx, "grad_input", true);
+    if (algo == "direct") {
+      py::gil_scoped_release nogil;
+      conv2d_bwd_data_direct<T>(sh, w, dy, dx);
+    } else if (algo == "gemm_col2im") {
+      T* col = conv_workspace<T>(ws, sh, chunk);
+      py::gil_scoped_release nogil;
+      conv2d_bwd_data_col2im<T>(sh, w, dy, dx, col, chunk);
+    } else {
+      throw py::value_error("conv2d_backward_data: unknown kernel " + algo);
+    }
+  } else if (dir == "bwd_filter") {
+    const T* x = conv_arg<T>(a0, nx, "input", false);
+    const T* dy = conv_arg<T>(a1, ny, "grad_output", false);
+    T* dw = conv_arg<T>(out, nw, "grad_weight", true);
+    if (algo == "direct") {
+      py::gil_scoped_release nogil;
+      conv2d_bwd_filter_direct<T>(sh, x, dy, dw);
+    } else if (algo == "im2col_gemm") {
+      T* col = conv_workspace<T>(ws, sh, chunk);
+      py::gil_scoped_release nogil;
+      conv2d_bwd_filter_im2col<T>(sh, x, dy, dw, col, chunk);
+    } else {
+      throw py::value_error("conv2d_backward_filter: unknown kernel " + algo);
+    }
+  } else if (dir == "bwd_bias") {
+    const T* dy = conv_arg<T>(a0, ny, "grad_output", false);
+    T* db = conv_arg<T>(out, sh.k, "grad_bias", true);
+    py::gil_scoped_release nogil;
+    conv2d_bwd_bias<T>(sh, dy, db);
+  } else {
+    throw py::value_error("conv2d: unknown direction " + dir);
+  }
+}
 
 }  // namespace
 
@@ -249,6 +348,24 @@ PYBIND11_MODULE(_cpu, m) {
     return dnnkit::measure_peak_gflops(i, nthreads, seconds);
   }, py::arg("isa"), py::arg("nthreads"), py::arg("seconds") = 0.2,
      "float32 FMA throughput of nthreads threads, GFLOP/s.");
+
+  m.def("conv2d",
+        [](const std::string& dir, const std::string& algo, const py::tuple& shape, const py::object& a0,
+           const py::object& a1, const py::object& bias, const py::object& out, const py::object& ws, index_t chunk) {
+          const ConvShape sh = conv_shape(shape);
+          if (py::isinstance<py::array_t<float>>(out)) return conv_run<float>(dir, algo, sh, a0, a1, bias, out, ws, chunk);
+          if (py::isinstance<py::array_t<double>>(out)) return conv_run<double>(dir, algo, sh, a0, a1, bias, out, ws, chunk);
+          throw py::type_error("conv2d: output must be float32 or float64");
+        },
+        py::arg("direction"), py::arg("kernel"), py::arg("shape"), py::arg("a0"), py::arg("a1"), py::arg("bias"),
+        py::arg("out"), py::arg("workspace"), py::arg("chunk"),
+        "Test and algorithm entry: direction fwd|bwd_data|bwd_filter|bwd_bias, kernel direct|im2col_gemm|gemm_col2im;\n"
+        "fwd: (x, w) -> y; bwd_data: (w, dy) -> dx; bwd_filter: (x, dy) -> dw; bwd_bias: (dy, None) -> db.");
+
+  m.def("im2col_chunk", [](const py::tuple& shape, index_t max_elems) {
+    return im2col_chunk(conv_shape(shape), std::max<index_t>(max_elems, 1));
+  }, "Output pixels per im2col chunk for a workspace of at most max_elems elements.");
+  m.def("col_elems", [](const py::tuple& shape, index_t chunk) { return col_elems(conv_shape(shape), chunk); });
 
   m.def("detected_isa", [] { return std::string(isa_name(detected_isa())); });
   m.def("active_isa", [] { return std::string(isa_name(active_isa())); });

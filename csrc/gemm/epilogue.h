@@ -43,12 +43,15 @@ struct Epilogue {
 };
 
 // Applies bias and activation to an m x n tile at c (row stride rs_c, column stride cs_c); `bias`
-// points at the tile's first column.
+// points at the tile's first column, or at its first row when per_row.
 template <typename T>
-void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, const T* bias, Activation act) {
+void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, const T* bias, Activation act,
+                    bool per_row = false) {
   for (index_t i = 0; i < m; ++i) {
     T* row = c + i * rs_c;
-    if (bias)
+    if (bias && per_row)
+      for (index_t j = 0; j < n; ++j) row[j * cs_c] += bias[i];
+    else if (bias)
       for (index_t j = 0; j < n; ++j) row[j * cs_c] += bias[j];
     switch (act) {
       case Activation::identity: break;

@@ -70,7 +70,8 @@ void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const
       T* c = g.c + i * g.rs_c + j * g.cs_c;
       uk.fn(kc, ap + ir * mr * kc, b_panel, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t);
       if (last && (g.bias || g.act != Activation::identity))
-        apply_epilogue<T>(c, g.rs_c, g.cs_c, m_t, n_t, g.bias ? g.bias + j : nullptr, g.act);
+        apply_epilogue<T>(c, g.rs_c, g.cs_c, m_t, n_t, g.bias ? g.bias + (g.bias_per_row ? i : j) : nullptr, g.act,
+                          g.bias_per_row);
     }
   }
 }
@@ -83,7 +84,7 @@ void scale_c(const GemmArgs<T>& g) {
       T* c = g.c + i * g.rs_c + j * g.cs_c;
       *c = g.beta == T(0) ? T(0) : g.beta * *c;
     }
-  apply_epilogue<T>(g.c, g.rs_c, g.cs_c, g.m, g.n, g.bias, g.act);
+  apply_epilogue<T>(g.c, g.rs_c, g.cs_c, g.m, g.n, g.bias, g.act, g.bias_per_row);
 }
 
 }  // namespace

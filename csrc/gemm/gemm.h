@@ -19,7 +19,8 @@ struct GemmArgs {
   index_t rs_b = 0, cs_b = 0;
   T* c = nullptr;
   index_t rs_c = 0, cs_c = 0;
-  const T* bias = nullptr;
+  const T* bias = nullptr;       // length n (added to every row), or length m with bias_per_row
+  bool bias_per_row = false;     // true: bias[i] is added to row i (a convolution's output channels)
   Activation act = Activation::identity;
 };
 

@@ -31,7 +31,7 @@ void gemm_small_m(const GemmArgs<T>& g, int nthreads) {
         for (int j = 0; j < nj_t; ++j) {
           T v = g.alpha * tile[i * nj + j];
           if (g.beta != T(0)) v += g.beta * c[j * g.cs_c];
-          if (g.bias) v += g.bias[j0 + j];
+          if (g.bias) v += g.bias[g.bias_per_row ? i0 + i : j0 + j];
           c[j * g.cs_c] = activate(g.act, v);
         }
       }

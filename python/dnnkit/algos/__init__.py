@@ -7,7 +7,7 @@ kernels, and one line in _REGISTRY below.
 from __future__ import annotations
 
 from .base import Algorithm, Candidate
-from . import gemm_cpu
+from . import conv_cpu, gemm_cpu
 
 _REGISTRY: dict[tuple[str, str], list[Algorithm]] = {}
 _version = [0]  # bumped by register(): dispatch's cached decisions name the version they were made with
@@ -47,5 +47,11 @@ def get(op: str, backend: str, name: str) -> Algorithm:
 # The registry, in order of preference when nothing else decides.
 register(gemm_cpu.SmallMGemm())
 register(gemm_cpu.BlockedGemm())
+register(conv_cpu.Im2colGemmFwd())
+register(conv_cpu.DirectFwd())
+register(conv_cpu.GemmCol2imBwdData())
+register(conv_cpu.DirectBwdData())
+register(conv_cpu.Im2colGemmBwdFilter())
+register(conv_cpu.DirectBwdFilter())
 
 __all__ = ["Algorithm", "Candidate", "register", "algorithms", "all_algorithms", "get"]

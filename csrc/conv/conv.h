@@ -1,0 +1,64 @@
+// 2-D convolution on the CPU, NCHW, groups, stride, padding and dilation. Letters as everywhere in
+// dnnkit: input N x C x H x W, weight K x (C/G) x R x S, output N x K x P x Q, G groups.
+//
+//   y[n, k, p, q] = bias[k] + sum_{c in group(k), r, s} w[k, c, r, s] * x[n, c, p*sh - ph + r*dh, q*sw - pw + s*dw]
+//
+// (x is zero outside its H x W extent; dh, dw are 1-based here: 1 = dense.)
+#pragma once
+#include "../common.h"
+
+namespace dnnkit {
+
+struct ConvShape {
+  index_t n, c, h, w;  // input
+  index_t k, r, s;     // weight: k x (c/g) x r x s
+  index_t p, q;        // output spatial size
+  index_t sh, sw, ph, pw, dh, dw;
+  index_t g;
+  index_t cg() const { return c / g; }  // input channels per group
+  index_t kg() const { return k / g; }  // output channels per group
+  index_t crs() const { return cg() * r * s; }
+  index_t pq() const { return p * q; }
+  // 1x1, stride 1, no padding: the input plane of a group is already the GEMM's B matrix.
+  bool is_pointwise() const { return r == 1 && s == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
+};
+
+// ---- im2col + GEMM (im2col.cpp). `col` is caller-owned workspace of col_elems(shape, chunk) elements;
+// output pixels are processed `chunk` at a time so the workspace stays bounded.
+index_t im2col_chunk(const ConvShape& sh, index_t max_workspace_elems);
+inline index_t col_elems(const ConvShape& sh, index_t chunk) { return sh.is_pointwise() ? 0 : sh.crs() * chunk; }
+
+template <typename T>
+void conv2d_fwd_im2col(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y, T* col, index_t chunk);
+template <typename T>
+void conv2d_bwd_data_col2im(const ConvShape& sh, const T* w, const T* dy, T* dx, T* col, index_t chunk);
+template <typename T>
+void conv2d_bwd_filter_im2col(const ConvShape& sh, const T* x, const T* dy, T* dw, T* col, index_t chunk);
+
+// ---- direct (direct.cpp): no workspace.
+template <typename T>
+void conv2d_fwd_direct(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y);
+template <typename T>
+void conv2d_bwd_data_direct(const ConvShape& sh, const T* w, const T* dy, T* dx);
+template <typename T>
+void conv2d_bwd_filter_direct(const ConvShape& sh, const T* x, const T* dy, T* dw);
+
+// db[k] = sum over n, p, q of dy (accumulated in double).
+template <typename T>
+void conv2d_bwd_bias(const ConvShape& sh, const T* dy, T* db);
+
+// The range [lo, hi) of output positions o (0 <= o < out) whose input position o*stride - pad + off lies
+// in [0, in): the positions that read real input rather than padding.
+inline void valid_range(index_t out, index_t in, index_t stride, index_t pad, index_t off, index_t* lo,
+                        index_t* hi) {
+  // o*stride >= pad - off  and  o*stride <= in - 1 + pad - off
+  index_t a = pad - off;
+  index_t l = a <= 0 ? 0 : (a + stride - 1) / stride;
+  index_t b = in - 1 + pad - off;
+  index_t h = b < 0 ? 0 : b / stride + 1;
+  *lo = l < out ? l : out;
+  *hi = h < out ? h : out;
+  if (*hi < *lo) *hi = *lo;
+}
+
+}  // namespace dnnkit

@@ -1,0 +1,208 @@
+// im2col + GEMM convolution, and its col2im backward. Per image n and group g, with output pixels taken
+// `chunk` columns at a time (j in [j0, j1) indexes the P*Q output pixels):
+//   forward        Y[n,g][:, j0:j1] (Kg x J)   = W_g (Kg x CRS) @ col (CRS x J)
+//   backward data  col (CRS x J)                = W_g^T (CRS x Kg) @ dY[n,g][:, j0:j1];  dX += col2im(col)
+//   backward filt  dW_g (Kg x CRS)             += dY[n,g][:, j0:j1] (Kg x J) @ col^T (J x CRS)
+// where col[(c*R + r)*S + s][j] = x[n, g*Cg + c, p*sh - ph + r*dh, q*sw - pw + s*dw] (0 outside).
+#include <algorithm>
+#include <cstring>
+
+#include "../gemm/gemm.h"
+#include "conv.h"
+
+namespace dnnkit {
+
+index_t im2col_chunk(const ConvShape& sh, index_t max_workspace_elems) {
+  if (sh.is_pointwise() || sh.pq() == 0) return std::max<index_t>(sh.pq(), 1);
+  const index_t per_col = std::max<index_t>(sh.crs(), 1);
+  index_t chunk = std::max<index_t>(1, max_workspace_elems / per_col);
+  if (chunk >= sh.pq()) return sh.pq();
+  // Whole output rows when possible: the im2col copy then runs along contiguous q.
+  if (chunk >= sh.q) chunk = chunk / sh.q * sh.q;
+  return chunk;
+}
+
+namespace {
+
+// col (CRS x (j1-j0)) from one image-group plane x (Cg x H x W).
+template <typename T>
+void im2col(const ConvShape& sh, const T* x, index_t j0, index_t j1, T* col) {
+  const index_t J = j1 - j0, R = sh.r, S = sh.s, H = sh.h, W = sh.w, Q = sh.q;
+  const index_t rows = sh.crs();
+#pragma omp parallel for schedule(static) num_threads(get_num_threads()) if (rows * J > 32768)
+  for (index_t row = 0; row < rows; ++row) {
+    const index_t c = row / (R * S), r = (row / S) % R, s = row % S;
+    const T* xc = x + c * H * W;
+    T* dst = col + row * J;
+    index_t q_lo, q_hi;
+    valid_range(Q, W, sh.sw, sh.pw, s * sh.dw, &q_lo, &q_hi);
+    for (index_t j = j0; j < j1;) {
+      const index_t p = j / Q, q0 = j % Q;
+      const index_t q1 = std::min<index_t>(Q, q0 + (j1 - j));  // this output row's part of the chunk
+      T* d = dst + (j - j0);
+      const index_t ih = p * sh.sh - sh.ph + r * sh.dh;
+      if (ih < 0 || ih >= H) {
+        std::fill(d, d + (q1 - q0), T(0));
+      } else {
+        const T* xr = xc + ih * W - sh.pw + s * sh.dw;
+        const index_t a = std::max(q0, q_lo), b = std::min(q1, q_hi);
+        for (index_t q = q0; q < std::min(a, q1); ++q) d[q - q0] = T(0);
+        if (sh.sw == 1) {
+          if (b > a) std::memcpy(d + (a - q0), xr + a, sizeof(T) * (b - a));
+        } else {
+          for (index_t q = a; q < b; ++q) d[q - q0] = xr[q * sh.sw];
+        }
+        for (index_t q = std::max(b, q0); q < q1; ++q) d[q - q0] = T(0);
+      }
+      j += q1 - q0;
+    }
+  }
+}
+
+// dx (Cg x H x W) += col2im(col); threads own whole input channels, so no two write one element.
+template <typename T>
+void col2im(const ConvShape& sh, const T* col, index_t j0, index_t j1, T* dx) {
+  const index_t J = j1 - j0, R = sh.r, S = sh.s, H = sh.h, W = sh.w, Q = sh.q;
+#pragma omp parallel for schedule(static) num_threads(get_num_threads()) if (sh.crs() * J > 32768)
+  for (index_t c = 0; c < sh.cg(); ++c) {
+    T* dxc = dx + c * H * W;
+    for (index_t r = 0; r < R; ++r)
+      for (index_t s = 0; s < S; ++s) {
+        const T* src = col + ((c * R + r) * S + s) * J;
+        index_t q_lo, q_hi;
+        valid_range(Q, W, sh.sw, sh.pw, s * sh.dw, &q_lo, &q_hi);
+        for (index_t j = j0; j < j1;) {
+          const index_t p = j / Q, q0 = j % Q;
+          const index_t q1 = std::min<index_t>(Q, q0 + (j1 - j));
+          const index_t ih = p * sh.sh - sh.ph + r * sh.dh;
+          if (ih >= 0 && ih < H) {
+            T* xr = dxc + ih * W - sh.pw + s * sh.dw;
+            const T* sr = src + (j - j0) - q0;
+            const index_t a = std::max(q0, q_lo), b = std::min(q1, q_hi);
+            for (index_t q = a; q < b; ++q) xr[q * sh.sw] += sr[q];
+          }
+          j += q1 - q0;
+        }
+      }
+  }
+}
+
+template <typename T>
+GemmArgs<T> mat(index_t m, index_t n, index_t k, const T* a, index_t rs_a, index_t cs_a, const T* b, index_t rs_b,
+                index_t cs_b, T* c, index_t rs_c, T beta) {
+  GemmArgs<T> g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.rs_a = rs_a;
+  g.cs_a = cs_a;
+  g.b = b;
+  g.rs_b = rs_b;
+  g.cs_b = cs_b;
+  g.c = c;
+  g.rs_c = rs_c;
+  g.cs_c = 1;
+  g.beta = beta;
+  return g;
+}
+
+}  // namespace
+
+template <typename T>
+void conv2d_fwd_im2col(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y, T* col, index_t chunk) {
+  const index_t Kg = sh.kg(), CRS = sh.crs(), PQ = sh.pq(), HW = sh.h * sh.w;
+  for (index_t n = 0; n < sh.n; ++n)
+    for (index_t g = 0; g < sh.g; ++g) {
+      const T* xg = x + (n * sh.c + g * sh.cg()) * HW;
+      const T* wg = w + g * Kg * CRS;
+      T* yg = y + (n * sh.k + g * Kg) * PQ;
+      for (index_t j0 = 0; j0 < PQ; j0 += chunk) {
+        const index_t J = std::min(chunk, PQ - j0);
+        const T* b = xg + j0;  // pointwise: the input plane is B (Cg x HW)
+        index_t ldb = HW;
+        if (!sh.is_pointwise()) {
+          im2col(sh, xg, j0, j0 + J, col);
+          b = col;
+          ldb = J;
+        }
+        GemmArgs<T> a = mat<T>(Kg, J, CRS, wg, CRS, 1, b, ldb, 1, yg + j0, PQ, T(0));
+        a.bias = bias ? bias + g * Kg : nullptr;
+        a.bias_per_row = true;
+        gemm<T>(a);
+      }
+    }
+}
+
+template <typename T>
+void conv2d_bwd_data_col2im(const ConvShape& sh, const T* w, const T* dy, T* dx, T* col, index_t chunk) {
+  const index_t Kg = sh.kg(), CRS = sh.crs(), PQ = sh.pq(), HW = sh.h * sh.w;
+  for (index_t n = 0; n < sh.n; ++n)
+    for (index_t g = 0; g < sh.g; ++g) {
+      const T* wg = w + g * Kg * CRS;
+      const T* dyg = dy + (n * sh.k + g * Kg) * PQ;
+      T* dxg = dx + (n * sh.c + g * sh.cg()) * HW;
+      if (sh.is_pointwise()) {  // dX_g (Cg x HW) = W_g^T (Cg x Kg) @ dY_g (Kg x PQ), PQ == HW
+        gemm<T>(mat<T>(sh.cg(), PQ, Kg, wg, 1, CRS, dyg, PQ, 1, dxg, HW, T(0)));
+        continue;
+      }
+      std::fill(dxg, dxg + sh.cg() * HW, T(0));
+      for (index_t j0 = 0; j0 < PQ; j0 += chunk) {
+        const index_t J = std::min(chunk, PQ - j0);
+        gemm<T>(mat<T>(CRS, J, Kg, wg, 1, CRS, dyg + j0, PQ, 1, col, J, T(0)));
+        col2im(sh, col, j0, j0 + J, dxg);
+      }
+    }
+}
+
+template <typename T>
+void conv2d_bwd_filter_im2col(const ConvShape& sh, const T* x, const T* dy, T* dw, T* col, index_t chunk) {
+  const index_t Kg = sh.kg(), CRS = sh.crs(), PQ = sh.pq(), HW = sh.h * sh.w;
+  for (index_t g = 0; g < sh.g; ++g) {
+    T* dwg = dw + g * Kg * CRS;
+    T beta = T(0);
+    for (index_t n = 0; n < sh.n; ++n) {
+      const T* xg = x + (n * sh.c + g * sh.cg()) * HW;
+      const T* dyg = dy + (n * sh.k + g * Kg) * PQ;
+      for (index_t j0 = 0; j0 < PQ; j0 += chunk) {
+        const index_t J = std::min(chunk, PQ - j0);
+        const T* b = xg + j0;  // pointwise: col^T is the input plane, transposed
+        index_t ldb = HW;
+        if (!sh.is_pointwise()) {
+          im2col(sh, xg, j0, j0 + J, col);
+          b = col;
+          ldb = J;
+        }
+        // dW_g (Kg x CRS) (+)= dY (Kg x J) @ col^T (J x CRS); col^T(j, crs) = b[crs*ldb + j]
+        gemm<T>(mat<T>(Kg, CRS, J, dyg + j0, PQ, 1, b, 1, ldb, dwg, CRS, beta));
+        beta = T(1);
+      }
+    }
+    if (beta == T(0)) std::fill(dwg, dwg + Kg * CRS, T(0));  // empty batch or output
+  }
+}
+
+template <typename T>
+void conv2d_bwd_bias(const ConvShape& sh, const T* dy, T* db) {
+  const index_t PQ = sh.pq();
+#pragma omp parallel for schedule(static) num_threads(get_num_threads()) if (sh.k * sh.n * PQ > 65536)
+  for (index_t k = 0; k < sh.k; ++k) {
+    double acc = 0;
+    for (index_t n = 0; n < sh.n; ++n) {
+      const T* p = dy + (n * sh.k + k) * PQ;
+      for (index_t j = 0; j < PQ; ++j) acc += static_cast<double>(p[j]);
+    }
+    db[k] = static_cast<T>(acc);
+  }
+}
+
+#define DNNKIT_INSTANTIATE(T)                                                                            \
+  template void conv2d_fwd_im2col<T>(const ConvShape&, const T*, const T*, const T*, T*, T*, index_t);   \
+  template void conv2d_bwd_data_col2im<T>(const ConvShape&, const T*, const T*, T*, T*, index_t);        \
+  template void conv2d_bwd_filter_im2col<T>(const ConvShape&, const T*, const T*, T*, T*, index_t);      \
+  template void conv2d_bwd_bias<T>(const ConvShape&, const T*, T*);
+DNNKIT_INSTANTIATE(float)
+DNNKIT_INSTANTIATE(double)
+#undef DNNKIT_INSTANTIATE
+
+}  // namespace dnnkit
