@@ -362,9 +362,10 @@ PYBIND11_MODULE(_cpu, m) {
         "Test and algorithm entry: direction fwd|bwd_data|bwd_filter|bwd_bias, kernel direct|im2col_gemm|gemm_col2im;\n"
         "fwd: (x, w) -> y; bwd_data: (w, dy) -> dx; bwd_filter: (x, dy) -> dw; bwd_bias: (dy, None) -> db.");
 
-  m.def("im2col_chunk", [](const py::tuple& shape, index_t max_elems) {
-    return im2col_chunk(conv_shape(shape), std::max<index_t>(max_elems, 1));
-  }, "Output pixels per im2col chunk for a workspace of at most max_elems elements.");
+  m.def("im2col_chunk", [](const py::tuple& shape, index_t max_elems, bool batch_images) {
+    return im2col_chunk(conv_shape(shape), std::max<index_t>(max_elems, 1), batch_images);
+  }, py::arg("shape"), py::arg("max_elems"), py::arg("batch_images") = false,
+     "Output pixels per im2col chunk for a workspace of at most max_elems elements (batch_images: forward).");
   m.def("col_elems", [](const py::tuple& shape, index_t chunk) { return col_elems(conv_shape(shape), chunk); });
 
   m.def("detected_isa", [] { return std::string(isa_name(detected_isa())); });

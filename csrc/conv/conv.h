@@ -5,6 +5,8 @@
 //
 // (x is zero outside its H x W extent; dh, dw are 1-based here: 1 = dense.)
 #pragma once
+#include <algorithm>
+
 #include "../common.h"
 
 namespace dnnkit {
@@ -25,8 +27,25 @@ struct ConvShape {
 
 // ---- im2col + GEMM (im2col.cpp). `col` is caller-owned workspace of col_elems(shape, chunk) elements;
 // output pixels are processed `chunk` at a time so the workspace stays bounded.
-index_t im2col_chunk(const ConvShape& sh, index_t max_workspace_elems);
-inline index_t col_elems(const ConvShape& sh, index_t chunk) { return sh.is_pointwise() ? 0 : sh.crs() * chunk; }
+// Output pixels per im2col chunk (the GEMM's N) for a workspace of at most max_workspace_elems.
+// With batch_images (the forward pass), a chunk may cover several whole images, side by side in one
+// GEMM, when one image's output plane is too narrow for the micro-kernel (fewer than kMinGemmColumns).
+constexpr index_t kMinGemmColumns = 512;
+index_t im2col_chunk(const ConvShape& sh, index_t max_workspace_elems, bool batch_images);
+
+// Images side by side in one forward GEMM for this chunk: 1 means one image at a time.
+inline index_t images_per_chunk(const ConvShape& sh, index_t chunk) {
+  const index_t pq = sh.pq();
+  if (pq == 0 || pq >= kMinGemmColumns || sh.n < 2 || chunk < 2 * pq) return 1;
+  return std::min<index_t>(sh.n, chunk / pq);
+}
+
+// Workspace elements for a chunk: the column buffer, plus (batched forward) the GEMM's output block.
+inline index_t col_elems(const ConvShape& sh, index_t chunk) {
+  const index_t nb = images_per_chunk(sh, chunk);
+  if (nb > 1) return (sh.crs() + sh.kg()) * nb * sh.pq();
+  return sh.is_pointwise() ? 0 : sh.crs() * chunk;
+}
 
 template <typename T>
 void conv2d_fwd_im2col(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y, T* col, index_t chunk);

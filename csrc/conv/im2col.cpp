@@ -12,11 +12,16 @@
 
 namespace dnnkit {
 
-index_t im2col_chunk(const ConvShape& sh, index_t max_workspace_elems) {
-  if (sh.is_pointwise() || sh.pq() == 0) return std::max<index_t>(sh.pq(), 1);
-  const index_t per_col = std::max<index_t>(sh.crs(), 1);
-  index_t chunk = std::max<index_t>(1, max_workspace_elems / per_col);
-  if (chunk >= sh.pq()) return sh.pq();
+index_t im2col_chunk(const ConvShape& sh, index_t max_workspace_elems, bool batch_images) {
+  const index_t pq = sh.pq();
+  if (pq == 0) return 1;
+  if (batch_images && pq < kMinGemmColumns && sh.n >= 2) {
+    const index_t nb = std::min<index_t>(sh.n, max_workspace_elems / std::max<index_t>((sh.crs() + sh.kg()) * pq, 1));
+    if (nb >= 2) return nb * pq;
+  }
+  if (sh.is_pointwise()) return pq;
+  index_t chunk = std::max<index_t>(1, max_workspace_elems / std::max<index_t>(sh.crs(), 1));
+  if (chunk >= pq) return pq;
   // Whole output rows when possible: the im2col copy then runs along contiguous q.
   if (chunk >= sh.q) chunk = chunk / sh.q * sh.q;
   return chunk;
@@ -24,16 +29,17 @@ index_t im2col_chunk(const ConvShape& sh, index_t max_workspace_elems) {
 
 namespace {
 
-// col (CRS x (j1-j0)) from one image-group plane x (Cg x H x W).
+// col (CRS x (j1-j0), row stride ldcol) from one image-group plane x (Cg x H x W).
 template <typename T>
-void im2col(const ConvShape& sh, const T* x, index_t j0, index_t j1, T* col) {
+void im2col(const ConvShape& sh, const T* x, index_t j0, index_t j1, T* col, index_t ldcol = -1) {
   const index_t J = j1 - j0, R = sh.r, S = sh.s, H = sh.h, W = sh.w, Q = sh.q;
+  if (ldcol < 0) ldcol = J;
   const index_t rows = sh.crs();
 #pragma omp parallel for schedule(static) num_threads(get_num_threads()) if (rows * J > 32768)
   for (index_t row = 0; row < rows; ++row) {
     const index_t c = row / (R * S), r = (row / S) % R, s = row % S;
     const T* xc = x + c * H * W;
-    T* dst = col + row * J;
+    T* dst = col + row * ldcol;
     index_t q_lo, q_hi;
     valid_range(Q, W, sh.sw, sh.pw, s * sh.dw, &q_lo, &q_hi);
     for (index_t j = j0; j < j1;) {
@@ -112,6 +118,26 @@ GemmArgs<T> mat(index_t m, index_t n, index_t k, const T* a, index_t rs_a, index
 template <typename T>
 void conv2d_fwd_im2col(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y, T* col, index_t chunk) {
   const index_t Kg = sh.kg(), CRS = sh.crs(), PQ = sh.pq(), HW = sh.h * sh.w;
+  const index_t nb = images_per_chunk(sh, chunk);
+  if (nb > 1) {
+    // nb images side by side: col (CRS x nb*PQ), one GEMM into yt (Kg x nb*PQ), then yt -> NCHW.
+    T* yt = col + CRS * nb * PQ;
+    for (index_t n0 = 0; n0 < sh.n; n0 += nb) {
+      const index_t nn = std::min(nb, sh.n - n0), J = nn * PQ;
+      for (index_t g = 0; g < sh.g; ++g) {
+        for (index_t i = 0; i < nn; ++i)
+          im2col(sh, x + ((n0 + i) * sh.c + g * sh.cg()) * HW, 0, PQ, col + i * PQ, J);
+        GemmArgs<T> a = mat<T>(Kg, J, CRS, w + g * Kg * CRS, CRS, 1, col, J, 1, yt, J, T(0));
+        a.bias = bias ? bias + g * Kg : nullptr;
+        a.bias_per_row = true;
+        gemm<T>(a);
+        for (index_t i = 0; i < nn; ++i)
+          for (index_t k = 0; k < Kg; ++k)
+            std::memcpy(y + ((n0 + i) * sh.k + g * Kg + k) * PQ, yt + k * J + i * PQ, sizeof(T) * PQ);
+      }
+    }
+    return;
+  }
   for (index_t n = 0; n < sh.n; ++n)
     for (index_t g = 0; g < sh.g; ++g) {
       const T* xg = x + (n * sh.c + g * sh.cg()) * HW;

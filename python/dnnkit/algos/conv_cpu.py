@@ -2,7 +2,8 @@
 
 im2col_gemm (fwd, bwd_filter) / gemm_col2im (bwd_data): lower to dnnkit's blocked GEMM through a column
     buffer of (C/G*R*S) x chunk elements, chunk output pixels at a time so the workspace stays under a
-    bound; 1x1 stride-1 unpadded convolutions use the input directly, with no workspace.
+    bound; 1x1 stride-1 unpadded convolutions use the input directly, with no workspace. The forward
+    pass puts several images side by side in one GEMM when an image's output plane is small.
 direct: loops over the output with the padding bounds hoisted and the inner loop along an output row;
     no workspace; every shape.
 """
@@ -45,11 +46,12 @@ class _CpuConv(Algorithm):
 
 class _Im2col(_CpuConv):
     tolerance = 1e-5
+    batch_images = False  # forward only: several small images side by side in one GEMM
 
     def chunk(self, p) -> int:
         limit = get_workspace_limit()
         bound = DEFAULT_COL_BYTES if limit is None else min(limit, DEFAULT_COL_BYTES)
-        return int(_cpu.im2col_chunk(shape_tuple(p), bound // p.itemsize))
+        return int(_cpu.im2col_chunk(shape_tuple(p), bound // p.itemsize, self.batch_images))
 
     def workspace_bytes(self, p) -> int:
         return int(_cpu.col_elems(shape_tuple(p), self.chunk(p))) * p.itemsize
@@ -62,6 +64,7 @@ class _Direct(_CpuConv):
 
 class Im2colGemmFwd(_Im2col):
     name, op, kernel, direction = "im2col_gemm", "conv2d_fwd", "im2col_gemm", "fwd"
+    batch_images = True
 
 
 class GemmCol2imBwdData(_Im2col):
