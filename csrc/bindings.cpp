@@ -9,6 +9,7 @@
 #include "common.h"
 #include "cpu_info.h"
 #include "conv/conv.h"
+#include "conv/winograd.h"
 #include "eltwise/eltwise.h"
 #include "gemm/blocking.h"
 #include "gemm/gemm.h"
@@ -141,8 +142,7 @@ T* conv_arg(const py::object& o, index_t elems, const char* name, bool writable)
 }
 
 template <typename T>
-T* conv_workspace(const py::object& ws, const ConvShape& sh, index_t chunk) {
-  const index_t need = col_elems(sh, chunk);
+T* conv_workspace_elems(const py::object& ws, index_t need) {
   if (need == 0) return nullptr;
   if (ws.is_none()) throw py::value_error("conv2d: this algorithm needs a workspace");
   if (!py::isinstance<py::array_t<T>>(ws)) throw py::type_error("conv2d: workspace has the wrong dtype");
@@ -150,6 +150,11 @@ T* conv_workspace(const py::object& ws, const ConvShape& sh, index_t chunk) {
   if (!(a.flags() & py::array::c_style) || !a.writeable() || a.size() < need)
     throw py::value_error("conv2d: workspace is too small, read-only or not contiguous");
   return static_cast<T*>(a.mutable_data());
+}
+
+template <typename T>
+T* conv_workspace(const py::object& ws, const ConvShape& sh, index_t chunk) {
+  return conv_workspace_elems<T>(ws, col_elems(sh, chunk));
 }
 
 template <typename T>
@@ -169,6 +174,13 @@ void conv_run(const std::string& dir, const std::string& algo, const ConvShape& 
       T* col = conv_workspace<T>(ws, sh, chunk);
       py::gil_scoped_release nogil;
       conv2d_fwd_im2col<T>(sh, x, w, b, y, col, chunk);
+    } else if (algo == "winograd_f2x2_3x3" || algo == "winograd_f4x4_3x3") {
+      const int m = algo == "winograd_f2x2_3x3" ? 2 : 4;
+      if (sh.r != 3 || sh.s != 3 || sh.sh != 1 || sh.sw != 1 || sh.dh != 1 || sh.dw != 1)
+        throw py::value_error("conv2d: winograd needs a 3x3 filter with stride 1 and dilation 1");
+      T* wsp = conv_workspace_elems<T>(ws, winograd_workspace_elems(sh, m, chunk));
+      py::gil_scoped_release nogil;
+      conv2d_fwd_winograd<T>(sh, m, x, w, b, y, wsp, chunk);
     } else {
       throw py::value_error("conv2d: unknown kernel " + algo);
     }
@@ -367,6 +379,14 @@ PYBIND11_MODULE(_cpu, m) {
   }, py::arg("shape"), py::arg("max_elems"), py::arg("batch_images") = false,
      "Output pixels per im2col chunk for a workspace of at most max_elems elements (batch_images: forward).");
   m.def("col_elems", [](const py::tuple& shape, index_t chunk) { return col_elems(conv_shape(shape), chunk); });
+  m.def("winograd_tile_chunk", [](const py::tuple& shape, int mt, index_t max_elems) {
+    if (mt != 2 && mt != 4) throw py::value_error("winograd_tile_chunk: m must be 2 or 4");
+    return winograd_tile_chunk(conv_shape(shape), mt, max_elems);
+  });
+  m.def("winograd_workspace_elems", [](const py::tuple& shape, int mt, index_t tc) {
+    if (mt != 2 && mt != 4) throw py::value_error("winograd_workspace_elems: m must be 2 or 4");
+    return winograd_workspace_elems(conv_shape(shape), mt, tc);
+  });
 
   m.def("detected_isa", [] { return std::string(isa_name(detected_isa())); });
   m.def("active_isa", [] { return std::string(isa_name(active_isa())); });

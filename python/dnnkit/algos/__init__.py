@@ -48,6 +48,8 @@ def get(op: str, backend: str, name: str) -> Algorithm:
 register(gemm_cpu.SmallMGemm())
 register(gemm_cpu.BlockedGemm())
 register(conv_cpu.Im2colGemmFwd())
+register(conv_cpu.WinogradF4x4())
+register(conv_cpu.WinogradF2x2())
 register(conv_cpu.DirectFwd())
 register(conv_cpu.GemmCol2imBwdData())
 register(conv_cpu.DirectBwdData())

@@ -4,6 +4,9 @@ im2col_gemm (fwd, bwd_filter) / gemm_col2im (bwd_data): lower to dnnkit's blocke
     buffer of (C/G*R*S) x chunk elements, chunk output pixels at a time so the workspace stays under a
     bound; 1x1 stride-1 unpadded convolutions use the input directly, with no workspace. The forward
     pass puts several images side by side in one GEMM when an image's output plane is small.
+winograd_f2x2_3x3 / winograd_f4x4_3x3 (fwd): F(m x m, 3 x 3) for 3x3 stride-1 dense filters: filter,
+    input and output transforms in C++ around alpha^2 transform-domain GEMMs on dnnkit's GEMM, tiles
+    processed in workspace-bounded chunks. F(4x4) is less accurate (tolerance 1e-4 in float32).
 direct: loops over the output with the padding bounds hoisted and the inner loop along an output row;
     no workspace; every shape.
 """
@@ -73,6 +76,44 @@ class GemmCol2imBwdData(_Im2col):
 
 class Im2colGemmBwdFilter(_Im2col):
     name, op, kernel, direction = "im2col_gemm", "conv2d_bwd_filter", "im2col_gemm", "bwd_filter"
+
+
+class _Winograd(_CpuConv):
+    direction = "fwd"
+    op = "conv2d_fwd"
+    m = 4
+
+    def supports(self, p) -> str | None:
+        reason = super().supports(p)
+        if reason:
+            return reason
+        if (p.kh, p.kw) != (3, 3):
+            return f"needs a 3x3 filter, got {p.kh}x{p.kw}"
+        if (p.sh, p.sw) != (1, 1):
+            return f"needs stride 1, got {p.sh}x{p.sw}"
+        if (p.dh, p.dw) != (0, 0):
+            return f"needs dilation 1, got {p.dh + 1}x{p.dw + 1}"
+        return None
+
+    def chunk(self, p) -> int:
+        limit = get_workspace_limit()
+        bound = DEFAULT_COL_BYTES if limit is None else min(limit, DEFAULT_COL_BYTES)
+        return int(_cpu.winograd_tile_chunk(shape_tuple(p), self.m, bound // p.itemsize))
+
+    def workspace_bytes(self, p) -> int:
+        return int(_cpu.winograd_workspace_elems(shape_tuple(p), self.m, self.chunk(p))) * p.itemsize
+
+
+class WinogradF2x2(_Winograd):
+    name = kernel = "winograd_f2x2_3x3"
+    m = 2
+    tolerance = 1e-5
+
+
+class WinogradF4x4(_Winograd):
+    name = kernel = "winograd_f4x4_3x3"
+    m = 4
+    tolerance = 1e-4
 
 
 class DirectFwd(_Direct):
