@@ -119,6 +119,122 @@ def linear_backward_ref(grad_y, x, w, bias=True, activation=None, preactivation=
     return grad_x, grad_w, grad_b
 
 
+# ----------------------------------------------------------------------------------------------- conv2d
+# NCHW throughout, with one set of letters: input (N, C, H, W), weight (K, C/G, R, S), output (N, K, P, Q);
+# G groups, each mapping C/G input channels to K/G output channels. Each function loops over the R x S
+# kernel offsets: offset (r, s) multiplies the strided window of the padded input that starts at
+# (r * dilation_h, s * dilation_w) by the weight column w[:, :, r, s] -- a plain matrix product per group.
+def _conv_pair(v, what) -> tuple[int, int]:
+    pair = (v, v) if np.ndim(v) == 0 else tuple(v)
+    if len(pair) != 2:
+        raise ValueError(f"conv2d_ref: {what} must be an int or a pair, got {v!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups):
+    """(sh, sw), (ph, pw), (dh, dw) and the output size (P, Q), checking the shapes fit together."""
+    N, C, H, W = input_shape
+    K, Cg, R, S = weight_shape
+    (sh, sw), (ph, pw), (dh, dw) = (_conv_pair(stride, "stride"), _conv_pair(padding, "padding"),
+                                    _conv_pair(dilation, "dilation"))
+    if groups < 1 or C % groups or K % groups or Cg != C // groups:
+        raise ValueError(f"conv2d_ref: input {tuple(input_shape)} and weight {tuple(weight_shape)} do not fit "
+                         f"groups={groups}")
+    if min(sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
+        raise ValueError("conv2d_ref: stride and dilation must be >= 1, padding >= 0")
+    P = (H + 2 * ph - dh * (R - 1) - 1) // sh + 1
+    Q = (W + 2 * pw - dw * (S - 1) - 1) // sw + 1
+    if P < 1 or Q < 1:
+        raise ValueError(f"conv2d_ref: the kernel does not fit the padded input (output {P}x{Q})")
+    return (sh, sw), (ph, pw), (dh, dw), (P, Q)
+
+
+def _window(xp, r, s, stride, dilation, out_hw):
+    """The (..., P, Q) strided view of the padded input xp (..., Hp, Wp) that kernel offset (r, s) reads:
+    rows r*dh, r*dh + sh, ..., r*dh + (P-1)*sh, and the same for columns."""
+    (sh, sw), (dh, dw), (P, Q) = stride, dilation, out_hw
+    h0, w0 = r * dh, s * dw
+    return xp[..., h0:h0 + (P - 1) * sh + 1:sh, w0:w0 + (Q - 1) * sw + 1:sw]
+
+
+def conv2d_ref(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1) -> np.ndarray:
+    """torch.nn.functional.conv2d in float64: x (N, C, H, W), w (K, C/G, R, S), bias (K,) or None;
+    stride and dilation an int or a pair, padding an int or a pair (zeros on both sides).
+    Returns (N, K, P, Q) with P = (H + 2*ph - dh*(R-1) - 1) // sh + 1 (likewise Q)."""
+    x, w = _f64(x), _f64(w)
+    N, C, H, W = x.shape
+    K, Cg, R, S = w.shape
+    stride, (ph, pw), dilation, (P, Q) = _conv_geometry(x.shape, w.shape, stride, padding, dilation, groups)
+    Kg = K // groups
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))  # (N, C, H + 2ph, W + 2pw)
+    y = np.zeros((N, K, P, Q))
+    for g in range(groups):
+        xg = xp[:, g * Cg:(g + 1) * Cg]  # (N, C/G, Hp, Wp)
+        wg = w[g * Kg:(g + 1) * Kg]  # (K/G, C/G, R, S)
+        for r in range(R):
+            for s in range(S):
+                win = _window(xg, r, s, stride, dilation, (P, Q))  # (N, C/G, P, Q)
+                # y[n, k, p, q] += sum_c w[k, c, r, s] * win[n, c, p, q]
+                y[:, g * Kg:(g + 1) * Kg] += np.einsum("kc,ncpq->nkpq", wg[:, :, r, s], win)
+    if bias is not None:
+        y += _f64(bias).reshape(1, K, 1, 1)  # (K,) -> (1, K, 1, 1), broadcast over N, P, Q
+    return y
+
+
+def conv2d_backward_data_ref(input_shape, w, dy, stride=1, padding=0, dilation=1, groups=1) -> np.ndarray:
+    """torch.nn.grad.conv2d_input in float64: dL/dx (N, C, H, W) of y = conv2d(x, w) given dy (N, K, P, Q).
+    The adjoint of conv2d_ref in x: each kernel offset scatters w[:, :, r, s]^T @ dy back onto the window
+    it read; what lands on the padding is dropped, and input rows/columns no window reads get zero."""
+    w, dy = _f64(w), _f64(dy)
+    N, C, H, W = (int(v) for v in input_shape)
+    K, Cg, R, S = w.shape
+    stride, (ph, pw), dilation, (P, Q) = _conv_geometry((N, C, H, W), w.shape, stride, padding, dilation, groups)
+    if dy.shape != (N, K, P, Q):
+        raise ValueError(f"conv2d_backward_data_ref: dy has shape {dy.shape}, expected {(N, K, P, Q)}")
+    Kg = K // groups
+    dxp = np.zeros((N, C, H + 2 * ph, W + 2 * pw))  # gradient of the padded input
+    for g in range(groups):
+        dxg = dxp[:, g * Cg:(g + 1) * Cg]  # (N, C/G, Hp, Wp) view: writes land in dxp
+        dyg = dy[:, g * Kg:(g + 1) * Kg]  # (N, K/G, P, Q)
+        for r in range(R):
+            for s in range(S):
+                win = _window(dxg, r, s, stride, dilation, (P, Q))  # (N, C/G, P, Q) view into dxp
+                # dx[n, c, window] += sum_k w[k, c, r, s] * dy[n, k, p, q]
+                win += np.einsum("kc,nkpq->ncpq", w[g * Kg:(g + 1) * Kg, :, r, s], dyg)
+    return dxp[:, :, ph:ph + H, pw:pw + W].copy()  # drop the padding: (N, C, H, W)
+
+
+def conv2d_backward_filter_ref(x, weight_shape, dy, stride=1, padding=0, dilation=1, groups=1) -> np.ndarray:
+    """torch.nn.grad.conv2d_weight in float64: dL/dw (K, C/G, R, S) of y = conv2d(x, w) given dy (N, K, P, Q).
+    Each kernel offset's gradient is the correlation of dy with the window of the padded input it read."""
+    x, dy = _f64(x), _f64(dy)
+    N, C, H, W = x.shape
+    K, Cg, R, S = (int(v) for v in weight_shape)
+    stride, (ph, pw), dilation, (P, Q) = _conv_geometry(x.shape, (K, Cg, R, S), stride, padding, dilation, groups)
+    if dy.shape != (N, K, P, Q):
+        raise ValueError(f"conv2d_backward_filter_ref: dy has shape {dy.shape}, expected {(N, K, P, Q)}")
+    Kg = K // groups
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))  # (N, C, H + 2ph, W + 2pw)
+    dw = np.zeros((K, Cg, R, S))
+    for g in range(groups):
+        xg = xp[:, g * Cg:(g + 1) * Cg]  # (N, C/G, Hp, Wp)
+        dyg = dy[:, g * Kg:(g + 1) * Kg]  # (N, K/G, P, Q)
+        for r in range(R):
+            for s in range(S):
+                win = _window(xg, r, s, stride, dilation, (P, Q))  # (N, C/G, P, Q)
+                # dw[k, c, r, s] = sum_{n, p, q} dy[n, k, p, q] * win[n, c, p, q]
+                dw[g * Kg:(g + 1) * Kg, :, r, s] = np.einsum("nkpq,ncpq->kc", dyg, win)
+    return dw
+
+
+def conv2d_backward_bias_ref(dy) -> np.ndarray:
+    """dL/dbias (K,) of y = conv2d(x, w, bias) given dy (N, K, P, Q): dy summed over N, P and Q."""
+    dy = _f64(dy)
+    if dy.ndim != 4:
+        raise ValueError(f"conv2d_backward_bias_ref: dy must be 4-D (N, K, P, Q), got shape {dy.shape}")
+    return dy.sum(axis=(0, 2, 3))
+
+
 # ---------------------------------------------------------------------------------------------- metrics
 def rel_l2(actual, expected) -> float:
     """Relative L2 error ||actual - expected|| / ||expected||, in float64.

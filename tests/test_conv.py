@@ -1,0 +1,574 @@
+"""Convolution: the float64 references checked on their own (naive loops, PyTorch when installed, the
+adjoint identities of the backward passes), then dnnkit.conv2d / conv2d_backward_data /
+conv2d_backward_filter / conv2d_backward_bias against them for every registered algorithm x dtype over
+shapes: zero-size batch, groups and depthwise, odd sizes, non-square kernels, stride and padding larger
+than the kernel, dilation, 'same'/'valid' padding, non-contiguous inputs; every ISA and thread count on
+a fixed set; explain(); and bad input, which must be a ValueError/TypeError naming the operator.
+
+The tests of the public functions are skipped until dnnkit has them (dnnkit.conv2d and its backward
+functions); the reference tests always run."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dnnkit
+from dnnkit.problem import ConvProblem
+from dnnkit.reference import (
+    conv2d_backward_bias_ref, conv2d_backward_data_ref, conv2d_backward_filter_ref, conv2d_ref, rel_l2,
+)
+from helpers import DTYPES, FLOAT64_TOL
+
+try:
+    import torch
+except ImportError:  # the references are still checked against naive loops and each other
+    torch = None
+
+PUBLIC = {"fwd": "conv2d", "bwd_data": "conv2d_backward_data", "bwd_filter": "conv2d_backward_filter"}
+HAS_API = all(hasattr(dnnkit, f) for f in (*PUBLIC.values(), "conv2d_backward_bias"))
+needs_api = pytest.mark.skipif(not HAS_API, reason="dnnkit has no conv2d / conv2d_backward_* yet")
+ALGOS = {d: dnnkit.algos.algorithms(f"conv2d_{d}", "cpu") for d in PUBLIC}
+KERNELS = [(1, 1), (3, 3), (5, 5), (1, 3), (3, 1), (2, 5)]
+LAYOUTS = ("C", "channels_last", "strided")
+EPS_RATIO = float(np.finfo(np.float64).eps / np.finfo(np.float32).eps)  # 2**-29
+
+
+def conv_tolerance(algo, dtype) -> float:
+    """Relative L2 bound for algo's output in dtype. float32: algo.tolerance. float64: FLOAT64_TOL, unless
+    the algorithm states its own (tolerance_float64) or its float32 bound scaled by the ratio of the two
+    precisions' epsilons is looser (Winograd's transforms amplify rounding alike in both precisions)."""
+    if np.dtype(dtype) == np.float32:
+        return algo.tolerance
+    return getattr(algo, "tolerance_float64", max(FLOAT64_TOL, algo.tolerance * EPS_RATIO))
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+# ----------------------------------------------------------------------------------------------- cases
+@dataclass
+class ConvCase:
+    n: int
+    c: int
+    k: int
+    h: int
+    w: int
+    r: int
+    s: int
+    groups: int
+    stride: object  # int or pair
+    padding: object  # int, pair, "same" or "valid"
+    dilation: object  # int or pair
+    dtype: type
+    bias: bool
+    layout: str
+    seed: int
+
+    @property
+    def x_shape(self):
+        return (self.n, self.c, self.h, self.w)
+
+    @property
+    def w_shape(self):
+        return (self.k, self.c // self.groups, self.r, self.s)
+
+    @property
+    def args(self) -> dict:
+        return dict(stride=self.stride, padding=self.padding, dilation=self.dilation, groups=self.groups)
+
+    def torch_padding(self):
+        """(top, bottom, left, right) padding of torch's semantics, 'same' included (the odd one extra at
+        the bottom/right)."""
+        if self.padding == "valid":
+            return (0, 0, 0, 0)
+        if self.padding == "same":
+            (dh, dw) = _pair(self.dilation)
+            th, tw = dh * (self.r - 1), dw * (self.s - 1)
+            return (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+        ph, pw = _pair(self.padding)
+        return (ph, ph, pw, pw)
+
+
+@st.composite
+def conv_cases(draw, string_padding=True, max_hw=12):
+    kind = draw(st.sampled_from(["dense", "groups2", "depthwise"]))
+    if kind == "dense":
+        groups, c, k = 1, draw(st.integers(1, 8)), draw(st.integers(1, 8))
+    elif kind == "groups2":
+        groups, c, k = 2, 2 * draw(st.integers(1, 4)), 2 * draw(st.integers(1, 4))
+    else:  # depthwise, with a channel multiplier of 1 or 2
+        c = draw(st.integers(1, 8))
+        groups, k = c, c * draw(st.integers(1, 2))
+    r, s = draw(st.sampled_from(KERNELS))
+    int_or_pair = lambda lo, hi: st.one_of(st.integers(lo, hi), st.tuples(st.integers(lo, hi), st.integers(lo, hi)))
+    stride, dilation = draw(int_or_pair(1, 3)), draw(int_or_pair(1, 2))
+    if draw(st.integers(0, 7)) >= 5:  # the most common layer (and what Winograd runs) 3 times in 8
+        r, s, stride, dilation = 3, 3, 1, 1
+    padding = draw(st.one_of(st.integers(0, 3), st.tuples(st.integers(0, 3), st.integers(0, 3)),
+                             *([st.sampled_from(["same", "valid"])] if string_padding else [])))
+    if padding == "same":
+        stride = draw(st.sampled_from([1, (1, 1)]))  # torch allows 'same' with stride 1 only
+    case = ConvCase(0, c, k, 0, 0, r, s, groups, stride, padding, dilation, np.float32, False, "C", 0)
+    top, bottom, left, right = case.torch_padding()
+    (dh, dw) = _pair(dilation)
+    min_h = max(1, dh * (r - 1) + 1 - top - bottom)  # the kernel fits the padded input
+    min_w = max(1, dw * (s - 1) + 1 - left - right)
+    case.h = draw(st.integers(min_h, max(min_h, max_hw)))
+    case.w = draw(st.integers(min_w, max(min_w, max_hw)))
+    case.n = draw(st.integers(0, 7).map(lambda i: 0 if i == 7 else 1 + i % 2))  # zero-size batch 1 time in 8
+    case.dtype = draw(st.sampled_from(DTYPES))
+    case.bias = draw(st.booleans())
+    case.layout = draw(st.sampled_from(LAYOUTS))
+    case.seed = draw(st.integers(0, 2**32 - 1))
+    return case
+
+
+def with_layout(a: np.ndarray, layout: str) -> np.ndarray:
+    """The values of the 4-D array a in another memory layout: C-contiguous (a copy), channels-last (a
+    transposed view of an NHWC array), or every other column of a larger NaN-filled buffer (reading
+    outside the view poisons the result)."""
+    if layout == "C":
+        return np.ascontiguousarray(a).copy()
+    if layout == "channels_last":
+        v = np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)  # (N, H, W, C) -> (N, C, H, W)
+    elif layout == "strided":
+        n, c, h, w = a.shape
+        buf = np.full((n, c, h, 2 * w + 1), np.nan, dtype=a.dtype)
+        v = buf[..., 1::2]  # (N, C, H, W) view, stride 2 along W
+    else:
+        raise ValueError(layout)
+    v[...] = a
+    assert v.shape == a.shape
+    return v
+
+
+def arrays(case: ConvCase):
+    """x, w, bias (or None), dy of the case, float64 values stored in case.dtype."""
+    rng = np.random.default_rng(case.seed)
+    top, bottom, left, right = case.torch_padding()
+    (sh, sw), (dh, dw) = _pair(case.stride), _pair(case.dilation)
+    p = (case.h + top + bottom - dh * (case.r - 1) - 1) // sh + 1
+    q = (case.w + left + right - dw * (case.s - 1) - 1) // sw + 1
+    x = rng.standard_normal(case.x_shape).astype(case.dtype)
+    w = rng.standard_normal(case.w_shape).astype(case.dtype)
+    b = rng.standard_normal(case.k).astype(case.dtype) if case.bias else None
+    dy = rng.standard_normal((case.n, case.k, p, q)).astype(case.dtype)
+    return x, w, b, dy
+
+
+def expected_forward(case, x, w, b):
+    """torch.nn.functional.conv2d semantics in float64, an asymmetric 'same' padding included."""
+    top, bottom, left, right = case.torch_padding()
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    return conv2d_ref(xp, w, b, stride=case.stride, padding=0, dilation=case.dilation, groups=case.groups)
+
+
+# ------------------------------------------------------------------------------------- the references
+def naive_conv2d(x, w, stride, padding, dilation, groups):
+    """conv2d by its definition, one output element at a time (slow: tiny shapes only)."""
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    N, C, H, W = x.shape
+    K, Cg, R, S = w.shape
+    Kg = K // groups
+    P = (H + 2 * ph - dh * (R - 1) - 1) // sh + 1
+    Q = (W + 2 * pw - dw * (S - 1) - 1) // sw + 1
+    y = np.zeros((N, K, P, Q))
+    for n in range(N):
+        for k in range(K):
+            g = k // Kg
+            for p in range(P):
+                for q in range(Q):
+                    acc = 0.0
+                    for c in range(Cg):
+                        for r in range(R):
+                            for s in range(S):
+                                i, j = p * sh - ph + r * dh, q * sw - pw + s * dw
+                                if 0 <= i < H and 0 <= j < W:
+                                    acc += float(x[n, g * Cg + c, i, j]) * float(w[k, c, r, s])
+                    y[n, k, p, q] = acc
+    return y
+
+
+
+
+@settings(max_examples=25)
+@given(case=conv_cases(string_padding=False, max_hw=6))
+def test_conv2d_ref_matches_naive_loops(case):
+    x, w, b, _ = arrays(case)
+    expect = naive_conv2d(x, w, case.stride, case.padding, case.dilation, case.groups)
+    if b is not None:
+        expect += b.astype(np.float64)[None, :, None, None]
+    got = conv2d_ref(x, w, b, **case.args)
+    assert got.dtype == np.float64 and got.shape == expect.shape
+    assert rel_l2(got, expect) <= 1e-13
+
+
+@given(case=conv_cases(string_padding=False))
+def test_conv_backward_refs_are_adjoints(case):
+    """conv2d is bilinear, so its gradients are its adjoints: <conv(x, w), dy> == <x, bwd_data(w, dy)>
+    == <w, bwd_filter(x, dy)>, and the bias gradient gives <b, bwd_bias(dy)> for the bias term."""
+    x, w, b, dy = arrays(case)
+    x, w, dy = (a.astype(np.float64) for a in (x, w, dy))
+    y = conv2d_ref(x, w, **case.args)
+    assert y.shape == dy.shape
+    dx = conv2d_backward_data_ref(x.shape, w, dy, **case.args)
+    dw = conv2d_backward_filter_ref(x, w.shape, dy, **case.args)
+    assert dx.shape == x.shape and dw.shape == w.shape
+    lhs = float(np.sum(y * dy))
+    scale = np.linalg.norm(y) * np.linalg.norm(dy) + 1e-300
+    assert abs(lhs - float(np.sum(x * dx))) <= 1e-12 * scale
+    assert abs(lhs - float(np.sum(w * dw))) <= 1e-12 * scale
+    if b is not None:
+        yb = conv2d_ref(x, w, b, **case.args)
+        db = conv2d_backward_bias_ref(dy)
+        assert db.shape == (case.k,)
+        assert abs(float(np.sum((yb - y) * dy)) - float(np.sum(b * db))) <= 1e-12 * (scale + np.abs(b).sum() *
+                                                                                      np.abs(dy).sum())
+
+
+@pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
+@given(case=conv_cases(string_padding=False))
+def test_conv_refs_match_torch(case):
+    x, w, b, dy = (None if a is None else torch.from_numpy(a.astype(np.float64)) for a in arrays(case))
+    kw = dict(stride=_pair(case.stride), padding=_pair(case.padding), dilation=_pair(case.dilation),
+              groups=case.groups)
+    y = torch.nn.functional.conv2d(x, w, b, **kw).numpy()
+    assert rel_l2(conv2d_ref(x.numpy(), w.numpy(), None if b is None else b.numpy(), **case.args), y) <= 1e-13
+    dx = torch.nn.grad.conv2d_input(case.x_shape, w, dy, **kw).numpy()
+    assert rel_l2(conv2d_backward_data_ref(case.x_shape, w.numpy(), dy.numpy(), **case.args), dx) <= 1e-13
+    dw = torch.nn.grad.conv2d_weight(x, case.w_shape, dy, **kw).numpy()
+    assert rel_l2(conv2d_backward_filter_ref(x.numpy(), case.w_shape, dy.numpy(), **case.args), dw) <= 1e-13
+
+
+@pytest.mark.filterwarnings("ignore:Using padding=.same. with even kernel")
+def test_expected_forward_same_padding_matches_torch():
+    """The asymmetric 'same' padding of the test's own oracle is torch's."""
+    if torch is None:
+        pytest.skip("PyTorch is not installed")
+    case = ConvCase(2, 3, 4, 7, 6, 2, 5, 1, 1, "same", (3, 1), np.float64, True, "C", 5)
+    x, w, b, _ = arrays(case)
+    y = torch.nn.functional.conv2d(*(torch.from_numpy(a) for a in (x, w, b)), padding="same", dilation=(3, 1))
+    assert rel_l2(expected_forward(case, x, w, b), y.numpy()) <= 1e-13
+
+
+def test_conv2d_backward_bias_ref():
+    dy = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    assert np.array_equal(conv2d_backward_bias_ref(dy), dy.astype(np.float64).sum(axis=(0, 2, 3)))
+    assert np.array_equal(conv2d_backward_bias_ref(np.zeros((0, 3, 4, 5))), np.zeros(3))
+
+
+# -------------------------------------------------------------------------------- the public functions
+def _rejects(op, algo, reason, call):
+    """algo cannot run the problem: asking for it by name is a ValueError naming op, algo and reason."""
+    assert isinstance(reason, str) and reason, f"{algo.name}.supports() must return None or a non-empty reason"
+    with pytest.raises(ValueError, match=rf"^{op}: .*{re.escape(algo.name)}.*{re.escape(reason)}"):
+        call()
+
+
+def _check_output(out, expected, dtype, algo, case):
+    assert isinstance(out, np.ndarray) and out.dtype == dtype, f"{type(out)} {getattr(out, 'dtype', None)}"
+    assert out.shape == expected.shape, f"shape {out.shape}, expected {expected.shape}"
+    assert not np.isnan(out).any(), "NaN in the output: an element was not written or read outside an input"
+    err = rel_l2(out, expected)
+    assert err <= conv_tolerance(algo, dtype), f"relative L2 error {err:.3g} for {algo.name} on {case}"
+
+
+def check_forward(algo, case: ConvCase):
+    x0, w0, b0, _ = arrays(case)
+    x, w = with_layout(x0, case.layout), with_layout(w0, case.layout)
+    b = None if b0 is None else b0.copy()
+    expected = expected_forward(case, x0, w0, b0)
+    call = lambda: dnnkit.conv2d(x, w, b, **case.args, algo=algo.name)  # noqa: E731
+    try:
+        p = ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, dtype=np.dtype(case.dtype).name,
+                                    bias=b is not None)
+    except ValueError as e:
+        # 'same' with an odd total padding: a ConvProblem cannot hold it. conv2d may pad the input itself
+        # (then it must match torch) or refuse, naming itself.
+        assert "asymmetric 'same'" in str(e), str(e)
+        try:
+            out = call()
+        except ValueError as refusal:
+            assert str(refusal).startswith("conv2d: "), str(refusal)
+            return
+        _check_output(out, expected, case.dtype, algo, case)
+        return
+    assert p.output_shape == expected.shape
+    reason = algo.supports(p)
+    if reason is not None:
+        _rejects("conv2d", algo, reason, call)
+        return
+    out = call()
+    _check_output(out, expected, case.dtype, algo, case)
+    assert np.array_equal(x, x0) and np.array_equal(w, w0), "conv2d modified its inputs"
+
+
+def check_backward_data(algo, case: ConvCase):
+    x0, w0, _, dy0 = arrays(case)
+    w, dy = with_layout(w0, case.layout), with_layout(dy0, case.layout)
+    expected = conv2d_backward_data_ref(case.x_shape, w0, dy0, **case.args)
+    p = ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, direction="bwd_data",
+                                dtype=np.dtype(case.dtype).name, op="conv2d_backward_data")
+    call = lambda: dnnkit.conv2d_backward_data(case.x_shape, w, dy, **case.args, algo=algo.name)  # noqa: E731
+    reason = algo.supports(p)
+    if reason is not None:
+        _rejects("conv2d_backward_data", algo, reason, call)
+        return
+    out = call()
+    _check_output(out, expected, case.dtype, algo, case)
+    assert np.array_equal(w, w0) and np.array_equal(dy, dy0), "conv2d_backward_data modified its inputs"
+
+
+def check_backward_filter(algo, case: ConvCase):
+    x0, w0, _, dy0 = arrays(case)
+    x, dy = with_layout(x0, case.layout), with_layout(dy0, case.layout)
+    expected = conv2d_backward_filter_ref(x0, case.w_shape, dy0, **case.args)
+    p = ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, direction="bwd_filter",
+                                dtype=np.dtype(case.dtype).name, op="conv2d_backward_filter")
+    call = lambda: dnnkit.conv2d_backward_filter(x, case.w_shape, dy, **case.args, algo=algo.name)  # noqa: E731
+    reason = algo.supports(p)
+    if reason is not None:
+        _rejects("conv2d_backward_filter", algo, reason, call)
+        return
+    out = call()
+    _check_output(out, expected, case.dtype, algo, case)
+    assert np.array_equal(x, x0) and np.array_equal(dy, dy0), "conv2d_backward_filter modified its inputs"
+
+
+CHECKS = {"fwd": check_forward, "bwd_data": check_backward_data, "bwd_filter": check_backward_filter}
+
+
+@needs_api
+@pytest.mark.parametrize("algo", ALGOS["fwd"], ids=lambda a: a.name)
+@given(case=conv_cases())
+def test_conv2d_matches_reference(algo, case):
+    check_forward(algo, case)
+
+
+@needs_api
+@pytest.mark.parametrize("algo", ALGOS["bwd_data"], ids=lambda a: a.name)
+@given(case=conv_cases(string_padding=False))
+def test_conv2d_backward_data_matches_reference(algo, case):
+    check_backward_data(algo, case)
+
+
+@needs_api
+@pytest.mark.parametrize("algo", ALGOS["bwd_filter"], ids=lambda a: a.name)
+@given(case=conv_cases(string_padding=False))
+def test_conv2d_backward_filter_matches_reference(algo, case):
+    check_backward_filter(algo, case)
+
+
+def _fixed_cases():
+    """A few layers a little larger than the hypothesis ones (several Winograd tiles and GEMM blocks,
+    with tails): 3x3 same, 1x1, strided 3x3, grouped, depthwise, dilated."""
+    cases = []
+    for i, (n, c, k, h, w, r, s, g, stride, padding, dilation) in enumerate([
+        (2, 16, 24, 15, 13, 3, 3, 1, 1, 1, 1),
+        (1, 32, 20, 9, 11, 1, 1, 1, 1, 0, 1),
+        (2, 8, 12, 17, 16, 3, 3, 1, 2, 1, 1),
+        (1, 12, 18, 10, 10, 3, 3, 3, 1, 1, 1),
+        (2, 10, 10, 12, 9, 3, 3, 10, 1, (1, 2), (1, 2)),
+        (1, 6, 8, 14, 14, 5, 5, 1, 1, 4, 2),
+    ]):
+        for dtype in DTYPES:
+            cases.append(ConvCase(n, c, k, h, w, r, s, g, stride, padding, dilation, dtype, True, "C", i))
+    return cases
+
+
+@pytest.mark.parametrize("direction", list(PUBLIC))
+def test_algorithms_write_every_output_element(direction):
+    """Each registered algorithm, called directly: an output poisoned with NaN and a workspace poisoned
+    with NaN (scratch must be written before it is read) give the reference's result, zero batch included."""
+    cases = _fixed_cases() + [ConvCase(0, 4, 6, 5, 5, 3, 3, 2, 1, 1, 1, dt, True, "C", 3) for dt in DTYPES]
+    for algo in ALGOS[direction]:
+        for case in cases:
+            x, w, b, dy = arrays(case)
+            dtype = np.dtype(case.dtype)
+            p = ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, direction=direction,
+                                        dtype=dtype.name, bias=direction == "fwd")
+            if algo.supports(p) is not None:
+                continue
+            nbytes = algo.workspace_bytes(p)
+            workspace = np.full(nbytes // dtype.itemsize, np.nan, dtype) if nbytes else None
+            if direction == "fwd":
+                inputs, shape, extra = (x, w), p.output_shape, dict(bias=b)
+                expected = expected_forward(case, x, w, b)
+            elif direction == "bwd_data":
+                inputs, shape, extra = (w, dy), p.input_shape, {}
+                expected = conv2d_backward_data_ref(case.x_shape, w, dy, **case.args)
+            else:
+                inputs, shape, extra = (x, dy), p.weight_shape, {}
+                expected = conv2d_backward_filter_ref(x, case.w_shape, dy, **case.args)
+            out = np.full(shape, np.nan, dtype)
+            algo.run(p, *inputs, out=out, workspace=workspace, **extra)
+            _check_output(out, expected, dtype, algo, case)
+
+
+@needs_api
+@pytest.mark.parametrize("direction", list(PUBLIC))
+def test_conv_every_isa_and_thread_count(isa, num_threads, direction):
+    for algo in ALGOS[direction]:
+        for case in _fixed_cases():
+            CHECKS[direction](algo, case)
+
+
+@needs_api
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_conv_auto_and_bias_gradient(dtype):
+    """algo='auto' (the default) dispatches to a working algorithm in every direction; the bias gradient
+    is dy summed over N, P and Q, zero-size batch included."""
+    for i, case in enumerate(_fixed_cases()[::2] + [ConvCase(0, 4, 6, 5, 5, 3, 3, 2, 1, 1, 1, dtype, True, "C", 9)]):
+        case.dtype = dtype
+        x, w, b, dy = arrays(case)
+        tol = max(conv_tolerance(a, dtype) for d in PUBLIC for a in ALGOS[d])
+        assert rel_l2(dnnkit.conv2d(x, w, b, **case.args), expected_forward(case, x, w, b)) <= tol
+        assert rel_l2(dnnkit.conv2d_backward_data(x.shape, w, dy, **case.args),
+                      conv2d_backward_data_ref(x.shape, w, dy, **case.args)) <= tol
+        assert rel_l2(dnnkit.conv2d_backward_filter(x, w.shape, dy, **case.args),
+                      conv2d_backward_filter_ref(x, w.shape, dy, **case.args)) <= tol
+        db = dnnkit.conv2d_backward_bias(with_layout(dy, LAYOUTS[i % len(LAYOUTS)]))
+        assert db.shape == (case.k,) and db.dtype == dtype
+        assert rel_l2(db, conv2d_backward_bias_ref(dy)) <= (1e-6 if dtype == np.float32 else FLOAT64_TOL)
+
+
+@needs_api
+def test_conv2d_zero_batch_and_same_padding_shapes():
+    x = np.ones((0, 3, 7, 6), np.float32)
+    w = np.ones((4, 3, 3, 5), np.float32)
+    assert dnnkit.conv2d(x, w, padding="same").shape == (0, 4, 7, 6)
+    assert dnnkit.conv2d(x, w, padding="valid").shape == (0, 4, 5, 2)
+    assert dnnkit.conv2d_backward_data((0, 3, 7, 6), w, np.ones((0, 4, 5, 2), np.float32)).shape == (0, 3, 7, 6)
+    dw = dnnkit.conv2d_backward_filter(x, w.shape, np.ones((0, 4, 5, 2), np.float32))
+    assert dw.shape == w.shape and not dw.any()
+
+
+@needs_api
+def test_explain_conv2d_lists_every_forward_algorithm():
+    if not hasattr(dnnkit, "explain"):
+        pytest.skip("no dnnkit.explain")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    for w_shape, kwargs in [((8, 4, 3, 3), dict(padding=1)), ((8, 2, 5, 5), dict(stride=2, dilation=2, groups=2))]:
+        w = rng.standard_normal(w_shape).astype(np.float32)
+        try:
+            ex = dnnkit.explain("conv2d", x, w, **kwargs)
+        except ValueError as e:
+            if "GemmProblem" in str(e):
+                pytest.skip("explain() does not know conv2d yet")
+            raise
+        p = ConvProblem.from_arrays(x.shape, w.shape, **kwargs)
+        assert ex.problem.op == "conv2d_fwd" and ex.problem.descriptor() == p.descriptor()
+        assert [c.algorithm for c in ex] == [a.name for a in ALGOS["fwd"]]
+        for c, a in zip(ex, ALGOS["fwd"]):
+            reason = a.supports(p)
+            if reason is not None:
+                assert not c.supported and c.reason == reason and reason in str(ex)
+            elif c.supported:
+                assert c.reason is None
+            else:  # supported by the algorithm, rejected for its workspace
+                assert "workspace" in c.reason
+        assert sum(c.chosen for c in ex) == 1
+
+
+# ------------------------------------------------------------------------------------------ bad input
+F32, F64 = np.float32, np.float64
+X = np.ones((2, 4, 8, 8), F32)
+W = np.ones((6, 4, 3, 3), F32)
+DY = np.ones((2, 6, 6, 6), F32)  # conv2d(X, W) with the defaults: 8 - 3 + 1 = 6
+
+BAD_INPUT = [
+    # conv2d
+    ("channels", lambda: dnnkit.conv2d(X, np.ones((6, 3, 3, 3), F32)), "conv2d"),
+    ("groups_divide", lambda: dnnkit.conv2d(X, np.ones((6, 1, 3, 3), F32), groups=3), "conv2d"),
+    ("groups_out", lambda: dnnkit.conv2d(X, np.ones((5, 2, 3, 3), F32), groups=2), "conv2d"),
+    ("groups_zero", lambda: dnnkit.conv2d(X, W, groups=0), "conv2d"),
+    ("groups_float", lambda: dnnkit.conv2d(X, W, groups=1.5), "conv2d"),
+    ("weight_3d", lambda: dnnkit.conv2d(X, np.ones((6, 4, 3), F32)), "conv2d"),
+    ("weight_5d", lambda: dnnkit.conv2d(X, np.ones((6, 4, 3, 3, 1), F32)), "conv2d"),
+    ("input_2d", lambda: dnnkit.conv2d(np.ones((8, 8), F32), W), "conv2d"),
+    ("input_5d", lambda: dnnkit.conv2d(np.ones((1, 2, 4, 8, 8), F32), W), "conv2d"),
+    ("stride_zero", lambda: dnnkit.conv2d(X, W, stride=0), "conv2d"),
+    ("stride_negative", lambda: dnnkit.conv2d(X, W, stride=(1, -1)), "conv2d"),
+    ("stride_triple", lambda: dnnkit.conv2d(X, W, stride=(1, 1, 1)), "conv2d"),
+    ("stride_str", lambda: dnnkit.conv2d(X, W, stride="1"), "conv2d"),
+    ("dilation_zero", lambda: dnnkit.conv2d(X, W, dilation=0), "conv2d"),
+    ("padding_negative", lambda: dnnkit.conv2d(X, W, padding=-1), "conv2d"),
+    ("padding_pair_negative", lambda: dnnkit.conv2d(X, W, padding=(0, -2)), "conv2d"),
+    ("padding_triple", lambda: dnnkit.conv2d(X, W, padding=(1, 1, 1)), "conv2d"),
+    ("padding_str", lambda: dnnkit.conv2d(X, W, padding="full"), "conv2d"),
+    ("padding_float", lambda: dnnkit.conv2d(X, W, padding=1.0), "conv2d"),
+    ("same_strided", lambda: dnnkit.conv2d(X, W, stride=2, padding="same"), "conv2d"),
+    ("kernel_too_large", lambda: dnnkit.conv2d(X, np.ones((6, 4, 9, 3), F32)), "conv2d"),
+    ("dtype_mismatch", lambda: dnnkit.conv2d(X, W.astype(F64)), "conv2d"),
+    ("bias_dtype", lambda: dnnkit.conv2d(X, W, np.ones(6, F64)), "conv2d"),
+    ("bias_shape", lambda: dnnkit.conv2d(X, W, np.ones(5, F32)), "conv2d"),
+    ("input_int", lambda: dnnkit.conv2d(X.astype(np.int32), W.astype(np.int32)), "conv2d"),
+    ("input_float16", lambda: dnnkit.conv2d(X.astype(np.float16), W.astype(np.float16)), "conv2d"),
+    ("input_none", lambda: dnnkit.conv2d(None, W), "conv2d"),
+    ("algo_unknown", lambda: dnnkit.conv2d(X, W, algo="no_such_algorithm"), "conv2d"),
+    ("algo_other_direction", lambda: dnnkit.conv2d(X, W, algo="gemm_col2im"), "conv2d"),
+    ("algo_not_str", lambda: dnnkit.conv2d(X, W, algo=3), "conv2d"),
+    # conv2d_backward_data
+    ("bd_input_shape_3d", lambda: dnnkit.conv2d_backward_data((2, 4, 8), W, DY), "conv2d_backward_data"),
+    ("bd_input_shape_str", lambda: dnnkit.conv2d_backward_data("2488", W, DY), "conv2d_backward_data"),
+    ("bd_channels", lambda: dnnkit.conv2d_backward_data((2, 5, 8, 8), W, DY), "conv2d_backward_data"),
+    ("bd_weight_3d", lambda: dnnkit.conv2d_backward_data(X.shape, np.ones((6, 4, 3), F32), DY), "conv2d_backward_data"),
+    ("bd_dy_shape", lambda: dnnkit.conv2d_backward_data(X.shape, W, np.ones((2, 6, 7, 6), F32)),
+     "conv2d_backward_data"),
+    ("bd_dy_3d", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY[0]), "conv2d_backward_data"),
+    ("bd_dtype", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY.astype(F64)), "conv2d_backward_data"),
+    ("bd_stride_zero", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY, stride=0), "conv2d_backward_data"),
+    ("bd_padding_triple", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY, padding=(0, 0, 0)),
+     "conv2d_backward_data"),
+    ("bd_padding_negative", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY, padding=-1), "conv2d_backward_data"),
+    ("bd_groups", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY, groups=3), "conv2d_backward_data"),
+    ("bd_algo", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY, algo="no_such_algorithm"),
+     "conv2d_backward_data"),
+    # conv2d_backward_filter
+    ("bf_weight_shape_3d", lambda: dnnkit.conv2d_backward_filter(X, (6, 4, 3), DY), "conv2d_backward_filter"),
+    ("bf_channels", lambda: dnnkit.conv2d_backward_filter(X, (6, 3, 3, 3), DY), "conv2d_backward_filter"),
+    ("bf_input_3d", lambda: dnnkit.conv2d_backward_filter(X[0], W.shape, DY), "conv2d_backward_filter"),
+    ("bf_dy_shape", lambda: dnnkit.conv2d_backward_filter(X, W.shape, np.ones((2, 5, 6, 6), F32)),
+     "conv2d_backward_filter"),
+    ("bf_dtype", lambda: dnnkit.conv2d_backward_filter(X.astype(F64), W.shape, DY), "conv2d_backward_filter"),
+    ("bf_dilation_zero", lambda: dnnkit.conv2d_backward_filter(X, W.shape, DY, dilation=0), "conv2d_backward_filter"),
+    ("bf_padding_str", lambda: dnnkit.conv2d_backward_filter(X, W.shape, DY, padding="full"),
+     "conv2d_backward_filter"),
+    ("bf_algo", lambda: dnnkit.conv2d_backward_filter(X, W.shape, DY, algo="no_such_algorithm"),
+     "conv2d_backward_filter"),
+    # conv2d_backward_bias
+    ("bb_3d", lambda: dnnkit.conv2d_backward_bias(DY[0]), "conv2d_backward_bias"),
+    ("bb_int", lambda: dnnkit.conv2d_backward_bias(DY.astype(np.int64)), "conv2d_backward_bias"),
+    ("bb_none", lambda: dnnkit.conv2d_backward_bias(None), "conv2d_backward_bias"),
+]
+
+
+@needs_api
+@pytest.mark.parametrize("call, op", [c[1:] for c in BAD_INPUT], ids=[c[0] for c in BAD_INPUT])
+def test_bad_input_names_the_operator(call, op):
+    with pytest.raises((ValueError, TypeError)) as e:
+        call()
+    assert str(e.value).startswith(f"{op}: "), f"message does not start with '{op}: ': {e.value}"
+
+
+@needs_api
+def test_bad_input_messages_name_the_argument():
+    for call, pattern in [
+        (lambda: dnnkit.conv2d(X, W, stride=0), r"^conv2d: .*stride"),
+        (lambda: dnnkit.conv2d(X, W, padding="full"), r"^conv2d: .*padding"),
+        (lambda: dnnkit.conv2d(X, W, dilation=0), r"^conv2d: .*dilation"),
+        (lambda: dnnkit.conv2d(X, np.ones((6, 1, 3, 3), F32), groups=3), r"^conv2d: .*groups"),
+        (lambda: dnnkit.conv2d(X, np.ones((6, 4, 3), F32)), r"^conv2d: .*weight"),
+        (lambda: dnnkit.conv2d(X, W, algo="no_such_algorithm"), r"^conv2d: .*algo.*no_such_algorithm"),
+        (lambda: dnnkit.conv2d_backward_data(X.shape, W, np.ones((2, 6, 7, 6), F32)),
+         r"^conv2d_backward_data: .*grad_output|^conv2d_backward_data: .*dy"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=pattern):
+            call()
