@@ -8,8 +8,11 @@ from . import _cpu
 from ._config import (
     get_num_threads, get_tuning, get_workspace_limit, set_num_threads, set_tuning, set_workspace_limit,
 )
-from .api import explain, gemm, linear, linear_backward
-from .problem import GemmProblem
+from .api import (
+    conv2d, conv2d_backward_bias, conv2d_backward_data, conv2d_backward_filter, explain, gemm, linear,
+    linear_backward,
+)
+from .problem import ConvProblem, GemmProblem
 from . import algos, machine
 
 
@@ -30,7 +33,8 @@ def info() -> dict:
 
 
 __all__ = [
-    "__version__", "gemm", "linear", "linear_backward", "explain", "info", "GemmProblem", "algos", "machine",
+    "__version__", "gemm", "linear", "linear_backward", "conv2d", "conv2d_backward_data", "conv2d_backward_filter",
+    "conv2d_backward_bias", "explain", "info", "GemmProblem", "ConvProblem", "algos", "machine",
     "set_num_threads", "get_num_threads", "set_tuning", "get_tuning", "set_workspace_limit",
     "get_workspace_limit",
 ]

@@ -12,7 +12,7 @@ import numpy as np
 from . import _cpu
 from .algos.gemm_cpu import ACTIVATION_CODES
 from .dispatch import choose, explain_problem
-from .problem import ACTIVATIONS, GemmProblem
+from .problem import ACTIVATIONS, ConvProblem, GemmProblem
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
@@ -273,7 +273,125 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
     return grad_x, grad_w, grad_b
 
 
+# ------------------------------------------------------------------------------------------ convolution
+def _shape4(op: str, name: str, shape) -> tuple:
+    try:
+        t = tuple(int(v) for v in shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: {name} must be a sequence of 4 ints, got {shape!r}") from None
+    if len(t) != 4 or any(v < 0 for v in t) or any(int(v) != v for v in shape):
+        raise ValueError(f"{op}: {name} must be 4 non-negative ints (N, C, H, W or K, C/groups, R, S), got {shape!r}")
+    return t
+
+
+def _conv_problem(op, direction, x_shape, w_shape, stride, padding, dilation, groups, dtype, bias=False):
+    return ConvProblem.from_arrays(x_shape, w_shape, stride, padding, dilation, groups, direction=direction,
+                                   dtype=_DTYPE_NAMES[dtype], bias=bias, op=op)
+
+
+def _workspace(algorithm, p, dtype):
+    nbytes = algorithm.workspace_bytes(p)
+    return None if nbytes == 0 else _empty(p.op, (nbytes // dtype.itemsize,), dtype)
+
+
+def _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups):
+    op = "conv2d"
+    x = _array(op, "input", input, ndim=4)
+    w = _array(op, "weight", weight, ndim=4)
+    if bias is not None:
+        bias = _array(op, "bias", bias, ndim=1)
+    dtype = _same_dtype(op, input=x, weight=w, bias=bias)
+    p = _conv_problem(op, "fwd", x.shape, w.shape, stride, padding, dilation, groups, dtype, bias is not None)
+    if bias is not None and bias.shape[0] != p.oc:
+        raise ValueError(f"conv2d: bias must have {p.oc} elements (output channels), got {bias.shape[0]}")
+    return p, x, w, bias
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algo="auto"):
+    """2-D convolution (cross-correlation), as torch.nn.functional.conv2d: input N x C x H x W, weight
+    K x C/groups x R x S, bias K or None; stride, dilation int or pair; padding int, pair, "same" or "valid".
+    Returns N x K x P x Q."""
+    p, x, w, bias = _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups)
+    algorithm = _choose("conv2d", p, algo)
+    y = _empty("conv2d", (p.mb, p.oc, p.oh, p.ow), x.dtype)
+    algorithm.run(p, np.ascontiguousarray(x), np.ascontiguousarray(w), out=y,
+                  bias=None if bias is None else np.ascontiguousarray(bias), workspace=_workspace(algorithm, p, x.dtype))
+    return y
+
+
+def _conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation, groups):
+    op = "conv2d_backward_data"
+    shape = _shape4(op, "input_shape", input_shape)
+    w = _array(op, "weight", weight, ndim=4)
+    dy = _array(op, "grad_output", grad_output, ndim=4)
+    dtype = _same_dtype(op, weight=w, grad_output=dy)
+    p = _conv_problem(op, "bwd_data", shape, w.shape, stride, padding, dilation, groups, dtype)
+    if dy.shape != (p.mb, p.oc, p.oh, p.ow):
+        raise ValueError(f"{op}: grad_output must have shape {(p.mb, p.oc, p.oh, p.ow)}, got {dy.shape}")
+    return p, w, dy
+
+
+def conv2d_backward_data(input_shape, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
+                         algo="auto"):
+    """Gradient of conv2d with respect to its input, as torch.nn.grad.conv2d_input."""
+    p, w, dy = _conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation, groups)
+    algorithm = _choose("conv2d_backward_data", p, algo)
+    dx = _empty("conv2d_backward_data", (p.mb, p.ic, p.ih, p.iw), w.dtype)
+    algorithm.run(p, np.ascontiguousarray(w), np.ascontiguousarray(dy), out=dx,
+                  workspace=_workspace(algorithm, p, w.dtype))
+    return dx
+
+
+def _conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding, dilation, groups):
+    op = "conv2d_backward_filter"
+    x = _array(op, "input", input, ndim=4)
+    shape = _shape4(op, "weight_shape", weight_shape)
+    dy = _array(op, "grad_output", grad_output, ndim=4)
+    dtype = _same_dtype(op, input=x, grad_output=dy)
+    p = _conv_problem(op, "bwd_filter", x.shape, shape, stride, padding, dilation, groups, dtype)
+    if dy.shape != (p.mb, p.oc, p.oh, p.ow):
+        raise ValueError(f"{op}: grad_output must have shape {(p.mb, p.oc, p.oh, p.ow)}, got {dy.shape}")
+    return p, x, dy
+
+
+def conv2d_backward_filter(input, weight_shape, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
+                           algo="auto"):
+    """Gradient of conv2d with respect to its weight, as torch.nn.grad.conv2d_weight."""
+    p, x, dy = _conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding, dilation, groups)
+    algorithm = _choose("conv2d_backward_filter", p, algo)
+    dw = _empty("conv2d_backward_filter", (p.oc, p.ic // p.g, p.kh, p.kw), x.dtype)
+    algorithm.run(p, np.ascontiguousarray(x), np.ascontiguousarray(dy), out=dw,
+                  workspace=_workspace(algorithm, p, x.dtype))
+    return dw
+
+
+def conv2d_backward_bias(grad_output):
+    """Gradient of conv2d with respect to its bias: grad_output summed over N, H and W."""
+    op = "conv2d_backward_bias"
+    dy = np.ascontiguousarray(_array(op, "grad_output", grad_output, ndim=4))
+    n, k, h, w = dy.shape
+    db = _empty(op, (k,), dy.dtype)
+    # As a 1x1 convolution of K channels: the kernel sums each output channel's plane.
+    _cpu.conv2d("bwd_bias", "", (n, k, h, w, k, 1, 1, h, w, 1, 1, 0, 0, 1, 1, 1), dy, None, None, db, None, 1)
+    return db
+
+
 # ---------------------------------------------------------------------------------------------- explain
+def _parse_descriptor(text: str, **kwargs):
+    """A GEMM descriptor (m..n..k.., a strict grammar, tried first) or a benchdnn convolution descriptor;
+    kwargs are ConvProblem.parse's (direction=, dtype=, ...)."""
+    if kwargs:
+        return ConvProblem.parse(text, **kwargs)
+    try:
+        return GemmProblem.parse(text)
+    except ValueError as gemm_error:
+        try:
+            return ConvProblem.parse(text)
+        except ValueError as conv_error:
+            raise ValueError(f"explain: {text!r} is neither a GEMM descriptor ({gemm_error}) nor a convolution "
+                             f"descriptor ({conv_error})") from None
+
+
 class Explanation(list):
     """explain()'s answer: a list of Candidate, printed as a table."""
 
@@ -292,6 +410,12 @@ _PREPARE = {
         a, b, c, alpha, beta, trans_a, trans_b)[0],
     "linear": lambda input, weight, bias=None, *, activation=None: _linear_prepare(
         input, weight, bias, activation)[0],
+    "conv2d": lambda input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1: _conv2d_prepare(
+        input, weight, bias, stride, padding, dilation, groups)[0],
+    "conv2d_backward_data": lambda input_shape, weight, grad_output, stride=1, padding=0, dilation=1, groups=1: (
+        _conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation, groups)[0]),
+    "conv2d_backward_filter": lambda input, weight_shape, grad_output, stride=1, padding=0, dilation=1, groups=1: (
+        _conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding, dilation, groups)[0]),
 }
 
 
@@ -299,14 +423,15 @@ def explain(what, *args, algo="auto", workspace_limit=None, **kwargs) -> Explana
     """The candidate algorithms for a call and why each can or cannot run it.
 
     what: an operator name with the call's arguments (explain("gemm", a, b, trans_b=True)), a Problem,
-    or a problem descriptor string ("m64n4096k4096tb_f32").
+    or a problem descriptor string: GEMM ("m64n4096k4096tb_f32") or benchdnn convolution
+    ("mb8ic64ih56oc64oh56kh3ph1", with direction=/dtype= as keywords).
     """
-    if isinstance(what, GemmProblem):
+    if isinstance(what, (GemmProblem, ConvProblem)):
         p = what
     elif isinstance(what, str) and what in _PREPARE:
         p = _PREPARE[what](*args, **kwargs)
     elif isinstance(what, str):
-        p = GemmProblem.parse(what)
+        p = _parse_descriptor(what, **kwargs)
     else:
         raise TypeError(f"explain: what must be an operator name, a Problem or a descriptor, got {type(what).__name__}")
     return Explanation(p, explain_problem(p, algo, workspace_limit))

@@ -27,7 +27,10 @@ def _cmd_info(args) -> int:
 def _cmd_explain(args) -> int:
     import dnnkit
 
-    print(dnnkit.explain(args.problem))
+    kwargs = {}
+    if args.direction or args.dtype:
+        kwargs = {"direction": args.direction or "fwd", "dtype": args.dtype or "float32"}
+    print(dnnkit.explain(args.problem, **kwargs))
     return 0
 
 
@@ -39,7 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_info.add_argument("--peak", action="store_true", help="also measure the float32 FMA peak")
     p_info.set_defaults(func=_cmd_info)
     p_explain = sub.add_parser("explain", help="candidate algorithms for a problem descriptor")
-    p_explain.add_argument("problem", help='a descriptor, e.g. "m64n4096k4096tb_f32"')
+    p_explain.add_argument("problem", help='a GEMM descriptor ("m64n4096k4096tb_f32") or a benchdnn '
+                           'convolution descriptor ("mb8ic64ih56oc64oh56kh3ph1")')
+    p_explain.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter"), help="convolution direction")
+    p_explain.add_argument("--dtype", choices=("float32", "float64"), help="convolution dtype")
     p_explain.set_defaults(func=_cmd_explain)
     return parser
 
