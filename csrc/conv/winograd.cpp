@@ -93,75 +93,100 @@ void filter_transform(const ConvShape& sh, const T* w, T* u) {
   }
 }
 
-// V (alpha^2 x Cg x tc) for tiles [t0, t0 + tc) of group g.
+// Tiles transformed together: their data sit tile-fastest in L1-resident buffers, so each transform pass
+// is a loop of kTileBlock multiply-adds with a compile-time coefficient (vectorized).
+constexpr index_t kTileBlock = 64;
+
+// Applies the alpha x alpha (or m x alpha) matrix Mat along one index of a tile-fastest block:
+//   out[(i*A + j)*nb + u] = sum_l Mat[i][l] * in[(l*A + j)*nb + u]   (rows: over the first index)
+//   out[(i*R + j)*nb + u] = sum_l Mat[j][l] * in[(i*A + l)*nb + u]   (cols: over the second index)
+template <typename T, int R, int A, bool kRows>
+inline void transform_block(const double (&mat)[R][A], const T* in, T* out, index_t nb, int outer) {
+  for (int i = 0; i < (kRows ? R : outer); ++i)
+    for (int j = 0; j < (kRows ? A : R); ++j) {
+      T* dst = out + (i * (kRows ? A : R) + j) * nb;
+      for (index_t u = 0; u < nb; ++u) dst[u] = T(0);
+      for (int l = 0; l < A; ++l) {
+        const T coef = T(kRows ? mat[i][l] : mat[j][l]);
+        if (coef == T(0)) continue;
+        const T* src = in + (kRows ? (l * A + j) : (i * A + l)) * nb;
+#pragma omp simd
+        for (index_t u = 0; u < nb; ++u) dst[u] += coef * src[u];
+      }
+    }
+}
+
+// V (alpha^2 x Cg x tc) for tiles [t0, t0 + tc) of group g; work items are (channel, block of tiles).
 template <typename T, int M>
 void input_transform(const ConvShape& sh, const Tiling& tl, const T* x, index_t g, index_t t0, index_t tc, T* v) {
   using W = WinogradMatrices<M>;
   constexpr int A = W::alpha;
-  const index_t Cg = sh.cg(), H = sh.h, Wd = sh.w;
-#pragma omp parallel for schedule(static) num_threads(get_num_threads()) if (Cg * tc > 64)
-  for (index_t ct = 0; ct < Cg * tc; ++ct) {
-    const index_t c = ct / tc, ti = ct % tc, t = t0 + ti;
-    const index_t n = t / (tl.th * tl.tw), r = t % (tl.th * tl.tw), tr = r / tl.tw, tcol = r % tl.tw;
-    const index_t ih0 = tr * M - sh.ph, iw0 = tcol * M - sh.pw;
-    const T* xc = x + (n * sh.c + g * Cg + c) * H * Wd;
-    T d[A][A];
-    for (int i = 0; i < A; ++i) {
-      const index_t ih = ih0 + i;
-      for (int j = 0; j < A; ++j) {
-        const index_t iw = iw0 + j;
-        d[i][j] = (ih >= 0 && ih < H && iw >= 0 && iw < Wd) ? xc[ih * Wd + iw] : T(0);
+  const index_t Cg = sh.cg(), H = sh.h, Wd = sh.w, per_image = tl.th * tl.tw;
+  const index_t nblocks = ceil_div(tc, kTileBlock);
+#pragma omp parallel num_threads(get_num_threads()) if (Cg * tc > 64)
+  {
+    alignas(64) T db[A * A * kTileBlock];
+    alignas(64) T tb[A * A * kTileBlock];
+#pragma omp for schedule(static)
+    for (index_t item = 0; item < Cg * nblocks; ++item) {
+      const index_t c = item / nblocks, b0 = (item % nblocks) * kTileBlock;
+      const index_t nb = std::min(kTileBlock, tc - b0);
+      // Gather: db[(i*A + j)*nb + u] = x[n, c, ih0 + i, iw0 + j] of tile t0 + b0 + u (0 outside).
+      for (index_t u = 0; u < nb; ++u) {
+        const index_t t = t0 + b0 + u, n = t / per_image, r = t % per_image;
+        const index_t ih0 = (r / tl.tw) * M - sh.ph, iw0 = (r % tl.tw) * M - sh.pw;
+        const T* xc = x + (n * sh.c + g * Cg + c) * H * Wd;
+        if (ih0 >= 0 && ih0 + A <= H && iw0 >= 0 && iw0 + A <= Wd) {
+          const T* x0 = xc + ih0 * Wd + iw0;
+          for (int i = 0; i < A; ++i)
+            for (int j = 0; j < A; ++j) db[(i * A + j) * nb + u] = x0[i * Wd + j];
+        } else {
+          for (int i = 0; i < A; ++i) {
+            const index_t ih = ih0 + i;
+            for (int j = 0; j < A; ++j) {
+              const index_t iw = iw0 + j;
+              db[(i * A + j) * nb + u] = (ih >= 0 && ih < H && iw >= 0 && iw < Wd) ? xc[ih * Wd + iw] : T(0);
+            }
+          }
+        }
       }
+      transform_block<T, A, A, true>(W::BT, db, tb, nb, A);   // B^T d
+      transform_block<T, A, A, false>(W::BT, tb, db, nb, A);  // (B^T d) B
+      for (int e = 0; e < A * A; ++e)
+        std::memcpy(v + (e * Cg + c) * tc + b0, db + e * nb, sizeof(T) * nb);
     }
-    T tmp[A][A];  // B^T d
-    for (int i = 0; i < A; ++i)
-      for (int j = 0; j < A; ++j) {
-        T s = T(0);
-        for (int l = 0; l < A; ++l) s += T(W::BT[i][l]) * d[l][j];
-        tmp[i][j] = s;
-      }
-    for (int i = 0; i < A; ++i)
-      for (int j = 0; j < A; ++j) {  // (B^T d) B
-        T s = T(0);
-        for (int l = 0; l < A; ++l) s += tmp[i][l] * T(W::BT[j][l]);
-        v[((i * A + j) * Cg + c) * tc + ti] = s;
-      }
   }
 }
 
-// y tiles [t0, t0 + tc) of group g from M (alpha^2 x Kg x tc).
+// y tiles [t0, t0 + tc) of group g from M (alpha^2 x Kg x tc); work items are (output channel, block).
 template <typename T, int M>
 void output_transform(const ConvShape& sh, const Tiling& tl, const T* mm, const T* bias, index_t g, index_t t0,
                       index_t tc, T* y) {
   using W = WinogradMatrices<M>;
   constexpr int A = W::alpha;
-  const index_t Kg = sh.kg(), P = sh.p, Q = sh.q;
-#pragma omp parallel for schedule(static) num_threads(get_num_threads()) if (Kg * tc > 64)
-  for (index_t kt = 0; kt < Kg * tc; ++kt) {
-    const index_t kk = kt / tc, ti = kt % tc, t = t0 + ti;
-    const index_t n = t / (tl.th * tl.tw), r = t % (tl.th * tl.tw), tr = r / tl.tw, tcol = r % tl.tw;
-    T m[A][A];
-    for (int i = 0; i < A; ++i)
-      for (int j = 0; j < A; ++j) m[i][j] = mm[((i * A + j) * Kg + kk) * tc + ti];
-    T tmp[M][A];  // A^T m
-    for (int i = 0; i < M; ++i)
-      for (int j = 0; j < A; ++j) {
-        T s = T(0);
-        for (int l = 0; l < A; ++l) s += T(W::AT[i][l]) * m[l][j];
-        tmp[i][j] = s;
-      }
-    const index_t k = g * Kg + kk;
-    const T b = bias ? bias[k] : T(0);
-    T* yk = y + (n * sh.k + k) * P * Q;
-    for (int i = 0; i < M; ++i) {
-      const index_t p = tr * M + i;
-      if (p >= P) break;
-      for (int j = 0; j < M; ++j) {  // (A^T m) A
-        const index_t q = tcol * M + j;
-        if (q >= Q) break;
-        T s = T(0);
-        for (int l = 0; l < A; ++l) s += tmp[i][l] * T(W::AT[j][l]);
-        yk[p * Q + q] = s + b;
+  const index_t Kg = sh.kg(), P = sh.p, Q = sh.q, per_image = tl.th * tl.tw;
+  const index_t nblocks = ceil_div(tc, kTileBlock);
+#pragma omp parallel num_threads(get_num_threads()) if (Kg * tc > 64)
+  {
+    alignas(64) T mb[A * A * kTileBlock];
+    alignas(64) T tb[M * A * kTileBlock];
+    alignas(64) T ob[M * M * kTileBlock];
+#pragma omp for schedule(static)
+    for (index_t item = 0; item < Kg * nblocks; ++item) {
+      const index_t kk = item / nblocks, b0 = (item % nblocks) * kTileBlock;
+      const index_t nb = std::min(kTileBlock, tc - b0);
+      for (int e = 0; e < A * A; ++e) std::memcpy(mb + e * nb, mm + (e * Kg + kk) * tc + b0, sizeof(T) * nb);
+      transform_block<T, M, A, true>(W::AT, mb, tb, nb, M);   // A^T m   (M x A)
+      transform_block<T, M, A, false>(W::AT, tb, ob, nb, M);  // (A^T m) A  (M x M)
+      const index_t k = g * Kg + kk;
+      const T bv = bias ? bias[k] : T(0);
+      for (index_t u = 0; u < nb; ++u) {
+        const index_t t = t0 + b0 + u, n = t / per_image, r = t % per_image;
+        const index_t p0 = (r / tl.tw) * M, q0 = (r % tl.tw) * M;
+        T* yk = y + (n * sh.k + k) * P * Q;
+        const int mi = static_cast<int>(std::min<index_t>(M, P - p0)), mj = static_cast<int>(std::min<index_t>(M, Q - q0));
+        for (int i = 0; i < mi; ++i)
+          for (int j = 0; j < mj; ++j) yk[(p0 + i) * Q + q0 + j] = ob[(i * M + j) * nb + u] + bv;
       }
     }
   }
