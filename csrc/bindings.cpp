@@ -1,14 +1,17 @@
 // The one pybind11 module, dnnkit._cpu. Thin: checks what a kernel relies on, releases the GIL, calls
 // the kernel. The Python layer (dnnkit.api) does the user-facing validation with operator-named errors;
 // the checks here keep direct callers from crashing the process.
+#include <pybind11/complex.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <complex>
 #include <string>
 
 #include "common.h"
 #include "cpu_info.h"
 #include "conv/conv.h"
+#include "conv/fft.h"
 #include "conv/winograd.h"
 #include "eltwise/eltwise.h"
 #include "gemm/blocking.h"
@@ -379,6 +382,32 @@ PYBIND11_MODULE(_cpu, m) {
   }, py::arg("shape"), py::arg("max_elems"), py::arg("batch_images") = false,
      "Output pixels per im2col chunk for a workspace of at most max_elems elements (batch_images: forward).");
   m.def("col_elems", [](const py::tuple& shape, index_t chunk) { return col_elems(conv_shape(shape), chunk); });
+  m.def("fft_channel_reduce", [](const py::array& x, const py::array& w, py::array& y, index_t groups) {
+    // x: nb x C x F, w: K x C/g x F, y: nb x K x F; complex64 or complex128, C-contiguous.
+    if (x.ndim() != 3 || w.ndim() != 3 || y.ndim() != 3)
+      throw py::value_error("fft_channel_reduce: x, w and y must be 3-D");
+    const index_t nb = x.shape(0), c = x.shape(1), f = x.shape(2), k = w.shape(0);
+    if (groups < 1 || c % groups || k % groups || w.shape(1) != c / groups || w.shape(2) != f ||
+        y.shape(0) != nb || y.shape(1) != k || y.shape(2) != f)
+      throw py::value_error("fft_channel_reduce: shapes do not match");
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      using C = std::complex<T>;
+      for (const py::array* a : std::initializer_list<const py::array*>{&x, &w, &y})
+        if (!py::isinstance<py::array_t<C>>(*a) || !(a->flags() & py::array::c_style))
+          throw py::type_error("fft_channel_reduce: arrays must be C-contiguous and of one complex dtype");
+      if (!y.writeable()) throw py::value_error("fft_channel_reduce: y is read-only");
+      const T* xp = reinterpret_cast<const T*>(x.data());
+      const T* wp = reinterpret_cast<const T*>(w.data());
+      T* yp = reinterpret_cast<T*>(y.mutable_data());
+      py::gil_scoped_release nogil;
+      fft_channel_reduce<T>(nb, c, k, groups, f, xp, wp, yp);
+    };
+    if (py::isinstance<py::array_t<std::complex<float>>>(y)) run(float{});
+    else if (py::isinstance<py::array_t<std::complex<double>>>(y)) run(double{});
+    else throw py::type_error("fft_channel_reduce: y must be complex64 or complex128");
+  });
+
   m.def("winograd_tile_chunk", [](const py::tuple& shape, int mt, index_t max_elems) {
     if (mt != 2 && mt != 4) throw py::value_error("winograd_tile_chunk: m must be 2 or 4");
     return winograd_tile_chunk(conv_shape(shape), mt, max_elems);

@@ -7,10 +7,16 @@ im2col_gemm (fwd, bwd_filter) / gemm_col2im (bwd_data): lower to dnnkit's blocke
 winograd_f2x2_3x3 / winograd_f4x4_3x3 (fwd): F(m x m, 3 x 3) for 3x3 stride-1 dense filters: filter,
     input and output transforms in C++ around alpha^2 transform-domain GEMMs on dnnkit's GEMM, tiles
     processed in workspace-bounded chunks. F(4x4) is less accurate (tolerance 1e-4 in float32).
+fft (fwd): real 2-D FFTs of the padded input and of the dilated, zero-padded filter (scipy.fft,
+    multithreaded), the per-frequency channel reduction in dnnkit's kernel, one inverse FFT per output
+    channel; images in chunks so memory stays bounded. Meant for large filters; a stride above 1 is
+    computed at stride 1 and subsampled.
 direct: loops over the output with the padding bounds hoisted and the inner loop along an output row;
     no workspace; every shape.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from .. import _cpu
 from .._config import get_workspace_limit
@@ -114,6 +120,83 @@ class WinogradF4x4(_Winograd):
     name = kernel = "winograd_f4x4_3x3"
     m = 4
     tolerance = 1e-4
+
+
+class FftFwd(_CpuConv):
+    name = "fft"
+    op = "conv2d_fwd"
+    direction = "fwd"
+    tolerance = 1e-5
+
+    def supports(self, p) -> str | None:
+        reason = super().supports(p)
+        if reason:
+            return reason
+        try:
+            import scipy.fft  # noqa: F401
+        except ImportError:
+            return "needs scipy (pip install scipy)"
+        return None
+
+    @staticmethod
+    def _sizes(p):
+        import scipy.fft as sfft
+
+        hf = sfft.next_fast_len(p.ih + 2 * p.ph, real=True)
+        wf = sfft.next_fast_len(p.iw + 2 * p.pw, real=True)
+        return hf, wf, hf * (wf // 2 + 1)
+
+    def _images_per_chunk(self, p) -> int:
+        hf, wf, nf = self._sizes(p)
+        limit = get_workspace_limit()
+        bound = DEFAULT_COL_BYTES if limit is None else min(limit, DEFAULT_COL_BYTES)
+        c = 2 * p.itemsize  # bytes of one complex element
+        per_image = (p.ic + p.oc) * nf * c + p.ic * hf * wf * p.itemsize + p.oc * hf * wf * p.itemsize
+        fixed = p.oc * (p.ic // p.g) * (nf * c + hf * wf * p.itemsize)
+        return int(max(1, min(p.mb, (bound - fixed) // max(per_image, 1))))
+
+    def workspace_bytes(self, p) -> int:
+        """Memory the transforms allocate (scipy.fft returns new arrays, so none is handed in)."""
+        hf, wf, nf = self._sizes(p)
+        nb = self._images_per_chunk(p)
+        c = 2 * p.itemsize
+        return int(p.oc * (p.ic // p.g) * (nf * c + hf * wf * p.itemsize)
+                   + nb * ((p.ic + p.oc) * nf * c + (p.ic + p.oc) * hf * wf * p.itemsize))
+
+    def run(self, p, x, w, *, out, bias=None, workspace=None):
+        import scipy.fft as sfft
+
+        from .._config import get_num_threads
+
+        nt = get_num_threads()
+        hf, wf, nf = self._sizes(p)
+        dt = x.dtype
+        ct = np.complex64 if dt == np.float32 else np.complex128
+        cg = p.ic // p.g
+        dh, dw = p.dh + 1, p.dw + 1
+        # The filter, dilated into an hf x wf plane: wd[k, c, r*dh, s*dw] = w[k, c, r, s].
+        wd = np.zeros((p.oc, cg, hf, wf), dtype=dt)
+        wd[:, :, : (p.kh - 1) * dh + 1 : dh, : (p.kw - 1) * dw + 1 : dw] = w
+        wf_ = np.ascontiguousarray(sfft.rfft2(wd, workers=nt).reshape(p.oc, cg, nf), dtype=ct)  # K x Cg x F
+        del wd
+        nb = self._images_per_chunk(p)
+        ys = slice(0, (p.oh - 1) * p.sh + 1, p.sh)
+        xs = slice(0, (p.ow - 1) * p.sw + 1, p.sw)
+        for n0 in range(0, p.mb, nb):
+            n1 = min(p.mb, n0 + nb)
+            xp = np.zeros((n1 - n0, p.ic, hf, wf), dtype=dt)  # zero padding, then the image
+            xp[:, :, p.ph : p.ph + p.ih, p.pw : p.pw + p.iw] = x[n0:n1]
+            xf = np.ascontiguousarray(sfft.rfft2(xp, workers=nt).reshape(n1 - n0, p.ic, nf), dtype=ct)
+            del xp
+            yf = np.empty((n1 - n0, p.oc, nf), dtype=ct)
+            _cpu.fft_channel_reduce(xf, wf_, yf, p.g)
+            del xf
+            # Circular correlation of size hf x wf equals the linear one on the valid region.
+            full = sfft.irfft2(yf.reshape(n1 - n0, p.oc, hf, wf // 2 + 1), s=(hf, wf), workers=nt)
+            out[n0:n1] = full[:, :, ys, xs]
+            if bias is not None:
+                out[n0:n1] += bias.reshape(1, -1, 1, 1)
+        return out
 
 
 class DirectFwd(_Direct):
