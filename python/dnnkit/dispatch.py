@@ -1,12 +1,16 @@
 """Chooses the algorithm for a problem: an explicit algo= > a cached tuning result > the tuning mode.
 
-The measured and predicted modes come with the autotuner; until a problem has a tuning result, every
-mode takes the first supporting algorithm of the registry that fits the workspace limit.
+Tuning modes (dnnkit.set_tuning): "off" takes the first supporting algorithm of the registry that fits
+the workspace limit; "heuristic" takes the supporting algorithm the cost model (autotune/cost_model.py)
+predicts fastest, keeping the registry's order where it has no prediction. "measure" (timing on the
+first call) and the persistent cache of tuning results come with the autotuner; until then "measure"
+answers as "heuristic".
 """
 from __future__ import annotations
 
 from . import algos
-from ._config import get_workspace_limit
+from ._config import get_tuning, get_workspace_limit
+from .autotune.cost_model import predict
 from .algos.base import Algorithm, Candidate
 
 
@@ -37,7 +41,7 @@ _decisions: dict = {}
 def choose(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) -> Algorithm:
     """The algorithm that runs p. Raises ValueError naming the operator when none can."""
     limit = get_workspace_limit() if workspace_limit is None else workspace_limit
-    key = (p, algo, limit, algos.version())
+    key = (p, algo, limit, algos.version(), get_tuning())
     hit = _decisions.get(key)
     if hit is not None:
         return hit
@@ -65,9 +69,13 @@ def _choose(p, algo, workspace_limit) -> Algorithm:
                 return a
         known = [a.name for a, _, _ in cands]
         raise ValueError(f"{p.op}: algo must be 'auto' or one of {known}, got {algo!r}")
-    for a, reason, _ in cands:
-        if reason is None:
-            return a
+    supported = [a for a, reason, _ in cands if reason is None]
+    if supported and get_tuning() != "off":
+        predicted = [(t, i, a) for i, a in enumerate(supported) if (t := predict(a, p)) is not None]
+        if predicted:
+            return min(predicted, key=lambda tia: (tia[0], tia[1]))[2]
+    if supported:
+        return supported[0]
     if not cands:
         raise ValueError(f"{p.op}: no {_backend(p)} algorithm exists for this operator yet ({p.descriptor()})")
     reasons = "; ".join(f"{a.name}: {r}" for a, r, _ in cands)
@@ -81,6 +89,7 @@ def explain_problem(p, algo: str = "auto", workspace_limit: int | None = None) -
     except ValueError:
         chosen = None
     return [
-        Candidate(a.name, reason is None, reason, ws, chosen=(a.name == chosen))
+        Candidate(a.name, reason is None, reason, ws, chosen=(a.name == chosen),
+                  predicted_s=predict(a, p) if reason is None else None)
         for a, reason, ws in candidates(p, workspace_limit)
     ]

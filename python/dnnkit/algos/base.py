@@ -42,9 +42,11 @@ class Candidate:
     reason: str | None
     workspace_bytes: int | None
     chosen: bool = False
+    predicted_s: float | None = None  # the cost model's prediction, when it has one
 
     def __str__(self) -> str:
         mark = "*" if self.chosen else " "
         if self.supported:
-            return f"{mark} {self.algorithm:<24} supported  workspace {self.workspace_bytes} B"
+            pred = "" if self.predicted_s is None else f"  predicted {self.predicted_s * 1e3:.3f} ms"
+            return f"{mark} {self.algorithm:<24} supported  workspace {self.workspace_bytes} B{pred}"
         return f"{mark} {self.algorithm:<24} rejected   {self.reason}"

@@ -1,0 +1,84 @@
+"""Dispatch: explicit algo > tuning mode; 'off' is registry order, 'heuristic' the cost model's fastest."""
+import numpy as np
+import pytest
+
+import dnnkit
+from dnnkit import algos
+from dnnkit.autotune import predict
+from dnnkit.dispatch import choose
+from dnnkit.problem import ConvProblem, GemmProblem
+
+LAYERS = [
+    "mb8ic64ih56oc64oh56kh3ph1",    # 3x3, 64 channels
+    "mb8ic512ih7oc512oh7kh3ph1",    # 3x3, small plane
+    "mb8ic16ih64oc16oh64kh11ph5",   # large filter
+    "mb8ic256ih56oc64oh56kh1ph0",   # 1x1
+    "mb2ic6ih9oc4oh5kh3sh2ph1",     # strided
+]
+
+
+@pytest.fixture
+def restore_tuning():
+    mode, limit = dnnkit.get_tuning(), dnnkit.get_workspace_limit()
+    yield
+    dnnkit.set_tuning(mode)
+    dnnkit.set_workspace_limit(limit)
+
+
+@pytest.mark.parametrize("desc", LAYERS)
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_filter"])
+def test_off_takes_the_first_supporting_algorithm(desc, direction, restore_tuning):
+    dnnkit.set_tuning("off")
+    p = ConvProblem.parse(desc, direction=direction)
+    first = next(a for a in algos.algorithms(p.op, "cpu") if a.supports(p) is None)
+    assert choose(p) is first
+
+
+@pytest.mark.parametrize("desc", LAYERS)
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_filter"])
+def test_heuristic_takes_the_fastest_predicted_supporting_algorithm(desc, direction, restore_tuning):
+    dnnkit.set_tuning("heuristic")
+    p = ConvProblem.parse(desc, direction=direction)
+    supported = [a for a in algos.algorithms(p.op, "cpu") if a.supports(p) is None]
+    times = {a.name: predict(a, p) for a in supported}
+    assert all(t is not None and t > 0 for t in times.values())
+    chosen = choose(p)
+    assert chosen in supported
+    assert times[chosen.name] == min(times.values())
+
+
+def test_heuristic_respects_the_workspace_limit(restore_tuning):
+    """Chunked algorithms shrink their workspace to a limit; whatever is chosen must fit it."""
+    dnnkit.set_tuning("heuristic")
+    p = ConvProblem.parse(LAYERS[0])
+    for limit in (10**9, 4 << 20, 300_000, 0):
+        dnnkit.set_workspace_limit(limit)
+        chosen = choose(p)
+        assert chosen.workspace_bytes(p) <= limit
+    assert choose(p).name == "direct"  # with no workspace, only direct remains for a padded 3x3
+
+
+def test_explain_shows_predictions_for_supported_candidates():
+    lines = dnnkit.explain(LAYERS[2])
+    for c in lines:
+        assert (c.predicted_s is not None) == c.supported
+    assert sum(c.chosen for c in lines) == 1
+    assert "predicted" in str(lines)
+
+
+def test_gemm_keeps_registry_order_without_predictions(restore_tuning):
+    dnnkit.set_tuning("heuristic")
+    small = GemmProblem(4, 256, 256, trans_b=True)
+    big = GemmProblem(512, 256, 256, trans_b=True)
+    assert choose(small).name == "gemm_small_m"
+    assert choose(big).name == "blocked_gemm"
+
+
+def test_heuristic_result_is_correct_end_to_end(restore_tuning):
+    dnnkit.set_tuning("heuristic")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 8, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
+    ref = dnnkit.conv2d(x.astype(np.float64), w.astype(np.float64), padding=1, algo="direct")
+    y = dnnkit.conv2d(x, w, padding=1)
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-4
