@@ -19,6 +19,7 @@ import sys
 import numpy as np
 
 import dnnkit
+from dnnkit.dispatch import choose
 from dnnkit.problem import load_problems
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -73,7 +74,7 @@ def main(argv=None):
     summary = {}
     for direction in args.direction.split(","):
         for mb in (int(b) for b in args.batch.split(",")):
-            ratios = []
+            ratios, auto_ratios, auto_good = [], [], 0
             print(f"\n## {direction}, batch {mb}")
             hdr = "| layer | algorithm | ms | GFLOP/s | rel. error | torch ms | best / torch |"
             print(hdr if args.markdown else hdr.replace("|", " "))
@@ -98,13 +99,21 @@ def main(argv=None):
                            f"{t_torch * 1e3:.2f} | {t_torch / t:.2f}")
                     print(f"| {row} |" if args.markdown else row.replace("|", " "))
                 ratios.append(t_torch / best)
+                auto = choose(p).name  # what algo="auto" runs (tuning mode: dnnkit.get_tuning())
+                t_auto = dict(zip((a.name for a in cands), times))[auto]
+                auto_ratios.append(t_torch / t_auto)
+                auto_good += t_auto <= 1.10 * best
+                print(f"# auto -> {auto}: {t_auto / best:.2f}x the best time, {t_torch / t_auto:.2f}x torch")
                 sys.stdout.flush()
             gm = float(np.exp(np.mean(np.log(ratios)))) if ratios else float("nan")
-            summary[(direction, mb)] = gm
-            print(f"# {direction} batch {mb}: geometric mean of best/torch over {len(ratios)} layers: {gm:.2f}")
+            gm_auto = float(np.exp(np.mean(np.log(auto_ratios)))) if auto_ratios else float("nan")
+            summary[(direction, mb)] = (gm, gm_auto, auto_good, len(ratios))
+            print(f"# {direction} batch {mb}: geometric mean of best/torch over {len(ratios)} layers: {gm:.2f}; "
+                  f"auto/torch {gm_auto:.2f}; auto within 10% of the best on {auto_good}/{len(ratios)}")
     print()
-    for (direction, mb), gm in summary.items():
-        print(f"# summary {direction:<10} batch {mb}: {gm:.2f}x PyTorch")
+    for (direction, mb), (gm, gm_auto, good, n) in summary.items():
+        print(f"# summary {direction:<10} batch {mb}: best {gm:.2f}x PyTorch, auto ({dnnkit.get_tuning()}) "
+              f"{gm_auto:.2f}x, auto within 10% of the best on {good}/{n} layers")
 
 
 if __name__ == "__main__":
