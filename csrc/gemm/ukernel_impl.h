@@ -129,6 +129,16 @@ void dot_tile(dnnkit::index_t k, const typename V::T* __restrict x, dnnkit::inde
     }
 }
 
+// dot_tile for a run-time mi in [1, MI_MAX], NJ rows of w (the small-M driver's entry point).
+template <class V, int MI_MAX, int NJ>
+void dot_any(int mi, dnnkit::index_t k, const typename V::T* x, dnnkit::index_t ldx, const typename V::T* w,
+             dnnkit::index_t ldw, typename V::T* out, int ldo, int nj) {
+  if constexpr (MI_MAX >= 1) {
+    if (mi == MI_MAX) return dot_tile<V, MI_MAX, NJ>(k, x, ldx, w, ldw, out, ldo, nj);
+    if constexpr (MI_MAX > 1) return dot_any<V, MI_MAX - 1, NJ>(mi, k, x, ldx, w, ldw, out, ldo, nj);
+  }
+}
+
 // Peak probe: NACC independent FMA chains (enough to cover FMA latency x throughput), `iters` steps.
 template <class V, int NACC>
 double fma_probe(dnnkit::index_t iters, double* flops) {

@@ -36,27 +36,15 @@ void uk_f64(dnnkit::index_t k, const double* a, const double* b, double* c, dnnk
   ukernel_tile<Scalar<double>, kMR, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n);
 }
 
-// Small-M dot tiles: up to 4 rows of x against 4 rows of w.
-template <class V>
-void dot_any(int mi, dnnkit::index_t k, const typename V::T* x, dnnkit::index_t ldx, const typename V::T* w,
-             dnnkit::index_t ldw, typename V::T* out, int ldo, int nj) {
-  switch (mi) {
-    case 1: return dot_tile<V, 1, 4>(k, x, ldx, w, ldw, out, ldo, nj);
-    case 2: return dot_tile<V, 2, 4>(k, x, ldx, w, ldw, out, ldo, nj);
-    case 3: return dot_tile<V, 3, 4>(k, x, ldx, w, ldw, out, ldo, nj);
-    case 4: return dot_tile<V, 4, 4>(k, x, ldx, w, ldw, out, ldo, nj);
-    default: return;
-  }
-}
 constexpr int kDotMI = 4;
 constexpr int kDotNJ = 4;
 void dot_f32(int mi, dnnkit::index_t k, const float* x, dnnkit::index_t ldx, const float* w, dnnkit::index_t ldw,
              float* out, int ldo, int nj) {
-  dot_any<Scalar<float>>(mi, k, x, ldx, w, ldw, out, ldo, nj);
+  dot_any<Scalar<float>, kDotMI, kDotNJ>(mi, k, x, ldx, w, ldw, out, ldo, nj);
 }
 void dot_f64(int mi, dnnkit::index_t k, const double* x, dnnkit::index_t ldx, const double* w, dnnkit::index_t ldw,
              double* out, int ldo, int nj) {
-  dot_any<Scalar<double>>(mi, k, x, ldx, w, ldw, out, ldo, nj);
+  dot_any<Scalar<double>, kDotMI, kDotNJ>(mi, k, x, ldx, w, ldw, out, ldo, nj);
 }
 }  // namespace
 

@@ -33,6 +33,15 @@ class Algorithm:
         return f"<Algorithm {self.op}/{self.backend}/{self.name}>"
 
 
+def cpu_float_reason(p) -> str | None:
+    """The reason a CPU float32/float64 kernel cannot run p, or None."""
+    if p.device != "cpu":
+        return f"runs on the CPU, the problem is on {p.device}"
+    if p.dtype not in ("float32", "float64"):
+        return f"dtype {p.dtype} is not float32 or float64"
+    return None
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One line of explain(): an algorithm, and whether (and why not) it can run a problem."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _cpu
 from .._config import get_workspace_limit
-from .base import Algorithm
+from .base import Algorithm, cpu_float_reason
 
 # Bound on the im2col column buffer when the user sets no tighter workspace limit.
 DEFAULT_COL_BYTES = 64 << 20
@@ -37,11 +37,7 @@ class _CpuConv(Algorithm):
     direction = ""    # "fwd", "bwd_data" or "bwd_filter"
 
     def supports(self, p) -> str | None:
-        if p.device != "cpu":
-            return f"runs on the CPU, the problem is on {p.device}"
-        if p.dtype not in ("float32", "float64"):
-            return f"dtype {p.dtype} is not float32 or float64"
-        return None
+        return cpu_float_reason(p)
 
     def chunk(self, p) -> int:
         return 1

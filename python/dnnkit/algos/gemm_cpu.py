@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import _cpu
 from .._config import get_num_threads
-from .base import Algorithm
+from .base import Algorithm, cpu_float_reason
 
 ACTIVATION_CODES = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3, "gelu": 4}
 
@@ -22,11 +22,7 @@ class BlockedGemm(Algorithm):
     tolerance = 1e-5
 
     def supports(self, p) -> str | None:
-        if p.device != "cpu":
-            return f"runs on the CPU, the problem is on {p.device}"
-        if p.dtype not in ("float32", "float64"):
-            return f"dtype {p.dtype} is not float32 or float64"
-        return None
+        return cpu_float_reason(p)
 
     def workspace_bytes(self, p) -> int:
         return int(_cpu.gemm_workspace_bytes(p.m, p.n, p.k, p.itemsize, get_num_threads()))
@@ -46,8 +42,9 @@ class SmallMGemm(Algorithm):
     MAX_M = 16  # above this the blocked GEMM wins (measured: m = 32 is a tie, m = 16 a 1.5-2.5x win)
 
     def supports(self, p) -> str | None:
-        if p.device != "cpu":
-            return f"runs on the CPU, the problem is on {p.device}"
+        reason = cpu_float_reason(p)
+        if reason:
+            return reason
         if p.trans_a or not p.trans_b:
             return "needs op(a) = a and op(b) = b.T (the layout of a linear layer)"
         if p.m > self.MAX_M:
