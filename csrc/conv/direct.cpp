@@ -1,72 +1,89 @@
-// Direct convolution: no workspace, every shape. The inner loop runs along an output row (q) with the
-// padding bounds hoisted out, so for stride 1 it is a contiguous multiply-add the compiler vectorizes;
-// the forward pass blocks kKB output channels so each input row loaded feeds kKB FMAs.
+// Direct convolution: no workspace, every shape. The forward pass keeps a kKB x kQB block of outputs in
+// registers over the whole reduction; the backward passes run their inner loop along an output row with
+// the padding bounds hoisted out, a contiguous multiply-add for stride 1.
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "conv.h"
 
 namespace dnnkit {
 namespace {
-constexpr index_t kKB = 4;  // output channels computed together in the forward pass
+// A 64-byte vector of T (GCC vector extension): one AVX-512 register, two AVX2 or four SSE registers.
+template <typename T>
+using Vec __attribute__((vector_size(64))) = T;
+constexpr index_t kKB = 8;   // forward: output channels per register block
+constexpr index_t kQB = 32;  // forward: output columns per register block
 }
 
 template <typename T>
 void conv2d_fwd_direct(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y) {
+  // Register blocking: an accumulator block of kKB output channels x kQB output columns of one output
+  // row stays in registers across the whole (c, r, s) reduction; each step loads one kQB-wide input
+  // row segment and kKB weights, and does kKB x kQB multiply-adds.
   const index_t Kg = sh.kg(), Cg = sh.cg(), R = sh.r, S = sh.s, P = sh.p, Q = sh.q, H = sh.h, W = sh.w;
-  const index_t kblocks = ceil_div(Kg, kKB);
-  const index_t tasks = sh.n * sh.g * kblocks;
-#pragma omp parallel for schedule(dynamic) num_threads(get_num_threads()) if (tasks > 1)
+  const index_t kblocks = ceil_div(Kg, kKB), qblocks = ceil_div(Q, kQB);
+  const index_t tasks = sh.n * sh.g * kblocks * P;
+#pragma omp parallel for schedule(dynamic, 4) num_threads(get_num_threads()) if (tasks > 1)
   for (index_t t = 0; t < tasks; ++t) {
-    const index_t n = t / (sh.g * kblocks), g = (t / kblocks) % sh.g, kb = t % kblocks;
+    const index_t p = t % P, kb = (t / P) % kblocks, g = (t / (P * kblocks)) % sh.g, n = t / (P * kblocks * sh.g);
     const index_t k0 = g * Kg + kb * kKB, kn = std::min(kKB, Kg - kb * kKB);
-    T* yk[kKB];
-    for (index_t i = 0; i < kKB; ++i) yk[i] = y + (n * sh.k + k0 + std::min(i, kn - 1)) * P * Q;
-    for (index_t i = 0; i < kn; ++i) std::fill(yk[i], yk[i] + P * Q, bias ? bias[k0 + i] : T(0));
     const T* xn = x + (n * sh.c + g * Cg) * H * W;
-    for (index_t c = 0; c < Cg; ++c)
-      for (index_t r = 0; r < R; ++r) {
-        index_t p_lo, p_hi;
-        valid_range(P, H, sh.sh, sh.ph, r * sh.dh, &p_lo, &p_hi);
-        for (index_t s = 0; s < S; ++s) {
-          index_t q_lo, q_hi;
-          valid_range(Q, W, sh.sw, sh.pw, s * sh.dw, &q_lo, &q_hi);
-          T wv[kKB];
-          for (index_t i = 0; i < kKB; ++i)
-            wv[i] = i < kn ? w[(((k0 + i) * Cg + c) * R + r) * S + s] : T(0);
-          for (index_t p = p_lo; p < p_hi; ++p) {
-            const T* xr = xn + (c * H + p * sh.sh - sh.ph + r * sh.dh) * W - sh.pw + s * sh.dw;
-            T* y0 = yk[0] + p * Q;
-            T* y1 = yk[1] + p * Q;
-            T* y2 = yk[2] + p * Q;
-            T* y3 = yk[3] + p * Q;
-            if (kn == kKB) {
-              if (sh.sw == 1) {
-#pragma omp simd
-                for (index_t q = q_lo; q < q_hi; ++q) {
-                  const T xv = xr[q];
-                  y0[q] += wv[0] * xv;
-                  y1[q] += wv[1] * xv;
-                  y2[q] += wv[2] * xv;
-                  y3[q] += wv[3] * xv;
-                }
-              } else {
-                for (index_t q = q_lo; q < q_hi; ++q) {
-                  const T xv = xr[q * sh.sw];
-                  y0[q] += wv[0] * xv;
-                  y1[q] += wv[1] * xv;
-                  y2[q] += wv[2] * xv;
-                  y3[q] += wv[3] * xv;
-                }
-              }
-            } else {  // the last block of a group: fewer than kKB channels
-              for (index_t i = 0; i < kn; ++i) {
-                T* yr = yk[i] + p * Q;
-                for (index_t q = q_lo; q < q_hi; ++q) yr[q] += wv[i] * xr[q * sh.sw];
-              }
+    index_t r_lo = 0, r_hi = R;  // filter rows that land inside the image for this output row
+    while (r_lo < R && p * sh.sh - sh.ph + r_lo * sh.dh < 0) ++r_lo;
+    while (r_hi > r_lo && p * sh.sh - sh.ph + (r_hi - 1) * sh.dh >= H) --r_hi;
+    using V = Vec<T>;
+    constexpr int L = static_cast<int>(sizeof(V) / sizeof(T));  // lanes per vector
+    constexpr int NV = static_cast<int>(kQB) / L;                // vectors per accumulator row
+    // One zero-padded copy of an input row: rowbuf[u] = x[.., u - pw] (0 outside), long enough for every
+    // window of the row, so each step reads its kQB inputs contiguously (stride 1) with no edge cases.
+    const index_t row_len = (qblocks * kQB - 1) * sh.sw + (S - 1) * sh.dw + 1;
+    std::vector<T> rowbuf(static_cast<std::size_t>(row_len));
+    alignas(64) T xv[kQB];
+    for (index_t qb = 0; qb < qblocks; ++qb) {
+      const index_t q0 = qb * kQB, qn = std::min(kQB, Q - q0);
+      V acc[kKB][NV];
+#pragma GCC unroll 8
+      for (int i = 0; i < kKB; ++i) {
+        const T b = (bias && i < kn) ? bias[k0 + i] : T(0);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[i][v] = V{} + b;
+      }
+      for (index_t c = 0; c < Cg; ++c)
+        for (index_t r = r_lo; r < r_hi; ++r) {
+          const T* xr = xn + (c * H + p * sh.sh - sh.ph + r * sh.dh) * W;
+          const T* wr = w + ((k0 * Cg + c) * R + r) * S;  // w[k0 + i, c, r, s] = wr[i*Cg*R*S + s]
+          const index_t wstride = Cg * R * S;
+          const index_t u0 = q0 * sh.sw;  // rowbuf index of this block's first window
+          const index_t u1 = std::min(row_len, u0 + (kQB - 1) * sh.sw + (S - 1) * sh.dw + 1);
+          for (index_t u = u0; u < u1; ++u) {
+            const index_t iw = u - sh.pw;
+            rowbuf[u] = (iw >= 0 && iw < W) ? xr[iw] : T(0);
+          }
+          for (index_t s = 0; s < S; ++s) {
+            const T* src = rowbuf.data() + u0 + s * sh.dw;
+            if (sh.sw != 1) {
+              for (index_t j = 0; j < kQB; ++j) xv[j] = src[j * sh.sw];
+              src = xv;
+            }
+            V x_[NV];
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) std::memcpy(&x_[v], src + v * L, sizeof(V));
+#pragma GCC unroll 8
+            for (int i = 0; i < kKB; ++i) {
+              const T wi = i < kn ? wr[i * wstride + s] : T(0);
+#pragma GCC unroll 4
+              for (int v = 0; v < NV; ++v) acc[i][v] += x_[v] * wi;
             }
           }
         }
+      for (index_t i = 0; i < kn; ++i) {
+        T* yr = y + ((n * sh.k + k0 + i) * P + p) * Q + q0;
+        alignas(64) T row[kQB];
+        for (int v = 0; v < NV; ++v) std::memcpy(row + v * L, &acc[i][v], sizeof(V));
+        for (index_t j = 0; j < qn; ++j) yr[j] = row[j];
       }
+    }
   }
 }
 
