@@ -26,6 +26,12 @@ from .base import Algorithm, cpu_float_reason
 DEFAULT_COL_BYTES = 64 << 20
 
 
+def workspace_bound() -> int:
+    """Bytes an algorithm may use for its chunked buffers: the user's limit, at most DEFAULT_COL_BYTES."""
+    limit = get_workspace_limit()
+    return DEFAULT_COL_BYTES if limit is None else min(limit, DEFAULT_COL_BYTES)
+
+
 def shape_tuple(p) -> tuple:
     """The kernels' shape: (n, c, h, w, k, r, s, p, q, sh, sw, ph, pw, dh, dw, g), dilation 1-based."""
     return (p.mb, p.ic, p.ih, p.iw, p.oc, p.kh, p.kw, p.oh, p.ow, p.sh, p.sw, p.ph, p.pw, p.dh + 1, p.dw + 1, p.g)
@@ -54,8 +60,7 @@ class _Im2col(_CpuConv):
     batch_images = False  # forward only: several small images side by side in one GEMM
 
     def chunk(self, p) -> int:
-        limit = get_workspace_limit()
-        bound = DEFAULT_COL_BYTES if limit is None else min(limit, DEFAULT_COL_BYTES)
+        bound = workspace_bound()
         return int(_cpu.im2col_chunk(shape_tuple(p), bound // p.itemsize, self.batch_images))
 
     def workspace_bytes(self, p) -> int:
@@ -98,8 +103,7 @@ class _Winograd(_CpuConv):
         return None
 
     def chunk(self, p) -> int:
-        limit = get_workspace_limit()
-        bound = DEFAULT_COL_BYTES if limit is None else min(limit, DEFAULT_COL_BYTES)
+        bound = workspace_bound()
         return int(_cpu.winograd_tile_chunk(shape_tuple(p), self.m, bound // p.itemsize))
 
     def workspace_bytes(self, p) -> int:
@@ -144,8 +148,7 @@ class FftFwd(_CpuConv):
 
     def _images_per_chunk(self, p) -> int:
         hf, wf, nf = self._sizes(p)
-        limit = get_workspace_limit()
-        bound = DEFAULT_COL_BYTES if limit is None else min(limit, DEFAULT_COL_BYTES)
+        bound = workspace_bound()
         c = 2 * p.itemsize  # bytes of one complex element
         per_image = (p.ic + p.oc) * nf * c + p.ic * hf * wf * p.itemsize + p.oc * hf * wf * p.itemsize
         fixed = p.oc * (p.ic // p.g) * (nf * c + hf * wf * p.itemsize)

@@ -34,12 +34,15 @@ def gemm_efficiency(m: int, n: int, k: int) -> float:
     return 0.62 * min(1.0, n / 384) ** 0.5 * min(1.0, k / 256) ** 0.35 * min(1.0, m / 64) ** 0.3 * rows_used
 
 
-def _conv_fwd(p, name):
+def _conv_dims(p):
+    """(n, c, k, g, c/g, k/g, output pixels, direct-convolution FLOPs, peak FLOP/s) of a convolution."""
     n, c, k, g = p.mb, p.ic, p.oc, p.g
-    cg, kg = c // g, k // g
     pq = p.oh * p.ow
-    direct = 2 * n * k * pq * cg * p.kh * p.kw
-    peak = _peak(p)
+    return n, c, k, g, c // g, k // g, pq, 2 * n * k * pq * (c // g) * p.kh * p.kw, _peak(p)
+
+
+def _conv_fwd(p, name):
+    n, c, k, g, cg, kg, pq, direct, peak = _conv_dims(p)
     threads = get_num_threads()
     if name == "im2col_gemm":
         pointwise = (p.kh, p.kw, p.sh, p.sw, p.ph, p.pw) == (1, 1, 1, 1, 0, 0)
@@ -71,11 +74,7 @@ def _conv_fwd(p, name):
 
 
 def _conv_bwd(p, name):
-    n, c, k, g = p.mb, p.ic, p.oc, p.g
-    cg, kg = c // g, k // g
-    pq = p.oh * p.ow
-    direct = 2 * n * k * pq * cg * p.kh * p.kw
-    peak = _peak(p)
+    n, c, k, g, cg, kg, pq, direct, peak = _conv_dims(p)
     if name in ("gemm_col2im", "im2col_gemm"):
         crs = cg * p.kh * p.kw
         m, cols, inner = (crs, pq, kg) if p.direction == "bwd_data" else (kg, crs, pq)
