@@ -1,4 +1,4 @@
-// Direct convolution: no workspace, every shape. The forward pass keeps a kKB x kQB block of outputs in
+// Direct convolution: no workspace, every shape. The forward pass keeps a KB x kQB block of outputs in
 // registers over the whole reduction; the backward passes run their inner loop along an output row with
 // the padding bounds hoisted out, a contiguous multiply-add for stride 1.
 #include <algorithm>
@@ -12,22 +12,21 @@ namespace {
 // A 64-byte vector of T (GCC vector extension): one AVX-512 register, two AVX2 or four SSE registers.
 template <typename T>
 using Vec __attribute__((vector_size(64))) = T;
-constexpr index_t kKB = 8;   // forward: output channels per register block
-constexpr index_t kQB = 32;  // forward: output columns per register block
+constexpr index_t kQB = 32;  // forward: output columns per register block (channels: 8, 4 or 1)
 }
 
-template <typename T>
-void conv2d_fwd_direct(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y) {
-  // Register blocking: an accumulator block of kKB output channels x kQB output columns of one output
+template <typename T, int KB>
+void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y) {
+  // Register blocking: an accumulator block of KB output channels x kQB output columns of one output
   // row stays in registers across the whole (c, r, s) reduction; each step loads one kQB-wide input
-  // row segment and kKB weights, and does kKB x kQB multiply-adds.
+  // row segment and KB weights, and does KB x kQB multiply-adds.
   const index_t Kg = sh.kg(), Cg = sh.cg(), R = sh.r, S = sh.s, P = sh.p, Q = sh.q, H = sh.h, W = sh.w;
-  const index_t kblocks = ceil_div(Kg, kKB), qblocks = ceil_div(Q, kQB);
+  const index_t kblocks = ceil_div(Kg, KB), qblocks = ceil_div(Q, kQB);
   const index_t tasks = sh.n * sh.g * kblocks * P;
 #pragma omp parallel for schedule(dynamic, 4) num_threads(get_num_threads()) if (tasks > 1)
   for (index_t t = 0; t < tasks; ++t) {
     const index_t p = t % P, kb = (t / P) % kblocks, g = (t / (P * kblocks)) % sh.g, n = t / (P * kblocks * sh.g);
-    const index_t k0 = g * Kg + kb * kKB, kn = std::min(kKB, Kg - kb * kKB);
+    const index_t k0 = g * Kg + kb * KB, kn = std::min<index_t>(KB, Kg - kb * KB);
     const T* xn = x + (n * sh.c + g * Cg) * H * W;
     index_t r_lo = 0, r_hi = R;  // filter rows that land inside the image for this output row
     while (r_lo < R && p * sh.sh - sh.ph + r_lo * sh.dh < 0) ++r_lo;
@@ -42,9 +41,9 @@ void conv2d_fwd_direct(const ConvShape& sh, const T* x, const T* w, const T* bia
     alignas(64) T xv[kQB];
     for (index_t qb = 0; qb < qblocks; ++qb) {
       const index_t q0 = qb * kQB, qn = std::min(kQB, Q - q0);
-      V acc[kKB][NV];
+      V acc[KB][NV];
 #pragma GCC unroll 8
-      for (int i = 0; i < kKB; ++i) {
+      for (int i = 0; i < KB; ++i) {
         const T b = (bias && i < kn) ? bias[k0 + i] : T(0);
 #pragma GCC unroll 4
         for (int v = 0; v < NV; ++v) acc[i][v] = V{} + b;
@@ -70,7 +69,7 @@ void conv2d_fwd_direct(const ConvShape& sh, const T* x, const T* w, const T* bia
 #pragma GCC unroll 4
             for (int v = 0; v < NV; ++v) std::memcpy(&x_[v], src + v * L, sizeof(V));
 #pragma GCC unroll 8
-            for (int i = 0; i < kKB; ++i) {
+            for (int i = 0; i < KB; ++i) {
               const T wi = i < kn ? wr[i * wstride + s] : T(0);
 #pragma GCC unroll 4
               for (int v = 0; v < NV; ++v) acc[i][v] += x_[v] * wi;
@@ -85,6 +84,18 @@ void conv2d_fwd_direct(const ConvShape& sh, const T* x, const T* w, const T* bia
       }
     }
   }
+}
+
+template <typename T>
+void conv2d_fwd_direct(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y) {
+  // The tallest block a group's output channels fill: depthwise (one channel per group) gets KB = 1
+  // instead of computing 7 rows of zeros.
+  if (sh.kg() >= 8)
+    conv2d_fwd_direct_kb<T, 8>(sh, x, w, bias, y);
+  else if (sh.kg() >= 4)
+    conv2d_fwd_direct_kb<T, 4>(sh, x, w, bias, y);
+  else
+    conv2d_fwd_direct_kb<T, 1>(sh, x, w, bias, y);
 }
 
 template <typename T>
