@@ -2,12 +2,21 @@
 supports, under 1 and 2 threads, and for every registered CPU GEMM algorithm."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-import dnnkit
+# The tests never read or write the user's tuning cache: one private cache directory for the session
+# (the CLI tests' subprocesses inherit it).
+_CACHE_DIR = tempfile.mkdtemp(prefix="dnnkit-test-cache-")
+os.environ["DNNKIT_CACHE_DIR"] = _CACHE_DIR
+atexit.register(shutil.rmtree, _CACHE_DIR, True)
+
+import dnnkit  # noqa: E402
 
 # "ci": reproducible (derandomized, no example database) and small enough for a 2-core machine.
 # "dev": more and random examples, for hunting bugs locally (HYPOTHESIS_PROFILE=dev).

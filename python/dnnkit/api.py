@@ -12,7 +12,7 @@ import numpy as np
 from . import _cpu
 from .algos.gemm_cpu import ACTIVATION_CODES
 from .dispatch import choose, explain_problem
-from .problem import ACTIVATIONS, ConvProblem, GemmProblem
+from .problem import ACTIVATIONS, ConvProblem, GemmProblem, parse_descriptor
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
@@ -379,17 +379,13 @@ def conv2d_backward_bias(grad_output):
 # ---------------------------------------------------------------------------------------------- explain
 def _parse_descriptor(text: str, **kwargs):
     """A GEMM descriptor (m..n..k.., a strict grammar, tried first) or a benchdnn convolution descriptor;
-    kwargs are ConvProblem.parse's (direction=, dtype=, ...)."""
+    kwargs are ConvProblem.parse's (direction=, dtype=, ...), and force the convolution grammar."""
     if kwargs:
         return ConvProblem.parse(text, **kwargs)
     try:
-        return GemmProblem.parse(text)
-    except ValueError as gemm_error:
-        try:
-            return ConvProblem.parse(text)
-        except ValueError as conv_error:
-            raise ValueError(f"explain: {text!r} is neither a GEMM descriptor ({gemm_error}) nor a convolution "
-                             f"descriptor ({conv_error})") from None
+        return parse_descriptor(text)
+    except ValueError as e:
+        raise ValueError(f"explain: {e}") from None
 
 
 class Explanation(list):

@@ -1,15 +1,22 @@
 """Chooses the algorithm for a problem: an explicit algo= > a cached tuning result > the tuning mode.
 
-Tuning modes (dnnkit.set_tuning): "off" takes the first supporting algorithm of the registry that fits
-the workspace limit; "heuristic" takes the supporting algorithm the cost model (autotune/cost_model.py)
-predicts fastest, keeping the registry's order where it has no prediction. "measure" (timing on the
-first call) and the persistent cache of tuning results come with the autotuner; until then "measure"
-answers as "heuristic".
+A cached tuning result is the fastest accurate algorithm the persistent cache (autotune/cache.py) holds
+for this problem, device and version whose workspace fits the limit. Without one, the tuning mode
+(dnnkit.set_tuning) decides: "measure" tunes the problem now (autotune.find, stored in the cache, like
+cudnn.benchmark); "heuristic" takes the supporting algorithm the cost model (autotune/cost_model.py)
+predicts fastest, keeping the registry's order where it has no prediction; "off" takes the first
+supporting algorithm of the registry that fits the workspace limit.
+
+Decisions are remembered per process (keyed by everything they depend on), so a repeated call costs a
+dictionary lookup.
 """
 from __future__ import annotations
 
+import warnings
+
 from . import algos
 from ._config import get_tuning, get_workspace_limit
+from .autotune import cache
 from .autotune.cost_model import predict
 from .algos.base import Algorithm, Candidate
 
@@ -34,14 +41,15 @@ def candidates(p, workspace_limit: int | None = None) -> list[tuple[Algorithm, s
     return out
 
 
-# Decisions already made: (problem, algo, workspace limit, registry version) -> Algorithm.
+# Decisions already made: (problem, algo, workspace limit, registry version, mode, cache generation)
+# -> Algorithm.
 _decisions: dict = {}
 
 
 def choose(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) -> Algorithm:
     """The algorithm that runs p. Raises ValueError naming the operator when none can."""
     limit = get_workspace_limit() if workspace_limit is None else workspace_limit
-    key = (p, algo, limit, algos.version(), get_tuning())
+    key = (p, algo, limit, algos.version(), get_tuning(), cache.generation())
     hit = _decisions.get(key)
     if hit is not None:
         return hit
@@ -70,6 +78,14 @@ def _choose(p, algo, workspace_limit) -> Algorithm:
         known = [a.name for a, _, _ in cands]
         raise ValueError(f"{p.op}: algo must be 'auto' or one of {known}, got {algo!r}")
     supported = [a for a, reason, _ in cands if reason is None]
+    if supported:
+        tuned = _tuned(p, supported, workspace_limit)
+        if tuned is not None:
+            return tuned
+    if supported and get_tuning() == "measure":
+        measured = _measure(p, supported, workspace_limit)
+        if measured is not None:
+            return measured
     if supported and get_tuning() != "off":
         predicted = [(t, i, a) for i, a in enumerate(supported) if (t := predict(a, p)) is not None]
         if predicted:
@@ -82,14 +98,56 @@ def _choose(p, algo, workspace_limit) -> Algorithm:
     raise ValueError(f"{p.op}: no algorithm supports {p.descriptor()} ({reasons})")
 
 
+def _by_name(result, supported, workspace_limit):
+    if result is None:
+        return None
+    rec = result.fastest(workspace_limit)
+    if rec is None:
+        return None
+    return next((a for a in supported if a.name == rec.algorithm), None)
+
+
+def cached_result(p):
+    """The tuning result the cache holds for p on this device and version, or None. A cache that cannot
+    be read is a miss (with a warning), never an error."""
+    try:
+        return cache.default_store().get(p)
+    except Exception as e:  # noqa: BLE001 - the cache must never break a call
+        warnings.warn(f"dnnkit: tuning cache lookup failed ({type(e).__name__}: {e}); not using it",
+                      RuntimeWarning, stacklevel=4)
+        return None
+
+
+def _tuned(p, supported, workspace_limit):
+    return _by_name(cached_result(p), supported, workspace_limit)
+
+
+def _measure(p, supported, workspace_limit):
+    """measure mode on a cache miss: tune p now (the result goes to the cache)."""
+    from .autotune.tuner import find
+
+    try:
+        result = find(p, workspace_limit=workspace_limit)
+    except Exception as e:  # noqa: BLE001 - tuning trouble falls back to the heuristic, never fails the call
+        warnings.warn(f"dnnkit: tuning {p.op} {p.descriptor()} failed ({type(e).__name__}: {e}); "
+                      "using the cost model", RuntimeWarning, stacklevel=4)
+        return None
+    return _by_name(result, supported, workspace_limit)
+
+
 def explain_problem(p, algo: str = "auto", workspace_limit: int | None = None) -> list[Candidate]:
     """One Candidate per registered algorithm: supported or why not, workspace, and which is chosen."""
     try:
         chosen = choose(p, algo, workspace_limit).name
     except ValueError:
         chosen = None
+    measured = {}
+    result = cached_result(p)
+    for r in result or ():
+        if r.ok:
+            measured[r.algorithm] = r.median_s
     return [
         Candidate(a.name, reason is None, reason, ws, chosen=(a.name == chosen),
-                  predicted_s=predict(a, p) if reason is None else None)
+                  predicted_s=predict(a, p) if reason is None else None, measured_s=measured.get(a.name))
         for a, reason, ws in candidates(p, workspace_limit)
     ]

@@ -521,3 +521,17 @@ def load_problems(path_or_text, *, direction: str = "fwd", dtype: str = "float32
             hint = " (and no file of that name exists)" if source == "<text>" and "\n" not in text else ""
             raise ValueError(f"load_problems: {source}, line {lineno}: {e}{hint}") from None
     return problems
+
+
+def parse_descriptor(text: str, *, direction: str = "fwd", dtype: str = "float32", bias: bool = False,
+                     device: str = "cpu"):
+    """A GemmProblem or a ConvProblem from its descriptor: the GEMM grammar (m..n..k.., strict) is tried
+    first, then benchdnn's convolution grammar, which takes the keyword arguments."""
+    try:
+        return GemmProblem.parse(text)
+    except ValueError as gemm_error:
+        try:
+            return ConvProblem.parse(text, direction=direction, dtype=dtype, bias=bias, device=device)
+        except ValueError as conv_error:
+            raise ValueError(f"{text.strip()!r} is neither a GEMM descriptor ({gemm_error}) nor a convolution "
+                             f"descriptor ({conv_error})") from None

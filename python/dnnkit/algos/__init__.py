@@ -27,6 +27,15 @@ def register(algo: Algorithm) -> Algorithm:
     return algo
 
 
+def unregister(algo: Algorithm) -> None:
+    """Remove an algorithm registered before (a plugin's, or a test's); ValueError if it is not there."""
+    key = (algo.op, algo.backend)
+    if algo not in _REGISTRY.get(key, []):
+        raise ValueError(f"unregister: {algo!r} is not registered")
+    _REGISTRY[key].remove(algo)
+    _version[0] += 1
+
+
 def algorithms(op: str, backend: str) -> list[Algorithm]:
     """The ordered algorithms for (op, backend); empty when there are none."""
     return list(_REGISTRY.get((op, backend), []))
@@ -57,4 +66,4 @@ register(conv_cpu.DirectBwdData())
 register(conv_cpu.Im2colGemmBwdFilter())
 register(conv_cpu.DirectBwdFilter())
 
-__all__ = ["Algorithm", "Candidate", "register", "algorithms", "all_algorithms", "get"]
+__all__ = ["Algorithm", "Candidate", "register", "unregister", "algorithms", "all_algorithms", "get"]

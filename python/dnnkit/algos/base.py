@@ -11,12 +11,15 @@ class Algorithm:
     op:        the operator and direction ("gemm", "conv2d_fwd", ...)
     backend:   "cpu" or "cuda"
     tolerance: bound on the relative L2 error against the float64 reference, for float32 inputs
+    trusted:   its float64 output is accurate enough to be the autotuner's oracle for other algorithms
+               (a GEMM-based algorithm: plain dot products, no transforms)
     """
 
     name: str = ""
     op: str = ""
     backend: str = "cpu"
     tolerance: float = 1e-5
+    trusted: bool = False
 
     def supports(self, p) -> str | None:
         """None when this algorithm can run p, else the reason it cannot."""
@@ -52,10 +55,13 @@ class Candidate:
     workspace_bytes: int | None
     chosen: bool = False
     predicted_s: float | None = None  # the cost model's prediction, when it has one
+    measured_s: float | None = None   # the tuning cache's median, when this problem was tuned here
 
     def __str__(self) -> str:
         mark = "*" if self.chosen else " "
         if self.supported:
             pred = "" if self.predicted_s is None else f"  predicted {self.predicted_s * 1e3:.3f} ms"
+            if self.measured_s is not None:
+                pred += f"  measured {self.measured_s * 1e3:.3f} ms"
             return f"{mark} {self.algorithm:<24} supported  workspace {self.workspace_bytes} B{pred}"
         return f"{mark} {self.algorithm:<24} rejected   {self.reason}"

@@ -1,4 +1,8 @@
-"""Choosing algorithms: the cost model (cost_model.py); measured tuning and its cache come next."""
-from .cost_model import predict
+"""Choosing algorithms: measured tuning (tuner.py), the cost model (cost_model.py), the persistent cache
+(cache.py) and the layer lists tuning runs over (models.py)."""
+from .cache import Store, cache_dir, cache_path, default_store, device_fingerprint
+from .cost_model import measure_ceilings, predict
+from .tuner import DEFAULT_BUDGET_S, TuneRecord, TuneResult, find
 
-__all__ = ["predict"]
+__all__ = ["find", "TuneRecord", "TuneResult", "DEFAULT_BUDGET_S", "predict", "measure_ceilings", "Store",
+           "default_store", "cache_dir", "cache_path", "device_fingerprint"]

@@ -1,16 +1,24 @@
-"""First cost model: predicts an algorithm's time for a problem from its operation count and the bytes
-its extra passes move, against nominal ceilings of this machine, with per-algorithm efficiencies.
+"""The cost model: predicts an algorithm's time for a problem from its operation count and the bytes its
+extra passes move, against this machine's ceilings, with a per-algorithm efficiency.
 
-The efficiencies were fitted to bench/conv.py's ResNet-50 measurements (RESULTS.md): on those 40
-layer/batch cases the predicted fastest algorithm was within 10% of the measured fastest in 39. The
-ceilings are nominal (FMA width of the active ISA at 2.5 GHz per thread, 10 GB/s per thread of copy
-bandwidth), not measured; replacing them with measured ones, and the constants with efficiencies fitted
-from the tuning cache, is the autotuner's job. predict() returns None for algorithms it has no formula
-for; dispatch then keeps the registry's order.
+Ceilings: the float32 FMA peak and the per-thread copy bandwidth, measured by `dnnkit autotune` (see
+measure_ceilings) and kept in the tuning cache per device; until they are measured, nominal values
+(the active ISA's FMA width at 2.5 GHz per thread, 10 GB/s per thread) stand in.
+
+Efficiencies: the formulas below carry efficiencies first fitted to bench/conv.py's ResNet-50
+measurements (RESULTS.md). On top, every algorithm gets a correction factor fitted from the measured
+records in the tuning cache for this device and version: the median of measured / predicted over its
+records (at least MIN_SAMPLES of them), clamped to [1/8, 8]. So the model improves as the cache grows.
+
+predict() returns None for algorithms it has no formula for (GEMM's two algorithms are told apart by
+their supports() rules); dispatch then keeps the registry's order.
 """
 from __future__ import annotations
 
 import math
+import statistics
+import time
+import warnings
 
 from .. import _cpu
 from .._config import get_num_threads
@@ -21,9 +29,25 @@ _COPY_BYTES_PER_S = 10e9  # per thread
 _TRANSFORM_S_PER_ELEMENT = 2.8e-9  # per thread: one Winograd transform output element (measured 1.4 ns on 2)
 
 
+MIN_SAMPLES = 2
+_CLAMP = 8.0
+
+
+def nominal_peak_flops() -> float:
+    """float32 FLOP/s on dnnkit's threads from the ISA's FMA width at a nominal clock."""
+    return _FLOPS_PER_CYCLE.get(_cpu.active_isa(), 4) * _GHZ * 1e9 * get_num_threads()
+
+
 def _peak(p) -> float:
-    flops = _FLOPS_PER_CYCLE.get(_cpu.active_isa(), 4) * _GHZ * 1e9 * get_num_threads()
+    measured = _calibration()["ceilings"]
+    flops = measured["peak_flops"] if measured else nominal_peak_flops()
     return flops if p.itemsize == 4 else flops / 2
+
+
+def _copy_bytes_per_s() -> float:
+    """Copy bandwidth per thread."""
+    measured = _calibration()["ceilings"]
+    return measured["copy_bytes_per_s"] if measured else _COPY_BYTES_PER_S
 
 
 def gemm_efficiency(m: int, n: int, k: int) -> float:
@@ -49,7 +73,7 @@ def _conv_fwd(p, name):
         cols = pq * (n if pq < 512 else 1)
         t = direct / (peak * gemm_efficiency(kg, cols, cg * p.kh * p.kw))
         if not pointwise:
-            t += 2 * n * c * p.kh * p.kw * pq * p.itemsize / (_COPY_BYTES_PER_S * threads)
+            t += 2 * n * c * p.kh * p.kw * pq * p.itemsize / (_copy_bytes_per_s() * threads)
         return t
     if name in ("winograd_f4x4_3x3", "winograd_f2x2_3x3"):
         m = 4 if name == "winograd_f4x4_3x3" else 2
@@ -57,7 +81,7 @@ def _conv_fwd(p, name):
         tiles = n * math.ceil(p.oh / m) * math.ceil(p.ow / m)
         t = 2 * a2 * kg * cg * tiles * g / (peak * gemm_efficiency(kg, tiles, cg))
         t += (cg + kg) * g * tiles * a2 * _TRANSFORM_S_PER_ELEMENT / threads
-        t += k * cg * a2 * p.itemsize * 2 / (_COPY_BYTES_PER_S * threads)  # filter transform
+        t += k * cg * a2 * p.itemsize * 2 / (_copy_bytes_per_s() * threads)  # filter transform
         return t
     if name == "fft":
         hf, wf = p.ih + 2 * p.ph, p.iw + 2 * p.pw
@@ -79,7 +103,7 @@ def _conv_bwd(p, name):
         crs = cg * p.kh * p.kw
         m, cols, inner = (crs, pq, kg) if p.direction == "bwd_data" else (kg, crs, pq)
         t = direct / (peak * gemm_efficiency(m, cols, inner))
-        t += 2 * n * c * p.kh * p.kw * pq * p.itemsize / (_COPY_BYTES_PER_S * get_num_threads())
+        t += 2 * n * c * p.kh * p.kw * pq * p.itemsize / (_copy_bytes_per_s() * get_num_threads())
         return t
     if name == "direct":
         return direct / (peak * 0.06)
@@ -89,7 +113,79 @@ def _conv_bwd(p, name):
 _MODELS = {"conv2d_fwd": _conv_fwd, "conv2d_bwd_data": _conv_bwd, "conv2d_bwd_filter": _conv_bwd}
 
 
+def raw_predict(name: str, p) -> float | None:
+    """The formula's seconds for the algorithm called name on p, before the fitted correction."""
+    model = _MODELS.get(p.op)
+    return None if model is None else model(p, name)
+
+
 def predict(algorithm, p) -> float | None:
     """Predicted seconds for algorithm on problem p, or None when the model has no formula for it."""
-    model = _MODELS.get(p.op)
-    return None if model is None else model(p, algorithm.name)
+    t = raw_predict(algorithm.name, p)
+    if t is None:
+        return None
+    return t * _calibration()["factors"].get((p.op, algorithm.name), 1.0)
+
+
+def correction_factors() -> dict:
+    """{(op, algorithm): measured / predicted} fitted from the cache, for this device and version."""
+    return dict(_calibration()["factors"])
+
+
+_fitted: dict = {}
+
+
+def _calibration() -> dict:
+    """Ceilings and correction factors from the default cache, refitted when the cache changes."""
+    from . import cache
+
+    key = (cache.generation(), str(cache.cache_path()), cache.device_fingerprint())
+    hit = _fitted.get("key")
+    if hit == key:
+        return _fitted["value"]
+    value = {"ceilings": None, "factors": {}}
+    _fitted["key"], _fitted["value"] = key, value  # set first: the fit below calls the formulas
+    try:
+        store = cache.default_store()
+        value["ceilings"] = store.get_ceilings()
+        ratios: dict = {}
+        for row in store.rows(current_only=True):
+            if row["device"].startswith("cuda"):
+                continue
+            try:
+                p = cache.parse_problem_key(row["problem"])
+            except ValueError:
+                continue
+            for r in row["records"]:
+                t = raw_predict(r.get("algorithm", ""), p) if r.get("status") == "ok" else None
+                if t and r.get("median_s"):
+                    ratios.setdefault((p.op, r["algorithm"]), []).append(r["median_s"] / t)
+        value["factors"] = {
+            k: min(_CLAMP, max(1 / _CLAMP, float(statistics.median(v))))
+            for k, v in ratios.items() if len(v) >= MIN_SAMPLES
+        }
+    except Exception as e:  # noqa: BLE001 - an unreadable cache means the uncorrected model, not a failure
+        warnings.warn(f"dnnkit: cost model: could not read the tuning cache ({e}); using nominal values",
+                      RuntimeWarning, stacklevel=3)
+    return value
+
+
+def measure_ceilings(store=None, seconds: float = 0.2) -> dict:
+    """Measure the float32 FMA peak (all threads) and the copy bandwidth of one thread, and keep them in
+    the cache for this device. Takes about half a second."""
+    import numpy as np
+
+    from . import cache
+    from .. import machine
+
+    peak = machine.peak_gflops(isa_name=_cpu.active_isa(), seconds=seconds) * 1e9
+    src = np.ones(8 << 20, np.float32)  # 32 MiB: beyond the L2 of current CPUs
+    dst = np.empty_like(src)
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    copy = 2 * src.nbytes / best
+    (store or cache.default_store()).put_ceilings(peak, copy)
+    return {"peak_flops": peak, "copy_bytes_per_s": copy}

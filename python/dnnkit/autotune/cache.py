@@ -1,0 +1,364 @@
+"""The persistent tuning cache: one SQLite store per user.
+
+Where: $DNNKIT_CACHE_DIR/tuning.sqlite3 if that is set, else the platform's user cache directory
+($XDG_CACHE_HOME or ~/.cache on Linux, ~/Library/Caches on macOS, %LOCALAPPDATA% on Windows) /dnnkit.
+
+What a record is keyed by, and so what invalidates it:
+  - the problem: operator, descriptor (shapes, strides, padding, ...), dtype, bias, activation, device;
+    a layer's name is not part of it (two layers of one shape share a record);
+  - the device fingerprint: CPU model, active ISA and thread count (a GPU's name, compute capability and
+    driver for CUDA problems); a record tuned on another machine, ISA or thread count is never used;
+  - the dnnkit version: an upgrade re-tunes (kernels change between versions);
+  - the schema version of the store: a store written with another schema is set aside as a whole.
+Records are never deleted by dnnkit except through `dnnkit cache clear`.
+
+Safety: several processes may tune into one store at once. Each write is one short transaction
+(SQLite locks the file; a writer waits up to 30 s for another). A store that is not a valid SQLite
+database, fails its integrity check, or carries another schema is renamed aside (kept for inspection)
+with a warning and a new one is started: never a crash, never a wrong answer. If the directory cannot
+be written, the cache lives in memory for the process, with a warning.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+from .. import _cpu
+from .._config import get_num_threads
+
+SCHEMA_VERSION = 1
+FILENAME = "tuning.sqlite3"
+
+_generation = [0]  # bumped on every write: dispatch's remembered decisions name the generation they used
+
+
+def generation() -> int:
+    return _generation[0]
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("DNNKIT_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local"
+        return Path(base) / "dnnkit" / "Cache"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "dnnkit"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dnnkit"
+
+
+def cache_path() -> Path:
+    return cache_dir() / FILENAME
+
+
+def device_fingerprint(device: str = "cpu") -> str:
+    """What a tuning result is valid for, besides the problem and the version."""
+    if device == "cuda":
+        try:
+            from numba import cuda
+
+            dev = cuda.get_current_device()
+            cc = "%d.%d" % dev.compute_capability
+            drv = cuda.cudadrv.driver.driver.get_version()
+            name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
+            return f"cuda|{name}|sm{cc}|driver{'.'.join(map(str, drv))}"
+        except Exception:  # noqa: BLE001 - no usable GPU: a key that matches no CPU record
+            return "cuda|unavailable"
+    return f"cpu|{_cpu.cpu_model_name()}|{_cpu.active_isa()}|{get_num_threads()}t"
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def problem_key(p) -> str:
+    """The problem part of a record's key: everything that defines the computation, not the name."""
+    if p.op == "gemm":
+        return f"gemm {p.descriptor()}"
+    import dataclasses
+
+    q = dataclasses.replace(p, name="") if getattr(p, "name", "") else p
+    return f"{p.op} {q.descriptor()} {p.dtype}{' bias' if getattr(p, 'bias', False) else ''} {p.device}"
+
+
+def parse_problem_key(key: str):
+    """The Problem a problem_key() came from."""
+    from ..problem import ConvProblem, GemmProblem
+
+    parts = key.split(" ")
+    if parts[0] == "gemm" and len(parts) == 2:
+        return GemmProblem.parse(parts[1])
+    if parts[0].startswith("conv2d_") and len(parts) in (4, 5):
+        direction = parts[0][len("conv2d_"):]
+        bias = len(parts) == 5 and parts[3] == "bias"
+        return ConvProblem.parse(parts[1], direction=direction, dtype=parts[2], bias=bias, device=parts[-1])
+    raise ValueError(f"not a problem key: {key!r}")
+
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS results ("
+    " problem TEXT NOT NULL, device TEXT NOT NULL, version TEXT NOT NULL,"
+    " op TEXT NOT NULL, best TEXT, best_s REAL, records TEXT NOT NULL,"
+    " tuned_at REAL NOT NULL, elapsed_s REAL NOT NULL,"
+    " PRIMARY KEY (problem, device, version))",
+    "CREATE TABLE IF NOT EXISTS ceilings ("
+    " device TEXT PRIMARY KEY, peak_flops REAL NOT NULL, copy_bytes_per_s REAL NOT NULL, measured_at REAL NOT NULL)",
+)
+
+
+class _Foreign(Exception):
+    pass
+
+
+class Store:
+    """One tuning store (an SQLite file, or ":memory:")."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
+        self._memory_fallback = False
+
+    # ------------------------------------------------------------------------------------------ opening
+    def _connect(self, create: bool) -> sqlite3.Connection | None:
+        """The open connection; None when the file does not exist and create is False."""
+        if self._conn is not None:
+            return self._conn
+        if self.path != ":memory:" and not os.path.exists(self.path):
+            if not create:
+                return None
+            try:
+                os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            except OSError as e:
+                self._fall_back_to_memory(f"cannot create {os.path.dirname(self.path)} ({e})")
+        for attempt in (1, 2):
+            try:
+                self._conn = self._open(self.path)
+                return self._conn
+            except (sqlite3.DatabaseError, _Foreign) as e:
+                if attempt == 2 or self.path == ":memory:":
+                    self._fall_back_to_memory(f"{self.path} still unusable after a fresh start ({e})")
+                    self._conn = self._open(self.path)
+                    return self._conn
+                self._set_aside(e)
+            except OSError as e:
+                self._fall_back_to_memory(f"cannot open {self.path} ({e})")
+        return self._conn
+
+    @staticmethod
+    def _open(path: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA busy_timeout = 30000")
+            ok = conn.execute("PRAGMA quick_check").fetchone()
+            if ok is None or ok[0] != "ok":
+                raise sqlite3.DatabaseError(f"integrity check failed: {ok}")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if tables:
+                    row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() \
+                        if "meta" in tables else None
+                    if row is None or row[0] != str(SCHEMA_VERSION):
+                        raise _Foreign(f"schema {row[0] if row else 'unknown'}, this dnnkit writes {SCHEMA_VERSION}")
+                for stmt in _SCHEMA:
+                    conn.execute(stmt)
+                conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return conn
+        except BaseException:
+            conn.close()
+            raise
+
+    def _set_aside(self, why) -> None:
+        """Rename an unusable store (and its journal) aside, so a new one starts; keep it for inspection."""
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+            self._conn = None
+        aside = f"{self.path}.bad-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        try:
+            os.replace(self.path, aside)
+            for suffix in ("-journal", "-wal", "-shm"):
+                if os.path.exists(self.path + suffix):
+                    os.replace(self.path + suffix, aside + suffix)
+            where = f"moved it to {aside}"
+        except FileNotFoundError:
+            where = "another process already moved it aside"
+        except OSError as e:
+            where = f"could not move it aside ({e})"
+        warnings.warn(f"dnnkit: the tuning cache {self.path} is unusable ({why}); {where} and started a new one",
+                      RuntimeWarning, stacklevel=4)
+
+    def _fall_back_to_memory(self, why) -> None:
+        warnings.warn(f"dnnkit: tuning cache: {why}; tuning results are kept in memory for this process only",
+                      RuntimeWarning, stacklevel=4)
+        self.path = ":memory:"
+        self._memory_fallback = True
+
+    def _run(self, create: bool, fn, default=None):
+        """fn(conn) under the lock; a store found corrupt mid-way is set aside and fn retried once.
+        A store locked by other processes for longer than the busy timeout: a warning and default."""
+        with self._lock:
+            for attempt in (1, 2):
+                conn = self._connect(create)
+                if conn is None:
+                    return default
+                try:
+                    return fn(conn)
+                except sqlite3.OperationalError as e:
+                    if "locked" in str(e) or "busy" in str(e):
+                        warnings.warn(f"dnnkit: tuning cache {self.path} is busy ({e}); skipped", RuntimeWarning,
+                                      stacklevel=3)
+                        return default
+                    if attempt == 2:
+                        raise
+                    self._set_aside(e)
+                except sqlite3.DatabaseError as e:
+                    if attempt == 2:
+                        raise
+                    self._set_aside(e)
+            return default
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # ------------------------------------------------------------------------------------------ records
+    def put(self, result, device: str | None = None, version: str | None = None) -> None:
+        """Store a TuneResult (replacing the record of the same problem, device and version)."""
+        p = result.problem
+        best = result.best
+        row = (problem_key(p), device or device_fingerprint(p.device), version or _version(), p.op,
+               best.algorithm if best else None, best.median_s if best else None,
+               json.dumps([r.to_dict() for r in result]), time.time(), float(result.elapsed_s))
+
+        def write(conn):
+            conn.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+
+        self._run(True, write)
+        _generation[0] += 1
+
+    def get(self, p, device: str | None = None, version: str | None = None):
+        """The TuneResult stored for p on this device and version, or None."""
+        from .tuner import TuneRecord, TuneResult
+
+        key = (problem_key(p), device or device_fingerprint(p.device), version or _version())
+        row = self._run(False, lambda c: c.execute(
+            "SELECT records, elapsed_s FROM results WHERE problem = ? AND device = ? AND version = ?", key).fetchone())
+        if row is None:
+            return None
+        try:
+            records = [TuneRecord.from_dict(d) for d in json.loads(row[0])]
+        except (ValueError, TypeError):
+            return None  # a record this dnnkit cannot read is a miss, not a wrong answer
+        return TuneResult(p, records, row[1], source="cache")
+
+    def rows(self, *, current_only: bool = False) -> list[dict]:
+        """Every stored result as a dict (problem, device, version, op, best, best_s, tuned_at, records)."""
+        def read(conn):
+            return conn.execute("SELECT problem, device, version, op, best, best_s, tuned_at, elapsed_s, records "
+                                "FROM results ORDER BY op, problem, device, version").fetchall()
+
+        out = []
+        for r in self._run(False, read, default=[]):
+            d = dict(zip(("problem", "device", "version", "op", "best", "best_s", "tuned_at", "elapsed_s"), r[:8]))
+            try:
+                d["records"] = json.loads(r[8])
+            except ValueError:
+                d["records"] = []
+            out.append(d)
+        if current_only:
+            out = [d for d in out if d["version"] == _version() and d["device"] == device_fingerprint(
+                "cuda" if d["problem"].endswith(" cuda") or d["problem"].endswith("_cuda") else "cpu")]
+        return out
+
+    def clear(self) -> int:
+        """Delete every result and ceiling; returns how many results there were."""
+        def wipe(conn):
+            n = conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("DELETE FROM results")
+            conn.execute("DELETE FROM ceilings")
+            conn.execute("COMMIT")
+            return n
+
+        n = self._run(False, wipe, default=0)
+        _generation[0] += 1
+        return n
+
+    def import_rows(self, rows: list[dict]) -> int:
+        """Merge exported rows (export() format): each is validated; a newer tuned_at wins."""
+        from .tuner import TuneRecord
+
+        clean = []
+        for i, d in enumerate(rows):
+            try:
+                parse_problem_key(d["problem"])
+                records = [TuneRecord.from_dict(r) for r in d["records"]]
+                best = next((r for r in records if r.ok), None)
+                clean.append((d["problem"], str(d["device"]), str(d["version"]), str(d["op"]),
+                              best.algorithm if best else None, best.median_s if best else None,
+                              json.dumps([r.to_dict() for r in records]), float(d["tuned_at"]),
+                              float(d.get("elapsed_s") or 0.0)))
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"cache import: entry {i} is not a tuning result ({e})") from None
+
+        def write(conn):
+            conn.execute("BEGIN IMMEDIATE")
+            n = 0
+            for row in clean:
+                old = conn.execute("SELECT tuned_at FROM results WHERE problem = ? AND device = ? AND version = ?",
+                                   row[:3]).fetchone()
+                if old is None or old[0] < row[7]:
+                    conn.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                    n += 1
+            conn.execute("COMMIT")
+            return n
+
+        n = self._run(True, write, default=0)
+        _generation[0] += 1
+        return n
+
+    # ----------------------------------------------------------------------------------------- ceilings
+    def put_ceilings(self, peak_flops: float, copy_bytes_per_s: float, device: str | None = None) -> None:
+        row = (device or device_fingerprint(), float(peak_flops), float(copy_bytes_per_s), time.time())
+        self._run(True, lambda c: c.execute("INSERT OR REPLACE INTO ceilings VALUES (?, ?, ?, ?)", row))
+        _generation[0] += 1
+
+    def get_ceilings(self, device: str | None = None) -> dict | None:
+        row = self._run(False, lambda c: c.execute(
+            "SELECT peak_flops, copy_bytes_per_s FROM ceilings WHERE device = ?",
+            (device or device_fingerprint(),)).fetchone())
+        return None if row is None else {"peak_flops": row[0], "copy_bytes_per_s": row[1]}
+
+
+_stores: dict[str, Store] = {}
+_stores_lock = threading.Lock()
+
+
+def default_store() -> Store:
+    """The store at cache_path() (DNNKIT_CACHE_DIR is read at each call)."""
+    path = str(cache_path())
+    with _stores_lock:
+        s = _stores.get(path)
+        if s is None:
+            s = _stores[path] = Store(path)
+        return s

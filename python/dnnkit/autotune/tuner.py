@@ -1,0 +1,268 @@
+"""Measured tuning: time every algorithm that supports a problem, check its accuracy, rank them.
+
+find(p) is the autotuner's core and what `measure` mode and `dnnkit autotune` run:
+  1. every registered algorithm for p's (op, backend) is a candidate; one that does not support p, or
+     needs more workspace than the limit, gets a record saying why and is not run;
+  2. with pruning on (the default), a candidate the cost model predicts at more than `prune` times the
+     best prediction is not timed either ("pruned"); the model's error on ResNet-50 is far inside 4x;
+  3. inputs are random (uniform in [-1, 1), never zeros), the same for every candidate. A trusted
+     algorithm (Algorithm.trusted) run on float64 copies of them is the oracle;
+  4. each candidate runs once as a warm-up, its output is compared with the oracle (relative L2), and
+     one over its tolerance is excluded ("inaccurate"); the others are timed, repeating until their
+     share of the budget is spent (at least MIN_REPS, at most MAX_REPS runs): the median is the figure,
+     the interquartile range over the median the spread;
+  5. an exception in a candidate (out of memory, a kernel error) is its record's status ("failed") and
+     reason: it is scored as infinitely slow and tuning goes on.
+The records come back best first and are written to the persistent cache (cache.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from .. import algos
+from .._config import get_workspace_limit
+from ..reference import rel_l2
+from . import harness
+from .cost_model import predict
+
+DEFAULT_BUDGET_S = 1.0   # timing budget per problem, shared by its candidates
+DEFAULT_PRUNE = 4.0      # candidates predicted slower than this times the best prediction are not timed
+MIN_REPS = 3
+MAX_REPS = 50
+FLOAT64_TOLERANCE = 1e-12
+
+# Status of a record, in the order records are ranked after the timed ones.
+STATUSES = ("ok", "inaccurate", "failed", "pruned", "over_limit", "unsupported")
+
+
+@dataclasses.dataclass
+class TuneRecord:
+    """One candidate's outcome on one problem."""
+
+    algorithm: str
+    status: str                         # one of STATUSES
+    median_s: float = math.inf          # inf unless status == "ok"
+    spread: float | None = None         # (q3 - q1) / median of the timed runs
+    reps: int = 0
+    gflops: float | None = None
+    workspace_bytes: int | None = None
+    error: float | None = None          # relative L2 error against the oracle
+    tolerance: float | None = None
+    reason: str | None = None           # why not ok
+    predicted_s: float | None = None    # the cost model's prediction
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        if math.isinf(d["median_s"]):
+            d["median_s"] = None  # JSON has no infinity
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TuneRecord":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - fields
+        if unknown or "algorithm" not in d or d.get("status") not in STATUSES:
+            raise ValueError(f"not a tuning record: {d!r}")
+        d = dict(d)
+        if d.get("median_s") is None:
+            d["median_s"] = math.inf
+        return cls(**d)
+
+
+class TuneResult(list):
+    """find()'s answer: TuneRecords best first, with the problem, the time tuning took, and where the
+    records came from ("measured" now, or "cache")."""
+
+    def __init__(self, problem, records, elapsed_s: float = 0.0, source: str = "measured"):
+        super().__init__(records)
+        self.problem = problem
+        self.elapsed_s = elapsed_s
+        self.source = source
+
+    @property
+    def best(self) -> TuneRecord | None:
+        return self[0] if self and self[0].ok else None
+
+    def fastest(self, workspace_limit: int | None = None) -> TuneRecord | None:
+        """The fastest accurate record whose workspace fits the limit."""
+        for r in self:
+            if r.ok and (workspace_limit is None or (r.workspace_bytes or 0) <= workspace_limit):
+                return r
+        return None
+
+    def __str__(self) -> str:
+        return format_table(self)
+
+
+def format_table(result: TuneResult) -> str:
+    p = result.problem
+    lines = [f"{p.op} {p.descriptor()}" + ("" if p.op == "gemm" else f" {p.dtype}")
+             + (f"  ({result.source})" if result.source != "measured" else f"  ({result.elapsed_s:.2f} s)")]
+    lines.append(f"  {'algorithm':<20} {'median ms':>10} {'spread':>7} {'GFLOP/s':>8} {'workspace':>10} "
+                 f"{'error':>8} {'pred ms':>8}  status")
+    best = result.best
+    for r in result:
+        mark = "*" if best is not None and r is best else " "
+        med = f"{r.median_s * 1e3:10.3f}" if r.ok else f"{'-':>10}"
+        spread = f"{r.spread * 100:6.1f}%" if r.spread is not None else f"{'-':>7}"
+        gf = f"{r.gflops:8.1f}" if r.gflops is not None else f"{'-':>8}"
+        ws = _bytes(r.workspace_bytes) if r.workspace_bytes is not None else "-"
+        err = f"{r.error:8.1e}" if r.error is not None else f"{'-':>8}"
+        pred = f"{r.predicted_s * 1e3:8.3f}" if r.predicted_s is not None else f"{'-':>8}"
+        status = r.status if r.reason is None else f"{r.status}: {r.reason}"
+        lines.append(f"{mark} {r.algorithm:<20} {med} {spread} {gf} {ws:>10} {err} {pred}  {status}")
+    return "\n".join(lines)
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _backend(p) -> str:
+    return "cuda" if p.device == "cuda" else "cpu"
+
+
+def tolerance(algorithm, dtype: str) -> float:
+    """The relative L2 error an algorithm may have on inputs of dtype."""
+    return algorithm.tolerance if dtype == "float32" else FLOAT64_TOLERANCE
+
+
+def _oracle(p, ops, rng):
+    """The trusted algorithm's output on float64 copies of the operands, or (None, reason)."""
+    p64 = dataclasses.replace(p, dtype="float64")
+    for a in algos.algorithms(p.op, _backend(p)):
+        if getattr(a, "trusted", False) and a.supports(p64) is None:
+            try:
+                ops64 = ops.astype(np.float64)
+                out = np.empty(ops.out_shape, np.float64)
+                return harness.run(a, p64, ops64, out, a.workspace_bytes(p64)), None
+            except Exception as e:  # noqa: BLE001 - no oracle means no accuracy check, not a failed tuning
+                return None, f"oracle {a.name} failed: {type(e).__name__}: {e}"
+    return None, "no trusted algorithm supports this problem"
+
+
+def _time(algorithm, p, ops, out, ws, share_s: float) -> list[float]:
+    times = []
+    start = time.perf_counter()
+    while len(times) < MAX_REPS:
+        t0 = time.perf_counter()
+        harness.run(algorithm, p, ops, out, ws)
+        times.append(time.perf_counter() - t0)
+        if len(times) >= MIN_REPS and time.perf_counter() - start >= share_s:
+            break
+    return times
+
+
+def _rank(r: TuneRecord):
+    return (STATUSES.index(r.status), r.median_s, r.predicted_s if r.predicted_s is not None else math.inf)
+
+
+def find(p, *, budget: float | None = None, workspace_limit: int | None = None, prune: float | None = DEFAULT_PRUNE,
+         seed: int = 0, store=True, exclude=()) -> TuneResult:
+    """Time every algorithm that supports problem p; records best first (see the module docstring).
+
+    budget: seconds of timing for the whole problem (default DEFAULT_BUDGET_S), shared by the candidates
+        that are timed; each is still run at least MIN_REPS times after its warm-up.
+    workspace_limit: bytes (default: dnnkit.get_workspace_limit()); algorithms needing more are not run.
+    prune: a candidate predicted slower than prune x the best prediction is not timed; None times all.
+    store: True writes the records to the default cache, a cache.Store writes there, False nowhere.
+    exclude: algorithm names not to run (recorded as unsupported, "excluded").
+    """
+    if not harness.tunable(p):
+        raise ValueError(f"autotune: operator {p.op!r} is not tunable")
+    if budget is None:
+        budget = DEFAULT_BUDGET_S
+    if not (isinstance(budget, (int, float)) and budget >= 0) or isinstance(budget, bool):
+        raise ValueError(f"autotune: budget must be a number of seconds >= 0, got {budget!r}")
+    if prune is not None and not (isinstance(prune, (int, float)) and prune >= 1):
+        raise ValueError(f"autotune: prune must be None or a factor >= 1, got {prune!r}")
+    limit = get_workspace_limit() if workspace_limit is None else workspace_limit
+    t_start = time.perf_counter()
+
+    registered = algos.algorithms(p.op, _backend(p))
+    if not registered:
+        raise ValueError(f"autotune: no {_backend(p)} algorithm exists for {p.op} yet ({p.descriptor()})")
+    records, runnable = [], []
+    for a in registered:
+        if a.name in exclude:
+            records.append(TuneRecord(a.name, "unsupported", reason="excluded"))
+            continue
+        try:
+            reason = a.supports(p)
+            ws = None if reason else int(a.workspace_bytes(p))
+        except Exception as e:  # noqa: BLE001 - a broken supports() is this candidate's failure only
+            records.append(TuneRecord(a.name, "failed", reason=f"{type(e).__name__}: {e}"))
+            continue
+        if reason:
+            records.append(TuneRecord(a.name, "unsupported", reason=reason))
+        elif limit is not None and ws > limit:
+            records.append(TuneRecord(a.name, "over_limit", workspace_bytes=ws,
+                                      reason=f"needs {_bytes(ws)} of workspace, over the limit of {_bytes(limit)}"))
+        else:
+            rec = TuneRecord(a.name, "ok", workspace_bytes=ws, tolerance=tolerance(a, p.dtype),
+                             predicted_s=predict(a, p))
+            runnable.append((a, rec))
+
+    predictions = [r.predicted_s for _, r in runnable if r.predicted_s is not None]
+    if prune is not None and len(predictions) >= 2:
+        cut = prune * min(predictions)
+        kept = []
+        for a, r in runnable:
+            if r.predicted_s is not None and r.predicted_s > cut:
+                r.status = "pruned"
+                r.reason = f"predicted {r.predicted_s * 1e3:.2f} ms, over {prune:g}x the best prediction"
+                records.append(r)
+            else:
+                kept.append((a, r))
+        runnable = kept
+
+    if runnable:
+        rng = np.random.default_rng(seed)
+        try:
+            ops = harness.operands(p, rng)
+            expected, oracle_note = _oracle(p, ops, rng)
+        except MemoryError as e:
+            ops = None
+            for a, r in runnable:
+                r.status, r.reason = "failed", f"inputs do not fit in memory ({e})"
+        if ops is not None:
+            share = budget / len(runnable)
+            for a, r in runnable:
+                try:
+                    out = np.full(ops.out_shape, np.nan, dtype=p.dtype)  # NaN: a kernel that skips a write shows
+                    harness.run(a, p, ops, out, r.workspace_bytes)
+                    if expected is not None:
+                        r.error = rel_l2(out, expected)
+                        if not r.error <= r.tolerance:
+                            r.status = "inaccurate"
+                            r.reason = f"error {r.error:.1e} over the tolerance {r.tolerance:.0e}"
+                            continue
+                    else:
+                        r.reason = oracle_note
+                    times = _time(a, p, ops, out, r.workspace_bytes, share)
+                except Exception as e:  # noqa: BLE001 - scored as infinitely slow, tuning goes on
+                    r.status, r.reason = "failed", f"{type(e).__name__}: {e}"
+                    continue
+                q1, med, q3 = np.percentile(times, [25, 50, 75])
+                r.median_s, r.reps = float(med), len(times)
+                r.spread = float((q3 - q1) / med) if med > 0 else 0.0
+                r.gflops = p.flops / med / 1e9 if med > 0 else None
+        records.extend(r for _, r in runnable)
+
+    result = TuneResult(p, sorted(records, key=_rank), time.perf_counter() - t_start)
+    if store is not False:
+        from . import cache
+
+        (cache.default_store() if store is True else store).put(result)
+    return result

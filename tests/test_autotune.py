@@ -1,0 +1,240 @@
+"""The autotuner: find() (timing, accuracy check, failures, workspace limit, pruning), measure mode,
+dispatch's precedence (explicit algo > cached result > mode) and the cost model's fit from the cache."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import dnnkit
+from dnnkit import algos
+from dnnkit.algos.conv_cpu import Im2colGemmFwd
+from dnnkit.autotune import cache, cost_model, harness, tuner
+from dnnkit.autotune.tuner import TuneRecord, TuneResult, find
+from dnnkit.dispatch import choose
+from dnnkit.problem import ConvProblem, GemmProblem
+
+SMALL_CONV = "mb2ic8ih12oc8oh12kh3ph1"
+QUICK = dict(budget=0.02)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty cache directory of the test's own."""
+    monkeypatch.setenv("DNNKIT_CACHE_DIR", str(tmp_path))
+    yield cache.default_store()
+    cache.default_store().close()
+
+
+class _Planted(Im2colGemmFwd):
+    """im2col_gemm under another name, with a fault planted: noise, an exception, or a large workspace."""
+
+    def __init__(self, name, *, noise=0.0, fail=None, workspace=None):
+        self.name, self.noise, self.fail, self.workspace, self.runs = name, noise, fail, workspace, 0
+
+    def workspace_bytes(self, p):
+        return super().workspace_bytes(p) if self.workspace is None else self.workspace
+
+    def run(self, p, a0, a1, *, out, bias=None, workspace=None):
+        self.runs += 1
+        if self.fail is not None:
+            raise self.fail
+        super().run(p, a0, a1, out=out, bias=bias, workspace=workspace)
+        if self.noise:
+            out += self.noise * np.abs(out).max()
+        return out
+
+
+@pytest.fixture
+def planted():
+    added = []
+
+    def plant(algo):
+        algos.register(algo)
+        added.append(algo)
+        return algo
+
+    yield plant
+    for a in added:
+        algos.unregister(a)
+
+
+def test_find_times_every_supporting_algorithm_best_first(fresh_cache):
+    p = ConvProblem.parse(SMALL_CONV)
+    result = find(p, prune=None, **QUICK)
+    names = {a.name for a in algos.algorithms(p.op, "cpu")}
+    assert {r.algorithm for r in result} == names
+    ok = [r for r in result if r.ok]
+    assert len(ok) == len(names)  # every CPU forward algorithm supports a 3x3 stride-1 convolution
+    assert result[0] is result.best
+    assert [r.median_s for r in ok] == sorted(r.median_s for r in ok)
+    for r in ok:
+        assert r.reps >= tuner.MIN_REPS and r.median_s > 0 and r.spread >= 0
+        assert r.error is not None and r.error <= r.tolerance
+        assert r.gflops == pytest.approx(p.flops / r.median_s / 1e9)
+        assert r.workspace_bytes == algos.get(p.op, "cpu", r.algorithm).workspace_bytes(p)
+    stored = fresh_cache.get(p)
+    assert stored is not None and [r.algorithm for r in stored] == [r.algorithm for r in result]
+    assert stored.source == "cache"
+
+
+@pytest.mark.parametrize("direction", ["bwd_data", "bwd_filter"])
+def test_find_backward_directions(direction, fresh_cache):
+    p = ConvProblem.parse("mb2ic4ih9oc6oh5kh3sh2ph1", direction=direction)
+    result = find(p, store=False, **QUICK)
+    assert result.best is not None
+    assert all(r.ok for r in result)
+
+
+def test_find_gemm_and_unsupported_reason(fresh_cache):
+    p = GemmProblem(40, 24, 16, trans_b=True, bias=True, activation="relu")
+    result = find(p, store=False, **QUICK)
+    by_name = {r.algorithm: r for r in result}
+    assert by_name["blocked_gemm"].ok
+    assert by_name["gemm_small_m"].status == "unsupported" and "m = 40" in by_name["gemm_small_m"].reason
+    assert result[-1].status == "unsupported"
+
+
+def test_inputs_are_random_not_zeros():
+    ops = harness.operands(ConvProblem.parse(SMALL_CONV), np.random.default_rng(0))
+    for a in ops.args:
+        assert np.count_nonzero(a) == a.size and a.std() > 0.3
+
+
+def test_an_inaccurate_candidate_is_excluded(planted, fresh_cache):
+    bad = planted(_Planted("planted_noisy", noise=1e-2))
+    p = ConvProblem.parse(SMALL_CONV)
+    result = find(p, **QUICK)
+    rec = next(r for r in result if r.algorithm == bad.name)
+    assert rec.status == "inaccurate" and rec.error > rec.tolerance and "tolerance" in rec.reason
+    assert math.isinf(rec.median_s)
+    assert result.best.algorithm != bad.name
+    assert choose(p).name != bad.name  # the cached result never names it
+
+
+@pytest.mark.parametrize("error", [RuntimeError("kernel exploded"), MemoryError("no memory")])
+def test_a_failing_candidate_does_not_stop_tuning(error, planted, fresh_cache):
+    bad = planted(_Planted("planted_failing", fail=error))
+    p = ConvProblem.parse(SMALL_CONV)
+    result = find(p, **QUICK)
+    rec = next(r for r in result if r.algorithm == bad.name)
+    assert rec.status == "failed" and type(error).__name__ in rec.reason and str(error) in rec.reason
+    assert result.best is not None and result.best.algorithm != bad.name
+    assert sum(r.ok for r in result) >= 3
+
+
+def test_workspace_limit_excludes_without_running(planted, fresh_cache):
+    big = planted(_Planted("planted_big", workspace=1 << 40))
+    p = ConvProblem.parse(SMALL_CONV)
+    limit = 1 << 20
+    result = find(p, workspace_limit=limit, **QUICK)
+    rec = next(r for r in result if r.algorithm == big.name)
+    assert rec.status == "over_limit" and big.runs == 0 and "over the limit" in rec.reason
+    for r in result:
+        if r.ok:
+            assert r.workspace_bytes <= limit
+
+
+def test_pruning_skips_what_the_model_rules_out(fresh_cache):
+    p = ConvProblem.parse("mb2ic64ih14oc64oh14kh1ph0")  # 1x1: im2col_gemm reads the input directly
+    pruned = find(p, store=False, **QUICK)
+    assert any(r.status == "pruned" and "best prediction" in r.reason for r in pruned)
+    timed = find(p, store=False, prune=None, **QUICK)
+    assert not any(r.status == "pruned" for r in timed)
+
+
+def test_find_rejects_bad_arguments():
+    p = ConvProblem.parse(SMALL_CONV)
+    with pytest.raises(ValueError, match="budget"):
+        find(p, budget=-1, store=False)
+    with pytest.raises(ValueError, match="prune"):
+        find(p, prune=0.5, store=False)
+    with pytest.raises(ValueError, match="no cuda algorithm"):
+        find(ConvProblem.parse(SMALL_CONV, device="cuda"), store=False)
+
+
+def test_record_round_trip():
+    r = TuneRecord("x", "failed", reason="boom")
+    assert TuneRecord.from_dict(r.to_dict()) == r
+    with pytest.raises(ValueError):
+        TuneRecord.from_dict({"algorithm": "x", "status": "excellent"})
+
+
+# ------------------------------------------------------------------------------------ dispatch and modes
+def _fake_result(p, fastest: str, workspace=0, others=()):
+    recs = [TuneRecord(fastest, "ok", median_s=1e-3, workspace_bytes=workspace)]
+    recs += [TuneRecord(n, "ok", median_s=2e-3, workspace_bytes=0) for n in others]
+    return TuneResult(p, recs, 0.1)
+
+
+@pytest.mark.parametrize("mode", ["off", "heuristic", "measure"])
+def test_a_cached_result_beats_the_mode(mode, fresh_cache):
+    dnnkit.set_tuning(mode)
+    p = ConvProblem.parse(SMALL_CONV)
+    fresh_cache.put(_fake_result(p, "direct"))
+    assert choose(p).name == "direct"
+    assert choose(p, "im2col_gemm").name == "im2col_gemm"  # an explicit algo beats the cache
+
+
+def test_a_cached_result_over_the_workspace_limit_is_passed_over(fresh_cache):
+    p = ConvProblem.parse(SMALL_CONV)
+    fresh_cache.put(_fake_result(p, "winograd_f2x2_3x3", workspace=1 << 30, others=["direct"]))
+    assert choose(p).name == "winograd_f2x2_3x3"
+    assert choose(p, workspace_limit=1 << 20).name == "direct"
+
+
+def test_a_cached_result_naming_an_unknown_algorithm_is_ignored(fresh_cache):
+    dnnkit.set_tuning("off")
+    p = ConvProblem.parse(SMALL_CONV)
+    fresh_cache.put(_fake_result(p, "removed_long_ago"))
+    assert choose(p).name == algos.algorithms(p.op, "cpu")[0].name
+
+
+def test_measure_mode_tunes_on_the_first_call_and_remembers(fresh_cache, monkeypatch):
+    monkeypatch.setattr(tuner, "DEFAULT_BUDGET_S", 0.02)
+    dnnkit.set_tuning("measure")
+    x = np.random.default_rng(1).standard_normal((1, 3, 10, 10), dtype=np.float32)
+    w = np.random.default_rng(2).standard_normal((5, 3, 3, 3), dtype=np.float32)
+    p = ConvProblem.from_arrays(x.shape, w.shape, 1, 1, 1, 1)
+    assert fresh_cache.get(p) is None
+    y = dnnkit.conv2d(x, w, padding=1)
+    stored = fresh_cache.get(p)
+    assert stored is not None and stored.best is not None
+    assert choose(p).name == stored.best.algorithm
+    np.testing.assert_allclose(y, dnnkit.conv2d(x, w, padding=1, algo="im2col_gemm"), rtol=1e-4, atol=1e-4)
+
+
+def test_explain_shows_measured_times(fresh_cache):
+    p = ConvProblem.parse(SMALL_CONV)
+    fresh_cache.put(_fake_result(p, "direct"))
+    rows = {c.algorithm: c for c in dnnkit.explain(p)}
+    assert rows["direct"].measured_s == pytest.approx(1e-3) and rows["direct"].chosen
+    assert "measured 1.000 ms" in str(dnnkit.explain(p))
+
+
+# ----------------------------------------------------------------------------------------- cost model
+def test_cost_model_fits_correction_factors_from_the_cache(fresh_cache):
+    algo = algos.get("conv2d_fwd", "cpu", "im2col_gemm")
+    layers = ["mb8ic64ih56oc64oh56kh3ph1", "mb8ic128ih28oc128oh28kh3ph1", "mb8ic256ih14oc256oh14kh3ph1"]
+    before = {d: cost_model.predict(algo, ConvProblem.parse(d)) for d in layers}
+    for d in layers:
+        p = ConvProblem.parse(d)
+        fresh_cache.put(TuneResult(p, [TuneRecord(algo.name, "ok", median_s=3 * cost_model.raw_predict(algo.name, p))]))
+    assert cost_model.correction_factors()[("conv2d_fwd", "im2col_gemm")] == pytest.approx(3.0)
+    for d in layers:
+        assert cost_model.predict(algo, ConvProblem.parse(d)) == pytest.approx(3 * before[d])
+    other = algos.get("conv2d_fwd", "cpu", "direct")
+    p = ConvProblem.parse(layers[0])
+    assert cost_model.predict(other, p) == pytest.approx(cost_model.raw_predict("direct", p))  # no samples
+
+
+def test_measured_ceilings_replace_the_nominal_ones(fresh_cache):
+    p = ConvProblem.parse("mb8ic64ih56oc64oh56kh3ph1")
+    algo = algos.get("conv2d_fwd", "cpu", "direct")
+    nominal = cost_model.predict(algo, p)
+    fresh_cache.put_ceilings(cost_model.nominal_peak_flops() / 2, 10e9)
+    assert cost_model.predict(algo, p) == pytest.approx(2 * nominal)
+    got = cost_model.measure_ceilings(fresh_cache, seconds=0.02)
+    assert got["peak_flops"] > 1e9 and got["copy_bytes_per_s"] > 1e8
+    assert fresh_cache.get_ceilings() == pytest.approx(got)
