@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -60,3 +61,120 @@ def test_no_command_prints_help():
     r = run()
     assert r.returncode != 0
     assert "usage" in r.stdout.lower()
+
+
+# ---------------------------------------------------------------------------------- autotune and cache
+def tune_env(tmp_path):
+    return dict(os.environ, DNNKIT_CACHE_DIR=str(tmp_path))
+
+
+def run_in(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "dnnkit", *args], capture_output=True, text=True, timeout=300,
+                          env=tune_env(tmp_path))
+
+
+def one_line_error(r, *words):
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("dnnkit: error:") and "Traceback" not in r.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_autotune_problem_json(tmp_path):
+    r = run_in(tmp_path, "autotune", "--problem", "mb2ic8ih12oc8oh12kh3ph1", "--problem", "m8n32k16tb_f32",
+               "--budget", "0.02", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [p["op"] for p in doc["problems"]] == ["conv2d_fwd", "gemm"]
+    for p in doc["problems"]:
+        assert p["source"] == "measured" and p["best"] == p["records"][0]["algorithm"]
+        assert p["records"][0]["status"] == "ok" and p["records"][0]["median_s"] > 0
+    assert doc["summary"]["tuned"] == 2 and doc["summary"]["measured"] == 2
+    # A second run answers from the cache; --force measures again.
+    again = json.loads(run_in(tmp_path, "autotune", "--problem", "mb2ic8ih12oc8oh12kh3ph1", "--json").stdout)
+    assert again["problems"][0]["source"] == "cache"
+    assert again["problems"][0]["best"] == doc["problems"][0]["best"]
+    forced = run_in(tmp_path, "autotune", "--problem", "mb2ic8ih12oc8oh12kh3ph1", "--json", "--force",
+                    "--budget", "0.01")
+    assert json.loads(forced.stdout)["problems"][0]["source"] == "measured"
+
+
+def test_autotune_conv2d_shapes_table(tmp_path):
+    r = run_in(tmp_path, "autotune", "conv2d", "--input", "2,4,9,9", "--weight", "6,4,3,3", "--stride", "2",
+               "--padding", "1", "--direction", "bwd_filter", "--budget", "0.02")
+    assert r.returncode == 0, r.stderr
+    assert "conv2d_bwd_filter" in r.stdout and "median ms" in r.stdout and "* " in r.stdout
+    assert "tuned 1 of 1" in r.stdout
+
+
+def test_autotune_batch_file_and_workspace_limit(tmp_path):
+    batch = tmp_path / "layers.txt"
+    batch.write_text("# two layers\nmb2ic8ih12oc8oh12kh3ph1  # 3x3\nm4n8k8tb_bias_f32\n")
+    r = run_in(tmp_path, "autotune", "--batch", str(batch), "--budget", "0.02", "--workspace-limit", "1K", "--json",
+               "--no-prune")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["problems"]) == 2
+    for rec in doc["problems"][0]["records"]:
+        assert rec["status"] in ("ok", "over_limit")
+        if rec["status"] == "ok":
+            assert rec["workspace_bytes"] <= 1024
+
+
+def test_autotune_model_list(tmp_path):
+    r = run_in(tmp_path, "autotune", "--model", "lstm", "--mb", "1", "--budget", "0.01")
+    assert r.returncode == 0, r.stderr
+    assert "tuned 6 of 6" in r.stdout and "gemm_small_m" in r.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["autotune", "--problem", "garbage"], ["garbage"]),
+    (["autotune", "--frobnicate"], ["--frobnicate"]),
+    (["autotune"], ["exactly one"]),
+    (["autotune", "--model", "resnet50", "--problem", "m1n1k1"], ["exactly one"]),
+    (["autotune", "conv2d", "--input", "1,2,3"], ["--input"]),
+    (["autotune", "conv2d", "--input", "1,2,8,8", "--weight", "3,5,3,3"], ["weight"]),
+    (["autotune", "--problem", "m4n4k4", "--workspace-limit", "lots"], ["workspace-limit"]),
+    (["autotune", "--problem", "m4n4k4", "--budget", "-1"], ["budget"]),
+    (["autotune", "--batch", "/nonexistent/file.txt"], ["cannot read"]),
+    (["autotune", "--problem", "mb2ic8ih12oc8oh12kh3ph1", "--device", "cuda"], ["cuda"]),
+    (["cache", "frob"], ["frob"]),
+    (["cache", "import", "/nonexistent/x.json"], ["cannot read"]),
+    (["cache", "show"], ["descriptor"]),
+])
+def test_bad_input_is_a_one_line_error(tmp_path, args, words):
+    one_line_error(run_in(tmp_path, *args), *words)
+
+
+def test_cache_commands(tmp_path):
+    r = run_in(tmp_path, "cache", "path")
+    assert r.returncode == 0 and r.stdout.strip() == str(tmp_path / "tuning.sqlite3")
+    assert "no tuning results" in run_in(tmp_path, "cache", "list").stdout
+    assert run_in(tmp_path, "autotune", "--problem", "m8n32k16tb_f32", "--budget", "0.01").returncode == 0
+    listed = run_in(tmp_path, "cache", "list")
+    assert listed.returncode == 0 and "gemm m8n32k16tb_f32" in listed.stdout and listed.stdout.count("\n* ") == 1
+    rows = json.loads(run_in(tmp_path, "cache", "list", "--json").stdout)
+    assert len(rows) == 1 and rows[0]["problem"] == "gemm m8n32k16tb_f32"
+    shown = run_in(tmp_path, "cache", "show", "m8n32k16tb_f32")
+    assert shown.returncode == 0 and "gemm_small_m" in shown.stdout
+    missing = run_in(tmp_path, "cache", "show", "m9n32k16tb_f32")
+    assert missing.returncode == 1 and "no tuning result" in missing.stderr
+    export = tmp_path / "export.json"
+    assert run_in(tmp_path, "cache", "export", str(export)).returncode == 0
+    assert "removed 1" in run_in(tmp_path, "cache", "clear").stdout
+    assert run_in(tmp_path, "cache", "show", "m8n32k16tb_f32").returncode == 1
+    imported = run_in(tmp_path, "cache", "import", str(export))
+    assert imported.returncode == 0 and "imported 1 of 1" in imported.stdout
+    assert run_in(tmp_path, "cache", "show", "m8n32k16tb_f32").returncode == 0
+    export.write_text('{"format": "something else"}')
+    one_line_error(run_in(tmp_path, "cache", "import", str(export)), "not a file written by")
+
+
+def test_autotune_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "roofline.png"
+    r = run_in(tmp_path, "autotune", "--problem", "mb2ic8ih12oc8oh12kh3ph1", "--budget", "0.02", "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,11 +1,33 @@
-"""The `dnnkit` command line (also `python -m dnnkit`)."""
+"""The `dnnkit` command line (also `python -m dnnkit`).
+
+  dnnkit info [--json] [--peak]
+  dnnkit explain DESCRIPTOR [--direction D] [--dtype T]
+  dnnkit autotune conv2d --input N,C,H,W --weight K,C,R,S [--stride --padding --dilation --groups]
+  dnnkit autotune --problem DESCRIPTOR ... | --batch FILE | --model resnet50|lstm|fc [--mb N]
+                  [--direction D] [--dtype T] [--budget S] [--workspace-limit BYTES] [--force]
+                  [--no-prune] [--json] [--plot FILE.png]
+  dnnkit cache path | list [--json] | show DESCRIPTOR | clear | export FILE | import FILE
+
+Errors are one line on stderr, "dnnkit: error: ...", with exit status 2.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
+import time
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage dump), as every dnnkit error is."""
+
+    def error(self, message):
+        self.exit(2, f"dnnkit: error: {message}\n")
+
+
+# ------------------------------------------------------------------------------------------------- info
 def _cmd_info(args) -> int:
     import dnnkit
 
@@ -34,19 +56,378 @@ def _cmd_explain(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------------------- autotune
+def _bytes_arg(text: str) -> int:
+    """'1048576', '64K', '64M', '2G' (binary units) -> bytes."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    digits = t[:-1] if scale > 1 else t
+    try:
+        value = float(digits)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 1048576, 64M, 2G)") from None
+    if value < 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return int(value * scale)
+
+
+def _ints_arg(n):
+    def parse(text: str):
+        try:
+            v = tuple(int(s) for s in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {n} comma-separated ints, got {text!r}") from None
+        if len(v) != n:
+            raise argparse.ArgumentTypeError(f"expected {n} comma-separated ints, got {text!r}")
+        return v
+    return parse
+
+
+def _pair_arg(text: str):
+    try:
+        v = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or a pair 'H,W', got {text!r}") from None
+    if len(v) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"expected an int or a pair 'H,W', got {text!r}")
+    return v[0] if len(v) == 1 else v
+
+
+def _budget_arg(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text!r}")
+    return v
+
+
+def _problems(args) -> list:
+    from .autotune.models import load_batch, model_problems
+    from .problem import ConvProblem, parse_descriptor
+
+    sources = [bool(args.op), bool(args.problem), bool(args.batch), bool(args.model)]
+    if sum(sources) != 1:
+        raise ValueError("autotune: give exactly one of: conv2d --input/--weight, --problem, --batch, --model")
+    dtype, direction = args.dtype, args.direction
+    if args.op == "conv2d":
+        if args.input is None or args.weight is None:
+            raise ValueError("autotune conv2d: --input N,C,H,W and --weight K,C/groups,R,S are required")
+        return [ConvProblem.from_arrays(args.input, args.weight, args.stride, args.padding, args.dilation,
+                                        args.groups, direction=direction, dtype=dtype, device=args.device,
+                                        op="autotune conv2d")]
+    if args.problem:
+        out = []
+        for text in args.problem:
+            try:
+                out.append(parse_descriptor(text, direction=direction, dtype=dtype, device=args.device))
+            except ValueError as e:
+                raise ValueError(f"autotune: {e}") from None
+        return out
+    if args.batch:
+        return load_batch(args.batch, direction=direction, dtype=dtype)
+    return model_problems(args.model, mb=args.mb, direction=direction, dtype=dtype)
+
+
+def _picks(result):
+    """(the registry's first usable algorithm: what tuning 'off' runs, the cost model's pick)."""
+    from . import algos
+
+    usable = {r.algorithm: r for r in result if r.status in ("ok", "inaccurate", "failed", "pruned")}
+    order = [a.name for a in algos.algorithms(result.problem.op, "cuda" if result.problem.device == "cuda" else "cpu")
+             if a.name in usable]
+    if not order:
+        return None, None
+    default = usable[order[0]]
+    predicted = [(usable[n].predicted_s, i, usable[n]) for i, n in enumerate(order) if usable[n].predicted_s]
+    heuristic = min(predicted, key=lambda t: (t[0], t[1]))[2] if predicted else default
+    return default, heuristic
+
+
+def summarize(results) -> dict:
+    """Totals over tuned problems: time spent, speed-up over the untuned default, the cost model's record."""
+    tuned = [r for r in results if r.best is not None]
+    default_s = best_s = 0.0
+    compared = within = 0
+    errors = []
+    for res in tuned:
+        default, heuristic = _picks(res)
+        if default is not None and default.ok:
+            default_s += default.median_s
+            best_s += res.best.median_s
+        if heuristic is not None and heuristic.ok:
+            compared += 1
+            within += heuristic.median_s <= 1.10 * res.best.median_s
+        errors += [abs(r.predicted_s - r.median_s) / r.median_s for r in res if r.ok and r.predicted_s]
+    return {
+        "problems": len(results),
+        "tuned": len(tuned),
+        "measured": sum(r.source == "measured" for r in results),
+        "from_cache": sum(r.source == "cache" for r in results),
+        "tuning_s": round(sum(r.elapsed_s for r in results if r.source == "measured"), 3),
+        "speedup_over_default": round(default_s / best_s, 3) if best_s > 0 else None,
+        "heuristic_within_10pct": within,
+        "heuristic_compared": compared,
+        "model_median_error": round(statistics.median(errors), 3) if errors else None,
+    }
+
+
+class _Progress:
+    """A progress bar on stderr over a batch of problems (plain lines when stderr is not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.tty = total, enabled and total > 1, sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+
+    def step(self, i: int, label: str) -> None:
+        if not self.enabled:
+            return
+        width = 24
+        done = width * i // self.total
+        line = f"[{'#' * done}{'.' * (width - done)}] {i}/{self.total} {time.perf_counter() - self.t0:5.1f} s  {label}"
+        if self.tty:
+            sys.stderr.write("\r" + line[:118].ljust(118))
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\r" + " " * 118 + "\r")
+            sys.stderr.flush()
+
+
+def _cmd_autotune(args) -> int:
+    from . import __version__
+    from .autotune import cache
+    from .autotune.cost_model import measure_ceilings
+    from .autotune.tuner import find
+
+    problems = _problems(args)
+    store = cache.default_store()
+    if not args.json:
+        print(f"dnnkit {__version__} autotune: {len(problems)} problem(s) on {cache.device_fingerprint()}; "
+              f"cache {store.path}")
+    if store.get_ceilings() is None or args.force:
+        measure_ceilings(store)
+    results = []
+    progress = _Progress(len(problems), not args.json)
+    for i, p in enumerate(problems):
+        progress.step(i, f"{p.op} {p.descriptor()}")
+        result = None if args.force else store.get(p)
+        if result is None:
+            result = find(p, budget=args.budget, workspace_limit=args.workspace_limit,
+                          prune=None if args.no_prune else 4.0, store=store)
+        results.append(result)
+        if not args.json:
+            progress.close()
+            print(result, flush=True)
+    progress.close()
+    summary = summarize(results)
+    if args.plot:
+        _plot(results, args.plot, store.get_ceilings())
+    if args.json:
+        print(json.dumps({
+            "version": __version__, "device": cache.device_fingerprint(), "cache": store.path,
+            "problems": [{"problem": cache.problem_key(r.problem), "op": r.problem.op,
+                          "descriptor": r.problem.descriptor(), "source": r.source,
+                          "elapsed_s": r.elapsed_s, "best": r.best.algorithm if r.best else None,
+                          "records": [x.to_dict() for x in r]} for r in results],
+            "summary": summary,
+        }, indent=1))
+    else:
+        s = summary
+        print(f"\ntuned {s['tuned']} of {s['problems']} problem(s): {s['measured']} measured in {s['tuning_s']:.1f} s, "
+              f"{s['from_cache']} from the cache")
+        if s["speedup_over_default"]:
+            print(f"chosen algorithms vs the registry's first (tuning off): {s['speedup_over_default']:.2f}x "
+                  f"total time")
+        if s["heuristic_compared"]:
+            err = "" if s["model_median_error"] is None else f"; median prediction error {s['model_median_error']:.0%}"
+            print(f"cost model (heuristic mode): within 10% of the best on {s['heuristic_within_10pct']} of "
+                  f"{s['heuristic_compared']}{err}")
+        if args.plot:
+            print(f"roofline written to {args.plot}")
+    return 0 if all(r.best is not None for r in results) else 1
+
+
+def _problem_bytes(p) -> int:
+    """The least memory traffic of a problem: its inputs and output, once each."""
+    if p.op == "gemm":
+        return (p.m * p.k + p.k * p.n + p.m * p.n) * p.itemsize
+    x, w, y = (math.prod(s) for s in (p.input_shape, p.weight_shape, p.output_shape))
+    return (x + w + y) * p.itemsize
+
+
+def _plot(results, path: str, ceilings) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("autotune: --plot needs matplotlib (pip install 'dnnkit[plot]')") from None
+    from .autotune.cost_model import _COPY_BYTES_PER_S, nominal_peak_flops
+    from ._config import get_num_threads
+
+    peak = (ceilings or {}).get("peak_flops") or nominal_peak_flops()
+    bw = ((ceilings or {}).get("copy_bytes_per_s") or _COPY_BYTES_PER_S) * get_num_threads()
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    points = {}
+    for res in results:
+        ai = res.problem.flops / max(1, _problem_bytes(res.problem))
+        for r in res:
+            if r.ok and r.gflops:
+                points.setdefault(r.algorithm, []).append((ai, r.gflops))
+    xs = [x for pts in points.values() for x, _ in pts] or [1.0]
+    lo, hi = min(xs) / 2, max(xs) * 2
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(grid, [min(peak, bw * x) / 1e9 for x in grid], "k-", lw=1.5,
+            label=f"roofline: {peak / 1e9:.0f} GFLOP/s, {bw / 1e9:.0f} GB/s")
+    for name, pts in sorted(points.items()):
+        ax.scatter([x for x, _ in pts], [y for _, y in pts], s=18, label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte of inputs and output)")
+    ax.set_ylabel("GFLOP/s (direct-convolution / GEMM FLOPs)")
+    ax.set_title("dnnkit autotune: measured algorithms against this machine's ceilings")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    try:
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    except OSError as e:
+        raise ValueError(f"autotune: cannot write {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------ cache
+def _cmd_cache(args) -> int:
+    from .autotune import cache
+    from .autotune.tuner import format_table
+
+    store = cache.default_store()
+    if args.action == "path":
+        print(store.path)
+        return 0
+    if args.action == "clear":
+        n = store.clear()
+        print(f"removed {n} tuning result(s) from {store.path}")
+        return 0
+    if args.action == "list":
+        rows = store.rows()
+        here = cache.device_fingerprint()
+        from . import __version__
+
+        if args.json:
+            print(json.dumps([{k: v for k, v in r.items() if k != "records"} for r in rows], indent=1))
+            return 0
+        if not rows:
+            print(f"no tuning results in {store.path}")
+            return 0
+        print(f"{len(rows)} tuning result(s) in {store.path} ('*': usable here: {here}, version {__version__})")
+        for r in rows:
+            mark = "*" if r["device"] == here and r["version"] == __version__ else " "
+            best = f"{r['best']} {r['best_s'] * 1e3:.3f} ms" if r["best"] else "(no accurate algorithm)"
+            print(f"{mark} {r['problem']:<72} {best:<32} {r['device']} v{r['version']}")
+        return 0
+    if args.action == "show":
+        if not args.arg:
+            raise ValueError("cache show: give a problem descriptor")
+        from .problem import parse_descriptor
+
+        p = parse_descriptor(args.arg, direction=args.direction, dtype=args.dtype)
+        result = store.get(p)
+        if result is None:
+            print(f"dnnkit: no tuning result for {cache.problem_key(p)} on this device and version", file=sys.stderr)
+            return 1
+        print(format_table(result))
+        return 0
+    if not args.arg:
+        raise ValueError(f"cache {args.action}: give a file name")
+    if args.action == "export":
+        rows = store.rows()
+        try:
+            with open(args.arg, "w", encoding="utf-8") as f:
+                json.dump({"format": "dnnkit-tuning-cache", "schema": cache.SCHEMA_VERSION, "results": rows}, f,
+                          indent=1)
+        except OSError as e:
+            raise ValueError(f"cache export: cannot write {args.arg}: {e.strerror or e}") from None
+        print(f"exported {len(rows)} tuning result(s) to {args.arg}")
+        return 0
+    try:
+        with open(args.arg, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise ValueError(f"cache import: cannot read {args.arg}: {e.strerror or e}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"cache import: {args.arg} is not JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != "dnnkit-tuning-cache" or not isinstance(doc.get("results"), list):
+        raise ValueError(f"cache import: {args.arg} is not a file written by 'dnnkit cache export'")
+    if doc.get("schema") != cache.SCHEMA_VERSION:
+        raise ValueError(f"cache import: {args.arg} has schema {doc.get('schema')}, this dnnkit reads "
+                         f"{cache.SCHEMA_VERSION}")
+    n = store.import_rows(doc["results"])
+    print(f"imported {n} of {len(doc['results'])} tuning result(s) into {store.path} (newer ones kept)")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dnnkit", description="dnnkit: deep-learning operator kernels")
+    parser = _Parser(prog="dnnkit", description="dnnkit: deep-learning operator kernels and their autotuner")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
     p_info = sub.add_parser("info", help="backend, ISA, micro-kernels, threads, version")
     p_info.add_argument("--json", action="store_true", help="print JSON")
     p_info.add_argument("--peak", action="store_true", help="also measure the float32 FMA peak")
     p_info.set_defaults(func=_cmd_info)
+
     p_explain = sub.add_parser("explain", help="candidate algorithms for a problem descriptor")
     p_explain.add_argument("problem", help='a GEMM descriptor ("m64n4096k4096tb_f32") or a benchdnn '
                            'convolution descriptor ("mb8ic64ih56oc64oh56kh3ph1")')
     p_explain.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter"), help="convolution direction")
     p_explain.add_argument("--dtype", choices=("float32", "float64"), help="convolution dtype")
     p_explain.set_defaults(func=_cmd_explain)
+
+    p_tune = sub.add_parser(
+        "autotune", help="time every algorithm on problems, keep the fastest accurate one in the cache",
+        description="Time every algorithm that supports each problem on this machine, check its accuracy "
+                    "and keep the fastest accurate one in the tuning cache. Problems already in the cache "
+                    "for this device and version are shown from it (--force re-tunes).")
+    p_tune.add_argument("op", nargs="?", choices=("conv2d",), help="tune one convolution given by shapes")
+    p_tune.add_argument("--input", type=_ints_arg(4), metavar="N,C,H,W", help="conv2d input shape")
+    p_tune.add_argument("--weight", type=_ints_arg(4), metavar="K,C,R,S", help="conv2d weight shape")
+    p_tune.add_argument("--stride", type=_pair_arg, default=1, metavar="S[,S]")
+    p_tune.add_argument("--padding", type=_pair_arg, default=0, metavar="P[,P]")
+    p_tune.add_argument("--dilation", type=_pair_arg, default=1, metavar="D[,D]")
+    p_tune.add_argument("--groups", type=int, default=1)
+    p_tune.add_argument("--problem", action="append", metavar="DESCRIPTOR",
+                        help="a GEMM or benchdnn convolution descriptor (repeatable)")
+    p_tune.add_argument("--batch", metavar="FILE", help="a file of descriptors, one a line")
+    p_tune.add_argument("--model", choices=("resnet50", "lstm", "fc"), help="a layer list shipped with dnnkit")
+    p_tune.add_argument("--mb", type=int, default=8, help="minibatch for --model (default 8)")
+    p_tune.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter"), default="fwd",
+                        help="convolution direction (default fwd)")
+    p_tune.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p_tune.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p_tune.add_argument("--budget", type=_budget_arg, default=None, metavar="SECONDS",
+                        help="timing budget per problem, shared by its candidates (default 1.0)")
+    p_tune.add_argument("--workspace-limit", type=_bytes_arg, default=None, metavar="BYTES",
+                        help="do not run algorithms needing more workspace (e.g. 64M)")
+    p_tune.add_argument("--force", action="store_true", help="re-tune problems already in the cache")
+    p_tune.add_argument("--no-prune", action="store_true", help="time even candidates the cost model rules out")
+    p_tune.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p_tune.add_argument("--plot", metavar="FILE.png", help="write a roofline plot (needs matplotlib)")
+    p_tune.set_defaults(func=_cmd_autotune)
+
+    p_cache = sub.add_parser("cache", help="the tuning cache: path, list, show, clear, export, import")
+    p_cache.add_argument("action", choices=("path", "list", "show", "clear", "export", "import"))
+    p_cache.add_argument("arg", nargs="?", metavar="DESCRIPTOR|FILE", help="show: a descriptor; export/import: a file")
+    p_cache.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter"), default="fwd")
+    p_cache.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p_cache.add_argument("--json", action="store_true", help="list: print JSON")
+    p_cache.set_defaults(func=_cmd_cache)
     return parser
 
 
@@ -61,6 +442,9 @@ def main(argv=None) -> int:
     except (ValueError, TypeError) as e:
         print(f"dnnkit: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("dnnkit: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
