@@ -1,6 +1,6 @@
 """Layer lists of real networks that `dnnkit autotune --model NAME` tunes, and problem files.
 
-resnet50: the 23 distinct convolutions of ResNet-50 v1 (data/resnet50_conv.txt, benchdnn's list) and
+resnet50: the 20 distinct convolutions of ResNet-50 v1 (data/resnet50_conv.txt, benchdnn's list) and
     its 2048 -> 1000 classifier, at minibatch mb.
 lstm: the GEMMs an LSTM layer runs, for hidden sizes 256, 512 and 1024 over 50 steps: the input
     projection of all steps at once (50*mb rows, 4H outputs, fused bias) and the recurrent projection
