@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _cpu
 from .algos.gemm_cpu import ACTIVATION_CODES
+from ._config import get_num_threads, get_workspace_limit
 from .dispatch import choose, explain_problem
 from .problem import ACTIVATIONS, ConvProblem, GemmProblem, parse_descriptor
 
@@ -67,6 +68,8 @@ def _same_dtype(op: str, **arrays) -> np.dtype:
 
 
 def _scalar(op: str, name: str, v) -> float:
+    if type(v) is float or type(v) is int:
+        return float(v)  # the common case, checked first
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{op}: {name} must be a real number, got {type(v).__name__}")
     return float(v)
@@ -284,13 +287,43 @@ def _shape4(op: str, name: str, shape) -> tuple:
     return t
 
 
+def _typed(v):
+    """v as part of a cache key that tells 1 from True and 1 from 1.0 (lists become tuples)."""
+    if isinstance(v, (list, tuple)):
+        return tuple((type(e), e) for e in v)
+    return (type(v), v)
+
+
 def _conv_problem(op, direction, x_shape, w_shape, stride, padding, dilation, groups, dtype, bias=False):
-    return ConvProblem.from_arrays(x_shape, w_shape, stride, padding, dilation, groups, direction=direction,
-                                   dtype=_DTYPE_NAMES[dtype], bias=bias, op=op)
+    """The ConvProblem of a call; one object per distinct call signature (building and validating one
+    costs tens of microseconds, a dictionary hit well under one)."""
+    try:
+        key = (op, direction, x_shape, w_shape, _typed(stride), _typed(padding), _typed(dilation), _typed(groups),
+               dtype, bias)
+        p = _problems.get(key)
+    except TypeError:  # an unhashable argument: no caching, from_arrays reports what is wrong with it
+        key, p = None, None
+    if p is None:
+        p = ConvProblem.from_arrays(x_shape, w_shape, stride, padding, dilation, groups, direction=direction,
+                                    dtype=_DTYPE_NAMES[dtype], bias=bias, op=op)
+        if key is not None:
+            if len(_problems) > 4096:
+                _problems.clear()
+            _problems[key] = p
+    return p
+
+
+_workspace_bytes: dict = {}
 
 
 def _workspace(algorithm, p, dtype):
-    nbytes = algorithm.workspace_bytes(p)
+    """The workspace array algorithm needs for p (None for none); its size is remembered per problem."""
+    key = (algorithm, p, get_workspace_limit(), get_num_threads())
+    nbytes = _workspace_bytes.get(key)
+    if nbytes is None:
+        if len(_workspace_bytes) > 4096:
+            _workspace_bytes.clear()
+        nbytes = _workspace_bytes[key] = algorithm.workspace_bytes(p)
     return None if nbytes == 0 else _empty(p.op, (nbytes // dtype.itemsize,), dtype)
 
 

@@ -1,0 +1,91 @@
+"""Dispatch overhead: a public API call on a problem seen before, against calling the algorithm it
+chose directly (the same kernel on the same arrays, the output allocated the same way).
+
+    python bench/dispatch.py [--seconds S]
+
+The difference is what validation, the problem lookup and the remembered decision cost per call. Tiny
+problems, so the kernel is short and the overhead shows. Goal: at most 10 microseconds.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import dnnkit
+from dnnkit.dispatch import choose
+from dnnkit.problem import ConvProblem, GemmProblem
+
+
+def per_call(fn, seconds: float) -> float:
+    """Median of many short batches' time per call."""
+    fn()
+    batch = 200
+    samples = []
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end or len(samples) < 5:
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            fn()
+        samples.append((time.perf_counter() - t0) / batch)
+    return statistics.median(samples)
+
+
+def cases(rng):
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    w = rng.standard_normal((32, 64)).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    p = GemmProblem(4, 32, 64, trans_b=True, bias=True)
+    algo = choose(p)
+    yield ("linear 4x64 -> 32, bias", lambda: dnnkit.linear(x, w, b),
+           lambda: algo.run(p, x, w.T, out=np.empty((4, 32), np.float32), bias=b), algo.name)
+
+    a = rng.standard_normal((16, 16)).astype(np.float32)
+    q = GemmProblem(16, 16, 16)
+    g = choose(q)
+    yield ("gemm 16x16x16", lambda: dnnkit.gemm(a, a),
+           lambda: g.run(q, a, a, out=np.empty((16, 16), np.float32)), g.name)
+
+    xi = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    wi = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    c = ConvProblem.from_arrays(xi.shape, wi.shape, 1, 1, 1, 1)
+    conv = choose(c)
+    ws = conv.workspace_bytes(c)
+
+    def direct():
+        out = np.empty(c.output_shape, np.float32)
+        work = None if ws == 0 else np.empty(ws // 4, np.float32)
+        conv.run(c, xi, wi, out=out, workspace=work)
+
+    yield ("conv2d 1x4x8x8, 3x3", lambda: dnnkit.conv2d(xi, wi, padding=1), direct, conv.name)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=1.0, help="timing per case and side")
+    args = ap.parse_args(argv)
+    dnnkit.set_num_threads(1)  # tiny problems: threads would only add their own start-up cost
+    print(f"dnnkit {dnnkit.__version__}, {dnnkit._cpu.cpu_model_name()}, python {sys.version.split()[0]}, "
+          f"pid {os.getpid()}")
+    print(f"| case | algorithm | API us/call | direct us/call | overhead us |")
+    print(f"| --- | --- | ---: | ---: | ---: |")
+    worst = 0.0
+    for name, api, direct, algo in cases(np.random.default_rng(0)):
+        # Alternate the two sides a few times and keep each side's best median: the machine is shared.
+        t_api, t_direct = [], []
+        for _ in range(3):
+            t_api.append(per_call(api, args.seconds / 3))
+            t_direct.append(per_call(direct, args.seconds / 3))
+        a, d = min(t_api) * 1e6, min(t_direct) * 1e6
+        worst = max(worst, a - d)
+        print(f"| {name} | {algo} | {a:.2f} | {d:.2f} | {a - d:.2f} |")
+    print(f"\nworst overhead {worst:.2f} us (goal <= 10 us): {'met' if worst <= 10 else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
