@@ -1,0 +1,105 @@
+"""The autotuner on ResNet-50: how long tuning takes, and how good the cost model's choice is.
+
+    python bench/autotune.py [--mb 8] [--directions fwd,bwd_data,bwd_filter] [--budget S] [--markdown]
+
+Runs in a private, empty tuning cache (nothing of the user's is read or written).
+1. Tuning time: every ResNet-50 layer (forward, minibatch mb) through autotune.find with the defaults
+   (budget 1 s a problem, pruning on), as `dnnkit autotune --model resnet50` does on a fresh cache.
+2. Model quality: each layer and direction timed with every supporting algorithm (no pruning); then
+   per layer, whether the cost model's pick is within 10% of the measured best, and the median
+   |predicted - measured| / measured. Two models: as shipped (no cache), and fitted from the cache
+   leaving the layer itself out (what heuristic mode does on a layer the cache has not seen).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+_CACHE = tempfile.mkdtemp(prefix="dnnkit-bench-cache-")
+os.environ["DNNKIT_CACHE_DIR"] = _CACHE
+
+import dnnkit  # noqa: E402
+from dnnkit.autotune import cost_model, find, measure_ceilings  # noqa: E402
+from dnnkit.autotune.models import model_problems  # noqa: E402
+
+
+def within(pick, times, best):
+    return pick in times and times[pick] <= 1.10 * best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=int, default=8)
+    ap.add_argument("--directions", default="fwd,bwd_data,bwd_filter")
+    ap.add_argument("--budget", type=float, default=None, help="timing budget per problem (default: find's)")
+    ap.add_argument("--skip-tuning-time", action="store_true")
+    args = ap.parse_args(argv)
+    info = dnnkit.info()
+    print(f"dnnkit {info['version']} on {info['cpu']}, {info['isa_active']}, {info['threads']} threads; "
+          f"private cache {_CACHE}")
+    ceil = measure_ceilings()
+    print(f"measured ceilings: {ceil['peak_flops'] / 1e9:.0f} GFLOP/s float32 FMA, "
+          f"{ceil['copy_bytes_per_s'] / 1e9:.1f} GB/s copy per thread\n")
+
+    if not args.skip_tuning_time:
+        layers = model_problems("resnet50", mb=args.mb)
+        t0 = time.perf_counter()
+        for p in layers:
+            find(p, budget=args.budget, store=False)
+        total = time.perf_counter() - t0
+        print(f"tuning time, ResNet-50 forward at mb {args.mb} ({len(layers)} problems, default budget and "
+              f"pruning): {total:.1f} s (goal <= 120 s)\n")
+
+    print("| direction | layer | best | measured ms | shipped model pick | fitted (leave-one-out) pick | "
+          "shipped error | fitted error |")
+    print("| --- | --- | --- | ---: | --- | --- | ---: | ---: |")
+    rows = []
+    for direction in args.directions.split(","):
+        for p in model_problems("resnet50", mb=args.mb, direction=direction):
+            if p.op == "gemm":
+                continue
+            res = find(p, budget=args.budget, prune=None, store=False)
+            times = {r.algorithm: r.median_s for r in res if r.ok}
+            raw = {name: cost_model.raw_predict(name, p) for name in times}
+            rows.append((direction, p, times, raw, res.best.algorithm))
+    # Leave-one-out fit: per (direction, algorithm), the median measured / raw-predicted ratio over the
+    # other layers of that direction.
+    summary = {"shipped": [0, 0, []], "fitted": [0, 0, []]}
+    for i, (direction, p, times, raw, best_name) in enumerate(rows):
+        ratios = {}
+        for j, (d2, _, t2, r2, _) in enumerate(rows):
+            if j != i and d2 == direction:
+                for name, t in t2.items():
+                    if r2.get(name):
+                        ratios.setdefault(name, []).append(t / r2[name])
+        fitted = {n: raw[n] * statistics.median(ratios[n]) if ratios.get(n) and raw.get(n) else raw[n] for n in raw}
+        best = times[best_name]
+        picks = {}
+        for label, pred in (("shipped", raw), ("fitted", fitted)):
+            known = {n: v for n, v in pred.items() if v}
+            pick = min(known, key=known.get) if known else next(iter(times))
+            picks[label] = pick
+            s = summary[label]
+            s[0] += within(pick, times, best)
+            s[1] += 1
+            s[2] += [abs(known[n] - times[n]) / times[n] for n in known]
+        name = p.name.split(":")[-1] if p.name else p.descriptor()
+        err = {k: statistics.median([abs(v - times[n]) / times[n] for n, v in pr.items() if v])
+               for k, pr in (("shipped", raw), ("fitted", fitted))}
+        print(f"| {direction} | {name} | {best_name} | {best * 1e3:.2f} | {picks['shipped']}"
+              f"{'' if within(picks['shipped'], times, best) else ' (miss)'} | {picks['fitted']}"
+              f"{'' if within(picks['fitted'], times, best) else ' (miss)'} | {err['shipped']:.0%} | "
+              f"{err['fitted']:.0%} |")
+    print()
+    for label, (ok, n, errs) in summary.items():
+        print(f"{label} model: pick within 10% of the best on {ok} of {n} ({ok / max(n, 1):.0%}; goal >= 80%), "
+              f"median prediction error {statistics.median(errs):.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
