@@ -6,6 +6,7 @@
 #include "../common.h"
 #include "../cpu_info.h"
 #include "epilogue.h"
+#include "ukernel.h"
 
 namespace dnnkit {
 
@@ -34,6 +35,46 @@ void gemm(const GemmArgs<T>& g, int nthreads = 0);
 // contiguous rows, no packing, no workspace (gemm_small_m.cpp).
 template <typename T>
 void gemm_small_m(const GemmArgs<T>& g, int nthreads = 0);
+
+// ---- Pre-packed B: pack once, multiply many times (an RNN's recurrent weights, reused at every step).
+//
+// PackedB holds a k x n B as ceil(n/NR) micro-panels of full depth: panel jp is columns
+// [jp*NR, jp*NR + NR) stored k x NR, k-major (panel[p*NR + j] = B(p, jp*NR + j)), zero past column n.
+// Rows [pc, pc + kc) of a panel start at panel + pc*NR, so the micro-kernel runs on any k block of it
+// without repacking. The micro-kernel is the active ISA's at pack time and stays with the packing.
+template <typename T>
+class PackedB {
+ public:
+  // Packs B (element (r, c) at b[r*rs + c*cs]) on `nthreads` threads (<= 0: get_num_threads()).
+  // Throws std::bad_alloc; call it outside parallel regions.
+  void pack(index_t k, index_t n, const T* b, index_t rs, index_t cs, int nthreads = 0);
+  index_t k() const { return k_; }
+  index_t n() const { return n_; }
+  index_t panels() const { return ceil_div(n_, uk_.nr); }
+  const UKernel<T>& ukernel() const { return uk_; }
+  const T* panel(index_t jp) const { return buf_.data() + jp * uk_.nr * k_; }
+
+ private:
+  index_t k_ = 0, n_ = 0;
+  UKernel<T> uk_{};
+  AlignedBuffer<T> buf_;
+};
+
+// A (m x k) packed for gemm_packed_b: floor(m/MR) micro-panels of MR rows (stride MR) and, when MR does
+// not divide m, one tail panel of exactly m % MR rows (stride m % MR), so no padding row is computed.
+// packed_a_elems is the size of `ap` (64-byte aligned) for the micro-kernel uk.
+template <typename T>
+index_t packed_a_elems(const UKernel<T>& uk, index_t m, index_t k);
+template <typename T>
+void pack_a_rows(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap);
+
+// One thread, no allocation (callable inside a parallel region): for the column panels [jp0, jp1) of b,
+//   C(i, j) := beta * C(i, j) + sum_p A(i, p) B(p, j),   0 <= i < m,  jp0*NR <= j < min(n, jp1*NR),
+// with A packed by pack_a_rows and C row-major (row stride ldc; c points at C(0, 0)). beta == 0: C is
+// not read. k is blocked by the ISA's KC.
+template <typename T>
+void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, index_t jp1, T beta, T* c,
+                   index_t ldc);
 
 // Bytes of packing buffers gemm() allocates for these sizes (the algorithm's workspace).
 template <typename T>

@@ -29,6 +29,10 @@ struct UKernel {
   int mr;
   int nr;
   ukernel_fn<T> fn;
+  // rows[m-1] (1 <= m <= mr): the same contract on an A micro-panel packed with stride m instead of MR
+  // (a[p*m + i]), computing only m rows: the tail of a short A (an RNN step's few batch rows) costs no
+  // wasted FMAs. Every ISA provides them.
+  const ukernel_fn<T>* rows = nullptr;
 };
 
 // Small-M dot kernel (gemm_small_m.cpp): out[i*ldo + j] = sum_p x[i*ldx + p] * w[j*ldw + p] for

@@ -56,6 +56,22 @@ void uk_f64(dnnkit::index_t k, const double* a, const double* b, double* c, dnnk
 }
 double probe(dnnkit::index_t iters, double* flops) { return fma_probe<Avx2F32, 12>(iters, flops); }
 
+// Exact-row variants (UKernel::rows): ukernel_tile with M = 1..kMR rows and A panels of stride M.
+template <int M>
+void uk_rows_f32(dnnkit::index_t k, const float* a, const float* b, float* c, dnnkit::index_t rs_c,
+                 dnnkit::index_t cs_c, float alpha, float beta, int m, int n) {
+  ukernel_tile<Avx2F32, M, 2>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n);
+}
+template <int M>
+void uk_rows_f64(dnnkit::index_t k, const double* a, const double* b, double* c, dnnkit::index_t rs_c,
+                 dnnkit::index_t cs_c, double alpha, double beta, int m, int n) {
+  ukernel_tile<Avx2F64, M, 2>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n);
+}
+const dnnkit::ukernel_fn<float> kRowsF32[kMR] = {uk_rows_f32<1>, uk_rows_f32<2>, uk_rows_f32<3>,
+                                                  uk_rows_f32<4>, uk_rows_f32<5>, uk_rows_f32<6>};
+const dnnkit::ukernel_fn<double> kRowsF64[kMR] = {uk_rows_f64<1>, uk_rows_f64<2>, uk_rows_f64<3>,
+                                                   uk_rows_f64<4>, uk_rows_f64<5>, uk_rows_f64<6>};
+
 constexpr int kDotMI = 2;
 constexpr int kDotNJ = 4;
 void dot_f32(int mi, dnnkit::index_t k, const float* x, dnnkit::index_t ldx, const float* w, dnnkit::index_t ldw,
@@ -71,8 +87,12 @@ void dot_f64(int mi, dnnkit::index_t k, const double* x, dnnkit::index_t ldx, co
 #pragma GCC pop_options
 
 namespace dnnkit {
-template <> UKernel<float> ukernel_avx2<float>() { return {"ukernel_6x16_avx2", kMR, 16, uk_f32}; }
-template <> UKernel<double> ukernel_avx2<double>() { return {"ukernel_6x8_avx2", kMR, 8, uk_f64}; }
+template <> UKernel<float> ukernel_avx2<float>() {
+  return {"ukernel_6x16_avx2", kMR, 16, uk_f32, kRowsF32};
+}
+template <> UKernel<double> ukernel_avx2<double>() {
+  return {"ukernel_6x8_avx2", kMR, 8, uk_f64, kRowsF64};
+}
 double fma_probe_avx2(index_t iters, double* flops) { return probe(iters, flops); }
 template <> DotKernel<float> dot_kernel_avx2<float>() {
   return {"dot_2x4_avx2", kDotMI, kDotNJ, dot_f32};

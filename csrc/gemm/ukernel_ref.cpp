@@ -36,6 +36,21 @@ void uk_f64(dnnkit::index_t k, const double* a, const double* b, double* c, dnnk
   ukernel_tile<Scalar<double>, kMR, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n);
 }
 
+// Exact-row variants (UKernel::rows): ukernel_tile with M = 1..kMR rows and A panels of stride M.
+template <int M>
+void uk_rows_f32(dnnkit::index_t k, const float* a, const float* b, float* c, dnnkit::index_t rs_c,
+                 dnnkit::index_t cs_c, float alpha, float beta, int m, int n) {
+  ukernel_tile<Scalar<float>, M, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n);
+}
+template <int M>
+void uk_rows_f64(dnnkit::index_t k, const double* a, const double* b, double* c, dnnkit::index_t rs_c,
+                 dnnkit::index_t cs_c, double alpha, double beta, int m, int n) {
+  ukernel_tile<Scalar<double>, M, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n);
+}
+const dnnkit::ukernel_fn<float> kRowsF32[kMR] = {uk_rows_f32<1>, uk_rows_f32<2>, uk_rows_f32<3>, uk_rows_f32<4>};
+const dnnkit::ukernel_fn<double> kRowsF64[kMR] = {uk_rows_f64<1>, uk_rows_f64<2>, uk_rows_f64<3>,
+                                                   uk_rows_f64<4>};
+
 constexpr int kDotMI = 4;
 constexpr int kDotNJ = 4;
 void dot_f32(int mi, dnnkit::index_t k, const float* x, dnnkit::index_t ldx, const float* w, dnnkit::index_t ldw,
@@ -49,8 +64,12 @@ void dot_f64(int mi, dnnkit::index_t k, const double* x, dnnkit::index_t ldx, co
 }  // namespace
 
 namespace dnnkit {
-template <> UKernel<float> ukernel_ref<float>() { return {"ukernel_4x8_ref", kMR, kNR, uk_f32}; }
-template <> UKernel<double> ukernel_ref<double>() { return {"ukernel_4x8_ref", kMR, kNR, uk_f64}; }
+template <> UKernel<float> ukernel_ref<float>() {
+  return {"ukernel_4x8_ref", kMR, kNR, uk_f32, kRowsF32};
+}
+template <> UKernel<double> ukernel_ref<double>() {
+  return {"ukernel_4x8_ref", kMR, kNR, uk_f64, kRowsF64};
+}
 double fma_probe_ref(index_t iters, double* flops) { return fma_probe<Scalar<float>, 8>(iters, flops); }
 template <> DotKernel<float> dot_kernel_ref<float>() {
   return {"dot_4x4_ref", kDotMI, kDotNJ, dot_f32};

@@ -1,0 +1,90 @@
+// Pre-packed B (PackedB) and the single-threaded product over a range of its panels (gemm.h).
+#include <algorithm>
+
+#include "blocking.h"
+#include "gemm.h"
+#include "pack.h"
+
+namespace dnnkit {
+
+template <typename T>
+void PackedB<T>::pack(index_t k, index_t n, const T* b, index_t rs, index_t cs, int nthreads) {
+  uk_ = select_ukernel<T>(active_isa());
+  k_ = k;
+  n_ = n;
+  const int nr = uk_.nr;
+  const index_t np = panels();
+  buf_.resize(static_cast<std::size_t>(std::max<index_t>(np * nr * k, 1)));
+  T* const dst = buf_.data();
+  const int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(),
+                                                                         np)));
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+  for (index_t jp = 0; jp < np; ++jp) {
+    const index_t j = jp * nr;
+    pack_b_panel<T>(k, std::min<index_t>(nr, n - j), b + j * cs, rs, cs, nr, dst + jp * nr * k);
+  }
+}
+
+template <typename T>
+index_t packed_a_elems(const UKernel<T>&, index_t m, index_t k) {
+  return std::max<index_t>(m * k, 1);  // full panels and the exact-height tail hold m*k elements, no padding
+}
+
+template <typename T>
+void pack_a_rows(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap) {
+  const int mr = uk.mr;
+  index_t i = 0;
+  for (; i + mr <= m; i += mr) pack_a_panel<T>(mr, k, a + i * rs, rs, cs, mr, ap + i * k);
+  if (i < m) {
+    const int mt = static_cast<int>(m - i);
+    pack_a_panel<T>(mt, k, a + i * rs, rs, cs, mt, ap + i * k);
+  }
+}
+
+template <typename T>
+void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, index_t jp1, T beta, T* c,
+                   index_t ldc) {
+  const UKernel<T>& uk = b.ukernel();
+  const index_t k = b.k(), n = b.n();
+  const int mr = uk.mr, nr = uk.nr;
+  if (m == 0 || jp0 >= jp1) return;
+  if (k == 0) {
+    const index_t j1 = std::min(n, jp1 * nr);
+    for (index_t i = 0; i < m; ++i)
+      for (index_t j = jp0 * nr; j < j1; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    return;
+  }
+  const index_t m_full = m / mr * mr;
+  const int m_tail = static_cast<int>(m - m_full);
+  const index_t kc_max = blocking_for<T>(active_isa()).kc;
+  for (index_t jp = jp0; jp < jp1; ++jp) {
+    const index_t j = jp * nr;
+    const int n_t = static_cast<int>(std::min<index_t>(nr, n - j));
+    const T* bpanel = b.panel(jp);
+    for (index_t pc = 0; pc < k; pc += kc_max) {
+      const index_t kc = std::min(kc_max, k - pc);
+      const T beta_k = pc == 0 ? beta : T(1);
+      const T* bblk = bpanel + pc * nr;
+      // A panel of rows [i, i + mr) starts at ap + i*k; its k block [pc, pc + kc) at + pc*mr.
+      for (index_t i = 0; i < m_full; i += mr)
+        uk.fn(kc, ap + i * k + pc * mr, bblk, c + i * ldc + j, ldc, 1, T(1), beta_k, mr, n_t);
+      if (m_tail)
+        uk.rows[m_tail - 1](kc, ap + m_full * k + pc * m_tail, bblk, c + m_full * ldc + j, ldc, 1, T(1), beta_k,
+                            m_tail, n_t);
+    }
+  }
+}
+
+template class PackedB<float>;
+template class PackedB<double>;
+template index_t packed_a_elems<float>(const UKernel<float>&, index_t, index_t);
+template index_t packed_a_elems<double>(const UKernel<double>&, index_t, index_t);
+template void pack_a_rows<float>(const UKernel<float>&, index_t, index_t, const float*, index_t, index_t, float*);
+template void pack_a_rows<double>(const UKernel<double>&, index_t, index_t, const double*, index_t, index_t,
+                                  double*);
+template void gemm_packed_b<float>(index_t, const float*, const PackedB<float>&, index_t, index_t, float, float*,
+                                   index_t);
+template void gemm_packed_b<double>(index_t, const double*, const PackedB<double>&, index_t, index_t, double,
+                                    double*, index_t);
+
+}  // namespace dnnkit
