@@ -17,6 +17,7 @@
 #include "gemm/blocking.h"
 #include "gemm/gemm.h"
 #include "gemm/ukernel.h"
+#include "rnn/rnn.h"
 
 namespace py = pybind11;
 using namespace dnnkit;
@@ -225,6 +226,126 @@ void conv_run(const std::string& dir, const std::string& algo, const ConvShape& 
   }
 }
 
+
+// ------------------------------------------------------------------------------------------------- RNN
+// The Python layer (dnnkit.rnn) validates shapes with operator-named errors and passes C-contiguous
+// arrays of one dtype; these checks only keep direct callers from crashing the process.
+
+// (cell, T, B, I, H, L, D) with cell 0 lstm, 1 gru, 2 rnn_tanh, 3 rnn_relu.
+RnnShape rnn_shape(const py::tuple& t) {
+  if (t.size() != 7) throw py::value_error("rnn: shape tuple must be (cell, T, B, I, H, L, D)");
+  index_t v[7];
+  for (int i = 0; i < 7; ++i) v[i] = t[i].cast<index_t>();
+  if (v[0] < 0 || v[0] > 3) throw py::value_error("rnn: cell code must be in 0..3");
+  for (int i = 1; i < 7; ++i)
+    if (v[i] < 0) throw py::value_error("rnn: shape entries must be >= 0");
+  if (v[4] < 1 || v[5] < 1 || (v[6] != 1 && v[6] != 2))
+    throw py::value_error("rnn: need hidden >= 1, layers >= 1 and 1 or 2 directions");
+  RnnShape s;
+  s.cell = static_cast<RnnCell>(v[0]);
+  s.seq = v[1];
+  s.batch = v[2];
+  s.input = v[3];
+  s.hidden = v[4];
+  s.layers = static_cast<int>(v[5]);
+  s.dirs = static_cast<int>(v[6]);
+  return s;
+}
+
+// A C-contiguous array of T with exactly `elems` elements (null for None when optional).
+template <typename T>
+T* rnn_arg(const py::object& o, index_t elems, const std::string& name, bool writable, bool optional = false) {
+  if (o.is_none()) {
+    if (optional) return nullptr;
+    throw py::value_error("rnn: " + name + " is required");
+  }
+  if (!py::isinstance<py::array_t<T>>(o)) throw py::type_error("rnn: " + name + " has the wrong dtype");
+  py::array a = o.cast<py::array>();
+  if (!(a.flags() & py::array::c_style)) throw py::value_error("rnn: " + name + " must be C-contiguous");
+  if (a.size() != elems) throw py::value_error("rnn: " + name + " has the wrong number of elements");
+  if (writable && !a.writeable()) throw py::value_error("rnn: " + name + " is read-only");
+  return static_cast<T*>(const_cast<void*>(a.data()));
+}
+
+// Four entries per layer-direction: w_ih, w_hh, b_ih, b_hh (the biases both present or both None).
+template <typename T, typename P>
+void rnn_params(const RnnShape& s, const py::list& lst, bool writable, std::vector<P>& w_ih, std::vector<P>& w_hh,
+                std::vector<P>& b_ih, std::vector<P>& b_hh) {
+  const int n = s.layers * s.dirs;
+  if (static_cast<int>(lst.size()) != 4 * n)
+    throw py::value_error("rnn: weights must hold 4 entries per layer-direction");
+  const index_t GH = rnn_gates(s.cell) * s.hidden;
+  for (int li = 0; li < n; ++li) {
+    const std::string k = std::to_string(li);
+    w_ih.push_back(rnn_arg<T>(lst[4 * li], GH * s.input_of(li / s.dirs), "w_ih[" + k + "]", writable));
+    w_hh.push_back(rnn_arg<T>(lst[4 * li + 1], GH * s.hidden, "w_hh[" + k + "]", writable));
+    b_ih.push_back(rnn_arg<T>(lst[4 * li + 2], GH, "b_ih[" + k + "]", writable, true));
+    b_hh.push_back(rnn_arg<T>(lst[4 * li + 3], GH, "b_hh[" + k + "]", writable, true));
+  }
+}
+
+template <typename T>
+std::vector<T*> rnn_layer_outputs(const RnnShape& s, const py::list& ys) {
+  if (static_cast<int>(ys.size()) != s.layers) throw py::value_error("rnn: need one output array per layer");
+  std::vector<T*> out;
+  for (int l = 0; l < s.layers; ++l)
+    out.push_back(rnn_arg<T>(ys[l], s.seq * s.batch * s.dirs * s.hidden, "y[" + std::to_string(l) + "]", true));
+  return out;
+}
+
+template <typename T>
+void rnn_forward_impl(const RnnShape& s, const py::object& x, const py::object& h0, const py::object& c0,
+                      const py::list& weights, const py::list& ys, const py::object& h_n, const py::object& c_n,
+                      const py::object& reserve) {
+  const index_t state = s.layers * s.dirs * s.batch * s.hidden;
+  const bool lstm = s.cell == RnnCell::lstm;
+  RnnWeights<T> w;
+  rnn_params<T, const T*>(s, weights, false, w.w_ih, w.w_hh, w.b_ih, w.b_hh);
+  for (std::size_t i = 0; i < w.b_ih.size(); ++i)
+    if ((w.b_ih[i] == nullptr) != (w.b_hh[i] == nullptr))
+      throw py::value_error("rnn: b_ih and b_hh must both be given or both be None");
+  const T* xp = rnn_arg<T>(x, s.seq * s.batch * s.input, "x", false);
+  const T* h0p = rnn_arg<T>(h0, state, "h0", false, true);
+  const T* c0p = lstm ? rnn_arg<T>(c0, state, "c0", false, true) : nullptr;
+  std::vector<T*> y = rnn_layer_outputs<T>(s, ys);
+  T* hn = rnn_arg<T>(h_n, state, "h_n", true, true);
+  T* cn = lstm ? rnn_arg<T>(c_n, state, "c_n", true, true) : nullptr;
+  T* res = rnn_arg<T>(reserve, rnn_reserve_elems(s), "reserve", true, true);
+  py::gil_scoped_release nogil;
+  rnn_forward<T>(s, w, xp, h0p, c0p, y.data(), hn, cn, res);
+}
+
+template <typename T>
+void rnn_backward_impl(const RnnShape& s, const py::object& x, const py::object& h0, const py::object& c0,
+                       const py::list& weights, const py::list& ys, const py::object& reserve, const py::object& dy,
+                       const py::object& dh_n, const py::object& dc_n, const py::object& dx, const py::object& dh0,
+                       const py::object& dc0, const py::list& grads) {
+  const index_t state = s.layers * s.dirs * s.batch * s.hidden;
+  const bool lstm = s.cell == RnnCell::lstm;
+  RnnWeights<T> w;
+  rnn_params<T, const T*>(s, weights, false, w.w_ih, w.w_hh, w.b_ih, w.b_hh);
+  RnnWeightGrads<T> g;
+  rnn_params<T, T*>(s, grads, true, g.w_ih, g.w_hh, g.b_ih, g.b_hh);
+  for (std::size_t i = 0; i < w.b_ih.size(); ++i)
+    if ((w.b_ih[i] == nullptr) != (w.b_hh[i] == nullptr) || (g.b_ih[i] == nullptr) != (w.b_ih[i] == nullptr) ||
+        (g.b_hh[i] == nullptr) != (w.b_hh[i] == nullptr))
+      throw py::value_error("rnn: bias gradients must be given exactly for the biases the forward had");
+  const T* xp = rnn_arg<T>(x, s.seq * s.batch * s.input, "x", false);
+  const T* h0p = rnn_arg<T>(h0, state, "h0", false, true);
+  const T* c0p = lstm ? rnn_arg<T>(c0, state, "c0", false, true) : nullptr;
+  std::vector<T*> y = rnn_layer_outputs<T>(s, ys);
+  std::vector<const T*> yc(y.begin(), y.end());
+  const T* res = rnn_arg<T>(reserve, rnn_reserve_elems(s), "reserve", false);
+  const T* dyp = rnn_arg<T>(dy, s.seq * s.batch * s.dirs * s.hidden, "dy", false, true);
+  const T* dhn = rnn_arg<T>(dh_n, state, "dh_n", false, true);
+  const T* dcn = lstm ? rnn_arg<T>(dc_n, state, "dc_n", false, true) : nullptr;
+  T* dxp = rnn_arg<T>(dx, s.seq * s.batch * s.input, "dx", true);
+  T* dh0p = rnn_arg<T>(dh0, state, "dh0", true, true);
+  T* dc0p = lstm ? rnn_arg<T>(dc0, state, "dc0", true, true) : nullptr;
+  py::gil_scoped_release nogil;
+  rnn_backward<T>(s, w, xp, h0p, c0p, yc.data(), res, dyp, dhn, dcn, dxp, dh0p, dc0p, g);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_cpu, m) {
@@ -416,6 +537,60 @@ PYBIND11_MODULE(_cpu, m) {
     if (mt != 2 && mt != 4) throw py::value_error("winograd_workspace_elems: m must be 2 or 4");
     return winograd_workspace_elems(conv_shape(shape), mt, tc);
   });
+
+  // ----------------------------------------------------------------------------------------------- RNN
+  m.def("rnn_forward",
+        [](const py::tuple& shape, const py::object& x, const py::object& h0, const py::object& c0,
+           const py::list& weights, const py::list& ys, const py::object& h_n, const py::object& c_n,
+           const py::object& reserve) {
+          const RnnShape s = rnn_shape(shape);
+          if (py::isinstance<py::array_t<float>>(x))
+            return rnn_forward_impl<float>(s, x, h0, c0, weights, ys, h_n, c_n, reserve);
+          if (py::isinstance<py::array_t<double>>(x))
+            return rnn_forward_impl<double>(s, x, h0, c0, weights, ys, h_n, c_n, reserve);
+          throw py::type_error("rnn: x must be float32 or float64");
+        },
+        py::arg("shape"), py::arg("x"), py::arg("h0"), py::arg("c0"), py::arg("weights"), py::arg("ys"),
+        py::arg("h_n"), py::arg("c_n"), py::arg("reserve"),
+        "Fused RNN forward over a whole sequence. shape: (cell, T, B, I, H, L, D), cell 0 lstm, 1 gru, 2 rnn_tanh,\n"
+        "3 rnn_relu; x (T, B, I); h0, c0, h_n, c_n (L*D, B, H) or None; weights: [w_ih, w_hh, b_ih, b_hh] per\n"
+        "layer-direction (biases None for none); ys: one (T, B, D*H) output per layer; reserve: None\n"
+        "(inference) or rnn_reserve_elems(shape) elements, read by rnn_backward.");
+
+  m.def("rnn_backward",
+        [](const py::tuple& shape, const py::object& x, const py::object& h0, const py::object& c0,
+           const py::list& weights, const py::list& ys, const py::object& reserve, const py::object& dy,
+           const py::object& dh_n, const py::object& dc_n, const py::object& dx, const py::object& dh0,
+           const py::object& dc0, const py::list& grads) {
+          const RnnShape s = rnn_shape(shape);
+          if (py::isinstance<py::array_t<float>>(x))
+            return rnn_backward_impl<float>(s, x, h0, c0, weights, ys, reserve, dy, dh_n, dc_n, dx, dh0, dc0, grads);
+          if (py::isinstance<py::array_t<double>>(x))
+            return rnn_backward_impl<double>(s, x, h0, c0, weights, ys, reserve, dy, dh_n, dc_n, dx, dh0, dc0, grads);
+          throw py::type_error("rnn: x must be float32 or float64");
+        },
+        py::arg("shape"), py::arg("x"), py::arg("h0"), py::arg("c0"), py::arg("weights"), py::arg("ys"),
+        py::arg("reserve"), py::arg("dy"), py::arg("dh_n"), py::arg("dc_n"), py::arg("dx"), py::arg("dh0"),
+        py::arg("dc0"), py::arg("grads"),
+        "Backward through time from rnn_forward's x, h0, c0, ys and reserve. dy, dh_n, dc_n may be None (zeros);\n"
+        "writes dx, dh0, dc0 (LSTM; may be None) and grads ([dw_ih, dw_hh, db_ih, db_hh] per layer-direction).");
+
+  m.def("rnn_reserve_elems", [](const py::tuple& shape) { return rnn_reserve_elems(rnn_shape(shape)); },
+        py::arg("shape"), "Elements of the reserve rnn_forward fills for rnn_backward.");
+
+  m.def("rnn_math_test", [](int fn, const py::array& x, py::array& y) {
+    if (fn < 0 || fn > 2) throw py::value_error("rnn_math_test: fn must be 0 (exp), 1 (sigmoid) or 2 (tanh)");
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      const T* xp = rnn_arg<T>(x, x.size(), "x", false);
+      T* yp = rnn_arg<T>(y, x.size(), "y", true);
+      py::gil_scoped_release nogil;
+      rnn_math_test<T>(fn, xp, yp, x.size());
+    };
+    if (is_f32(x)) run(float{});
+    else if (is_f64(x)) run(double{});
+    else throw py::type_error("rnn_math_test: x must be float32 or float64");
+  }, "Test-only: the RNN post-GEMM's exp (0), sigmoid (1) or tanh (2) on a contiguous array, into y.");
 
   m.def("detected_isa", [] { return std::string(isa_name(detected_isa())); });
   m.def("active_isa", [] { return std::string(isa_name(active_isa())); });

@@ -258,3 +258,177 @@ def rel_l2(actual, expected) -> float:
     diff = float(np.linalg.norm(a[finite] - e[finite]))
     norm = float(np.linalg.norm(e[finite]))
     return diff if norm == 0.0 else diff / norm
+
+
+# ------------------------------------------------------------------------------------------------- RNNs
+# Cells as torch.nn.LSTMCell / GRUCell / RNNCell: gate rows of w_ih and w_hh in the order i, f, g, o
+# (LSTM) and r, z, n (GRU). Sequences as torch.nn.LSTM / GRU / RNN, time-major x (T, B, I), weights a
+# flat list in the modules' parameter order (per layer, per direction: w_ih, w_hh[, b_ih, b_hh]).
+RNN_MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+_RNN_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+
+
+def _sigmoid64(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _rnn_step_ref(mode, x, h, c, w_ih, w_hh, b_ih, b_hh):
+    """One step in float64: (h', c', saved) where saved holds what the backward needs."""
+    H = w_hh.shape[1]
+    gx = x @ w_ih.T + (0.0 if b_ih is None else b_ih)  # (B, G*H)
+    gh = h @ w_hh.T + (0.0 if b_hh is None else b_hh)  # (B, G*H)
+    if mode == "lstm":
+        a = gx + gh
+        i, f = _sigmoid64(a[:, :H]), _sigmoid64(a[:, H:2 * H])
+        g, o = np.tanh(a[:, 2 * H:3 * H]), _sigmoid64(a[:, 3 * H:])
+        c2 = f * c + i * g
+        return o * np.tanh(c2), c2, (i, f, g, o, c2)
+    if mode == "gru":
+        r = _sigmoid64(gx[:, :H] + gh[:, :H])
+        z = _sigmoid64(gx[:, H:2 * H] + gh[:, H:2 * H])
+        hn = gh[:, 2 * H:]
+        n = np.tanh(gx[:, 2 * H:] + r * hn)
+        return (1.0 - z) * n + z * h, None, (r, z, n, hn)
+    a = gx + gh
+    h2 = np.tanh(a) if mode == "rnn_tanh" else np.maximum(a, 0.0)
+    return h2, None, (h2,)
+
+
+def lstm_cell_ref(x, h, c, w_ih, w_hh, b_ih=None, b_hh=None):
+    """(h', c') of torch.nn.LSTMCell in float64; x (B, I), h and c (B, H)."""
+    h2, c2, _ = _rnn_step_ref("lstm", _f64(x), _f64(h), _f64(c), _f64(w_ih), _f64(w_hh),
+                              None if b_ih is None else _f64(b_ih), None if b_hh is None else _f64(b_hh))
+    return h2, c2
+
+
+def gru_cell_ref(x, h, w_ih, w_hh, b_ih=None, b_hh=None):
+    """h' of torch.nn.GRUCell in float64."""
+    return _rnn_step_ref("gru", _f64(x), _f64(h), None, _f64(w_ih), _f64(w_hh),
+                         None if b_ih is None else _f64(b_ih), None if b_hh is None else _f64(b_hh))[0]
+
+
+def rnn_cell_ref(x, h, w_ih, w_hh, b_ih=None, b_hh=None, nonlinearity="tanh"):
+    """h' of torch.nn.RNNCell in float64."""
+    return _rnn_step_ref("rnn_" + nonlinearity, _f64(x), _f64(h), None, _f64(w_ih), _f64(w_hh),
+                         None if b_ih is None else _f64(b_ih), None if b_hh is None else _f64(b_hh))[0]
+
+
+def _rnn_weights_ref(weights, num_layers, dirs):
+    """[(w_ih, w_hh, b_ih, b_hh)] per layer-direction from the flat list, in float64."""
+    n = num_layers * dirs
+    per = len(weights) // n
+    if per not in (2, 4) or per * n != len(weights):
+        raise ValueError(f"rnn reference: {len(weights)} weights for {num_layers} layers x {dirs} directions")
+    out = []
+    for k in range(n):
+        w = [_f64(v) for v in weights[k * per:(k + 1) * per]]
+        out.append((w[0], w[1], w[2], w[3]) if per == 4 else (w[0], w[1], None, None))
+    return out
+
+
+def rnn_sequence_ref(mode, x, h0, c0, weights, num_layers=1, bidirectional=False):
+    """(output (T, B, D*H), h_n (L*D, B, H), c_n or None) of torch.nn.LSTM/GRU/RNN in float64.
+
+    mode: 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'; x (T, B, I); h0, c0 (L*D, B, H) or None (zeros)."""
+    D = 2 if bidirectional else 1
+    params = _rnn_weights_ref(weights, num_layers, D)
+    layer_in = _f64(x)
+    T, B = layer_in.shape[:2]
+    H = params[0][1].shape[1]
+    h0 = np.zeros((num_layers * D, B, H)) if h0 is None else _f64(h0)
+    c0 = np.zeros((num_layers * D, B, H)) if c0 is None else _f64(c0)
+    h_n, c_n = np.zeros_like(h0), np.zeros_like(c0)
+    for layer in range(num_layers):
+        out = np.zeros((T, B, D * H))
+        for d in range(D):
+            k = layer * D + d
+            h, c = h0[k], c0[k]
+            for t in (range(T) if d == 0 else range(T - 1, -1, -1)):
+                h, c2, _ = _rnn_step_ref(mode, layer_in[t], h, c, *params[k])
+                c = c if c2 is None else c2
+                out[t, :, d * H:(d + 1) * H] = h
+            h_n[k], c_n[k] = h, c
+        layer_in = out
+    return layer_in, h_n, (c_n if mode == "lstm" else None)
+
+
+def rnn_sequence_backward_ref(mode, x, h0, c0, weights, grad_output, grad_h_n=None, grad_c_n=None, num_layers=1,
+                              bidirectional=False):
+    """Backward through time of rnn_sequence_ref in float64, for L = sum(grad_output * output) +
+    sum(grad_h_n * h_n) + sum(grad_c_n * c_n). Returns (grad_x, grad_h0, grad_c0 or None, grad_weights)
+    with grad_weights a list in the order of `weights`."""
+    D = 2 if bidirectional else 1
+    params = _rnn_weights_ref(weights, num_layers, D)
+    has_bias = params[0][2] is not None
+    x = _f64(x)
+    T, B = x.shape[:2]
+    H = params[0][1].shape[1]
+    G = _RNN_GATES[mode]
+    h0 = np.zeros((num_layers * D, B, H)) if h0 is None else _f64(h0)
+    c0 = np.zeros((num_layers * D, B, H)) if c0 is None else _f64(c0)
+    # Forward, keeping every step's input, states and saved values.
+    inputs, tapes = [], []
+    layer_in = x
+    for layer in range(num_layers):
+        inputs.append(layer_in)
+        out = np.zeros((T, B, D * H))
+        for d in range(D):
+            k = layer * D + d
+            h, c = h0[k], c0[k]
+            tape = {}
+            for t in (range(T) if d == 0 else range(T - 1, -1, -1)):
+                h2, c2, saved = _rnn_step_ref(mode, layer_in[t], h, c, *params[k])
+                tape[t] = (h, c, saved)  # state before the step, and the step's saved values
+                h, c = h2, (c if c2 is None else c2)
+                out[t, :, d * H:(d + 1) * H] = h
+            tapes.append(tape)
+        layer_in = out
+    grad_out = _f64(grad_output)
+    gh_n = np.zeros_like(h0) if grad_h_n is None else _f64(grad_h_n)
+    gc_n = np.zeros_like(c0) if grad_c_n is None else _f64(grad_c_n)
+    grad_h0, grad_c0 = np.zeros_like(h0), np.zeros_like(c0)
+    grads = [None] * (num_layers * D)
+    for layer in reversed(range(num_layers)):
+        lin = inputs[layer]
+        grad_in = np.zeros_like(lin)
+        for d in range(D):
+            k = layer * D + d
+            w_ih, w_hh = params[k][0], params[k][1]
+            dw_ih, dw_hh = np.zeros_like(w_ih), np.zeros_like(w_hh)
+            db_ih, db_hh = np.zeros(G * H), np.zeros(G * H)
+            dh, dc = gh_n[k].copy(), gc_n[k].copy()
+            for t in (range(T - 1, -1, -1) if d == 0 else range(T)):
+                h_prev, c_prev, saved = tapes[k][t]
+                dh = dh + grad_out[t, :, d * H:(d + 1) * H]
+                if mode == "lstm":
+                    i, f, g, o, c_t = saved
+                    tc = np.tanh(c_t)
+                    dct = dc + dh * o * (1.0 - tc ** 2)
+                    da = np.concatenate([dct * g * i * (1 - i), dct * c_prev * f * (1 - f), dct * i * (1 - g ** 2),
+                                         dh * tc * o * (1 - o)], axis=1)
+                    dax = dah = da
+                    dc = dct * f
+                    dh_direct = 0.0
+                elif mode == "gru":
+                    r, z, n, hn = saved
+                    dan = dh * (1 - z) * (1 - n ** 2)
+                    dar = dan * hn * r * (1 - r)
+                    daz = dh * (h_prev - n) * z * (1 - z)
+                    dax = np.concatenate([dar, daz, dan], axis=1)
+                    dah = np.concatenate([dar, daz, dan * r], axis=1)
+                    dh_direct = dh * z
+                else:
+                    (h_t,) = saved
+                    dax = dah = dh * ((1 - h_t ** 2) if mode == "rnn_tanh" else (h_t > 0))
+                    dh_direct = 0.0
+                dw_ih += dax.T @ lin[t]
+                dw_hh += dah.T @ h_prev
+                db_ih += dax.sum(0)
+                db_hh += dah.sum(0)
+                grad_in[t] += dax @ w_ih
+                dh = dah @ w_hh + dh_direct
+            grad_h0[k], grad_c0[k] = dh, dc
+            grads[k] = [dw_ih, dw_hh] + ([db_ih, db_hh] if has_bias else [])
+        grad_out = grad_in
+    flat = [g for per in grads for g in per]
+    return grad_out, grad_h0, (grad_c0 if mode == "lstm" else None), flat

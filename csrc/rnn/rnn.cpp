@@ -1,0 +1,552 @@
+// Fused RNN forward and backward through time (rnn.h): the drivers, the per-cell post-GEMM kernels and
+// their derivatives.
+#include "rnn.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "../eltwise/eltwise.h"
+#include "../gemm/gemm.h"
+#include "fast_math.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define DNNKIT_CPU_RELAX() _mm_pause()
+#else
+#define DNNKIT_CPU_RELAX() ((void)0)
+#endif
+
+namespace dnnkit {
+namespace {
+
+// Batch rows up to which a single-step GEMM (a cell, or a sequence of length 1) uses gemm_small_m's
+// unpacked dot products rather than the packing GEMM.
+constexpr index_t kSmallBatch = 16;
+
+// A reusable barrier for the threads of one group (the threads running one direction). Each step
+// synchronizes once; the work between barriers is microseconds, so waiting threads spin (and yield
+// only after a long wait, in case the machine is oversubscribed).
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(int n = 1) : n_(n) {}
+  void wait() {
+    if (n_ <= 1) return;
+    const unsigned gen = gen_.load(std::memory_order_acquire);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
+      count_.store(0, std::memory_order_relaxed);
+      gen_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    for (unsigned spins = 0; gen_.load(std::memory_order_acquire) == gen; ++spins) {
+      DNNKIT_CPU_RELAX();
+      if (spins > kSpinsBeforeYield) std::this_thread::yield();
+    }
+  }
+
+ private:
+  static constexpr unsigned kSpinsBeforeYield = 1u << 16;
+  int n_;
+  alignas(64) std::atomic<int> count_{0};
+  alignas(64) std::atomic<unsigned> gen_{0};
+};
+
+// How the threads of one parallel region split over the directions of a layer: with two directions
+// and at least two threads, each direction gets its own group (no synchronization between them);
+// otherwise one group runs the directions one after the other.
+struct ThreadGroup {
+  int group, tid, nt;  // group index (= direction when split), rank and size within the group
+  int dir_begin, dir_end;
+};
+
+ThreadGroup thread_group(int tid, int nt, int dirs) {
+  if (dirs == 2 && nt >= 2) {
+    const int half = nt / 2;
+    return tid < half ? ThreadGroup{0, tid, half, 0, 1} : ThreadGroup{1, tid - half, nt - half, 1, 2};
+  }
+  return ThreadGroup{0, tid, nt, 0, dirs};
+}
+
+int thread_id() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+// C (m x n, row stride ldc) := beta*C + A W^T + bias, A (m x k, row stride lda), W (n x k) row-major.
+template <typename T>
+void gemm_a_wt(index_t m, index_t n, index_t k, const T* a, index_t lda, const T* w, T* c, index_t ldc,
+               const T* bias, T beta) {
+  GemmArgs<T> g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.rs_a = lda;
+  g.cs_a = 1;
+  g.b = w;
+  g.rs_b = 1;
+  g.cs_b = k;
+  g.c = c;
+  g.rs_c = ldc;
+  g.cs_c = 1;
+  g.beta = beta;
+  g.bias = bias;
+  if (m <= kSmallBatch && k > 0)
+    gemm_small_m<T>(g);
+  else
+    gemm<T>(g);
+}
+
+// C (m x n) := beta*C + A B for general strides.
+template <typename T>
+void gemm_strided(index_t m, index_t n, index_t k, const T* a, index_t rs_a, index_t cs_a, const T* b,
+                  index_t rs_b, index_t cs_b, T* c, index_t ldc, T beta) {
+  GemmArgs<T> g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.rs_a = rs_a;
+  g.cs_a = cs_a;
+  g.b = b;
+  g.rs_b = rs_b;
+  g.cs_b = cs_b;
+  g.c = c;
+  g.rs_c = ldc;
+  g.cs_c = 1;
+  g.beta = beta;
+  gemm<T>(g);
+}
+
+// ------------------------------------------------------------------------------------ post-GEMM (forward)
+// Each kernel handles one batch row and the hidden units [j0, j1). xp and gh are the row's gate
+// pre-activations from the input (bias included) and from h_{t-1} (no bias), G blocks of H contiguous
+// values each. `save` (null in inference) receives the activated gates, `aux` the extra saved state.
+
+template <typename T>
+void lstm_fwd(index_t H, index_t j0, index_t j1, const T* __restrict xp, const T* __restrict gh, const T* cp,
+              T* c, T* __restrict h, T* __restrict save) {
+  using namespace fastmath;
+  if (save) {
+#pragma omp simd
+    for (index_t j = j0; j < j1; ++j) {
+      const T i = sigmoid(xp[j] + gh[j]), f = sigmoid(xp[H + j] + gh[H + j]);
+      const T g = fastmath::tanh(xp[2 * H + j] + gh[2 * H + j]), o = sigmoid(xp[3 * H + j] + gh[3 * H + j]);
+      const T cn = f * cp[j] + i * g;
+      c[j] = cn;
+      h[j] = o * fastmath::tanh(cn);
+      save[j] = i;
+      save[H + j] = f;
+      save[2 * H + j] = g;
+      save[3 * H + j] = o;
+    }
+  } else {
+#pragma omp simd
+    for (index_t j = j0; j < j1; ++j) {
+      const T i = sigmoid(xp[j] + gh[j]), f = sigmoid(xp[H + j] + gh[H + j]);
+      const T g = fastmath::tanh(xp[2 * H + j] + gh[2 * H + j]), o = sigmoid(xp[3 * H + j] + gh[3 * H + j]);
+      const T cn = f * cp[j] + i * g;  // cp may alias c (in-place state): read before write, same j
+      c[j] = cn;
+      h[j] = o * fastmath::tanh(cn);
+    }
+  }
+}
+
+// GRU: r, z from xp + gh; n = tanh(xp_n + r * (gh_n + b_hn)); h = (1 - z) n + z h_{t-1}.
+// save: r, z, n (3H); aux: gh_n + b_hn (H).
+template <typename T>
+void gru_fwd(index_t H, index_t j0, index_t j1, const T* __restrict xp, const T* __restrict gh,
+             const T* __restrict bhn, const T* __restrict hp, T* __restrict h, T* __restrict save,
+             T* __restrict aux) {
+  using namespace fastmath;
+  if (save) {
+#pragma omp simd
+    for (index_t j = j0; j < j1; ++j) {
+      const T r = sigmoid(xp[j] + gh[j]), z = sigmoid(xp[H + j] + gh[H + j]);
+      const T hn = gh[2 * H + j] + bhn[j];
+      const T n = fastmath::tanh(xp[2 * H + j] + r * hn);
+      h[j] = n + z * (hp[j] - n);
+      save[j] = r;
+      save[H + j] = z;
+      save[2 * H + j] = n;
+      aux[j] = hn;
+    }
+  } else {
+#pragma omp simd
+    for (index_t j = j0; j < j1; ++j) {
+      const T r = sigmoid(xp[j] + gh[j]), z = sigmoid(xp[H + j] + gh[H + j]);
+      const T n = fastmath::tanh(xp[2 * H + j] + r * (gh[2 * H + j] + bhn[j]));
+      h[j] = n + z * (hp[j] - n);
+    }
+  }
+}
+
+template <typename T>
+void rnn_fwd(bool relu, index_t j0, index_t j1, const T* __restrict xp, const T* __restrict gh, T* __restrict h) {
+  if (relu) {
+#pragma omp simd
+    for (index_t j = j0; j < j1; ++j) h[j] = fastmath::relu(xp[j] + gh[j]);
+  } else {
+#pragma omp simd
+    for (index_t j = j0; j < j1; ++j) h[j] = fastmath::tanh(xp[j] + gh[j]);
+  }
+}
+
+// ----------------------------------------------------------------------------------- post-GEMM (backward)
+// dh = dy + dhr is the gradient reaching h_t (from the output and from step t+1). Each kernel writes
+// dg, the gradient of the gates' pre-activations (G blocks of H).
+
+// LSTM: c_t = f c_{t-1} + i g, h_t = o tanh(c_t). dc (in: from step t+1, out: to step t-1).
+template <typename T>
+void lstm_bwd(index_t H, index_t j0, index_t j1, const T* __restrict dy, const T* __restrict dhr,
+              const T* __restrict gates, const T* __restrict c, const T* __restrict cp, T* __restrict dc,
+              T* __restrict dg) {
+#pragma omp simd
+  for (index_t j = j0; j < j1; ++j) {
+    const T i = gates[j], f = gates[H + j], g = gates[2 * H + j], o = gates[3 * H + j];
+    const T dh = dy[j] + dhr[j];
+    const T tc = fastmath::tanh(c[j]);
+    const T dct = dc[j] + dh * o * (T(1) - tc * tc);
+    dc[j] = dct * f;
+    dg[j] = dct * g * i * (T(1) - i);
+    dg[H + j] = dct * cp[j] * f * (T(1) - f);
+    dg[2 * H + j] = dct * i * (T(1) - g * g);
+    dg[3 * H + j] = dh * tc * o * (T(1) - o);
+  }
+}
+
+// GRU: dgx is the gradient of the input-side pre-activations (r, z, n), dgh of the hidden-side ones
+// (r, z, W_hn h + b_hn); dhr is overwritten with the direct term dh * z of dh_{t-1}.
+template <typename T>
+void gru_bwd(index_t H, index_t j0, index_t j1, const T* __restrict dy, T* __restrict dhr,
+             const T* __restrict gates, const T* __restrict hn, const T* __restrict hp, T* __restrict dgx,
+             T* __restrict dgh) {
+#pragma omp simd
+  for (index_t j = j0; j < j1; ++j) {
+    const T r = gates[j], z = gates[H + j], n = gates[2 * H + j];
+    const T dh = dy[j] + dhr[j];
+    const T dan = dh * (T(1) - z) * (T(1) - n * n);
+    const T dar = dan * hn[j] * r * (T(1) - r);
+    const T daz = dh * (hp[j] - n) * z * (T(1) - z);
+    dhr[j] = dh * z;
+    dgx[j] = dar;
+    dgx[H + j] = daz;
+    dgx[2 * H + j] = dan;
+    dgh[j] = dar;
+    dgh[H + j] = daz;
+    dgh[2 * H + j] = dan * r;
+  }
+}
+
+template <typename T>
+void rnn_bwd(bool relu, index_t j0, index_t j1, const T* __restrict dy, const T* __restrict dhr,
+             const T* __restrict h, T* __restrict dg) {
+  if (relu) {
+#pragma omp simd
+    for (index_t j = j0; j < j1; ++j) dg[j] = h[j] > T(0) ? dy[j] + dhr[j] : T(0);
+  } else {
+#pragma omp simd
+    for (index_t j = j0; j < j1; ++j) dg[j] = (dy[j] + dhr[j]) * (T(1) - h[j] * h[j]);
+  }
+}
+
+// ------------------------------------------------------------------------------------------- drivers
+// Per-direction buffers of the layer in flight, allocated once per call and reused by every layer.
+template <typename T>
+struct DirBuffers {
+  AlignedBuffer<T> xp;       // (T*B, GH) input projections (forward)
+  AlignedBuffer<T> gh;       // (B, GH) one step's hidden projections (forward)
+  AlignedBuffer<T> bias;     // (GH) summed bias of the input projection; (H) b_hn after it for GRU
+  AlignedBuffer<T> state;    // (B, H) LSTM cell state in inference; dh_{t-1} in backward
+  AlignedBuffer<T> dstate;   // (B, H) dc (LSTM, backward)
+  AlignedBuffer<T> dg, dgh;  // (T*B, GH) gate gradients (backward; dgh for GRU only)
+  PackedB<T> whh[4];         // W_hh packed: per gate W_hh_q^T (forward), W_hh whole (backward)
+};
+
+// Hidden units [j0, j1) owned by rank `tid` of `nt` threads: contiguous blocks of NR columns.
+struct Columns {
+  index_t c0, c1;  // block range
+  index_t j0, j1;  // column range
+};
+
+Columns owned_columns(index_t H, int nr, int tid, int nt) {
+  const index_t blocks = ceil_div(H, nr);
+  const index_t c0 = blocks * tid / nt, c1 = blocks * (tid + 1) / nt;
+  return {c0, c1, std::min(H, c0 * nr), std::min(H, c1 * nr)};
+}
+
+int team_size(index_t H, int nr, int dirs) {
+  // No more threads per direction than blocks of hidden units to share.
+  const index_t blocks = ceil_div(std::max<index_t>(H, 1), nr);
+  const int nt = get_num_threads();
+  return static_cast<int>(std::max<index_t>(1, std::min<index_t>(nt, blocks * dirs)));
+}
+
+}  // namespace
+
+index_t rnn_reserve_elems_per_dir(const RnnShape& s) {
+  const index_t tbh = s.seq * s.batch * s.hidden;
+  switch (s.cell) {
+    case RnnCell::lstm: return tbh * 5;
+    case RnnCell::gru: return tbh * 4;
+    default: return 0;
+  }
+}
+
+index_t rnn_reserve_elems(const RnnShape& s) {
+  return rnn_reserve_elems_per_dir(s) * s.layers * s.dirs;
+}
+
+template <typename T>
+void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0, T* const* y,
+                 T* h_n, T* c_n, T* reserve) {
+  const index_t Tn = s.seq, B = s.batch, H = s.hidden;
+  const int G = rnn_gates(s.cell), D = s.dirs;
+  const index_t GH = G * H, DH = D * H;
+  if (Tn == 0 || B == 0 || H == 0) return;
+  const bool lstm = s.cell == RnnCell::lstm, gru = s.cell == RnnCell::gru, relu = s.cell == RnnCell::rnn_relu;
+  const bool packed = Tn > 1;  // a single step multiplies W_hh once: plain GEMM, no packing
+  const UKernel<T> uk = select_ukernel<T>(active_isa());
+  const int nt = team_size(H, uk.nr, D);
+  const index_t per_dir = rnn_reserve_elems_per_dir(s);
+
+  DirBuffers<T> buf[2];
+  AlignedBuffer<T> zeros(static_cast<std::size_t>(GH));  // a zero row: h_{-1}, c_{-1} or W_hh h_{-1}
+  std::fill(zeros.data(), zeros.data() + GH, T(0));
+  AlignedBuffer<T> apack(static_cast<std::size_t>(nt * packed_a_elems(uk, B, H)));
+  for (int d = 0; d < D; ++d) {
+    buf[d].xp.resize(static_cast<std::size_t>(Tn * B * GH));
+    buf[d].gh.resize(static_cast<std::size_t>(B * GH));
+    buf[d].bias.resize(static_cast<std::size_t>(GH + H));
+    if (lstm && !reserve) buf[d].state.resize(static_cast<std::size_t>(B * H));
+  }
+
+  for (int l = 0; l < s.layers; ++l) {
+    const index_t Il = s.input_of(l);
+    const T* xl = l == 0 ? x : y[l - 1];
+    T* yl = y[l];
+    for (int d = 0; d < D; ++d) {
+      const int li = l * D + d;
+      DirBuffers<T>& b = buf[d];
+      const T *bih = w.b_ih[li], *bhh = w.b_hh[li];
+      T* bias = b.bias.data();
+      for (index_t j = 0; j < GH; ++j)
+        bias[j] = (bih ? bih[j] : T(0)) + (bhh && !(gru && j >= 2 * H) ? bhh[j] : T(0));
+      for (index_t j = 0; j < H; ++j) bias[GH + j] = gru && bhh ? bhh[2 * H + j] : T(0);
+      gemm_a_wt<T>(Tn * B, GH, Il, xl, Il, w.w_ih[li], b.xp.data(), GH, bias, T(0));
+      if (packed) {
+        // Gate q's B operand: B_q(p, j) = W_hh[q*H + j, p] (H x H, read down the columns of W_hh).
+        for (int q = 0; q < G; ++q) b.whh[q].pack(H, H, w.w_hh[li] + q * H * H, 1, H);
+      } else if (h0) {
+        gemm_a_wt<T>(B, GH, H, h0 + li * B * H, H, w.w_hh[li], b.gh.data(), GH, nullptr, T(0));
+      }
+    }
+
+    SpinBarrier barriers[2] = {SpinBarrier(thread_group(0, nt, D).nt), SpinBarrier(thread_group(nt - 1, nt, D).nt)};
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+      const int tid = thread_id();
+      const ThreadGroup tg = thread_group(tid, nt, D);
+      const Columns own = owned_columns(H, uk.nr, tg.tid, tg.nt);
+      T* ap = apack.data() + tid * packed_a_elems(uk, B, H);
+      for (int d = tg.dir_begin; d < tg.dir_end; ++d) {
+        const int li = l * D + d;
+        DirBuffers<T>& b = buf[d];
+        T* save = reserve ? reserve + li * per_dir : nullptr;  // (T, B, GH) gates
+        T* aux = reserve ? save + Tn * B * GH : nullptr;       // (T, B, H) c_t or W_hn h + b_hn
+        const T* bhn = b.bias.data() + GH;
+        for (index_t st = 0; st < Tn; ++st) {
+          const index_t t = d == 0 ? st : Tn - 1 - st, tp = d == 0 ? t - 1 : t + 1;
+          const T* hprev = st == 0 ? (h0 ? h0 + li * B * H : nullptr) : yl + tp * B * DH + d * H;
+          const index_t ldh = st == 0 ? H : DH;
+          if (hprev && packed) {
+            pack_a_rows<T>(uk, B, H, hprev, ldh, 1, ap);
+            for (int q = 0; q < G; ++q)
+              gemm_packed_b<T>(B, ap, b.whh[q], own.c0, own.c1, T(0), b.gh.data() + q * H, GH);
+          }
+          for (index_t r = 0; r < B; ++r) {
+            const T* xp = b.xp.data() + (t * B + r) * GH;
+            const T* gh = hprev ? b.gh.data() + r * GH : zeros.data();
+            T* h = yl + (t * B + r) * DH + d * H;
+            const index_t row = t * B + r;
+            if (lstm) {
+              const T* cp = st == 0 ? (c0 ? c0 + (li * B + r) * H : zeros.data())
+                                    : (aux ? aux + (tp * B + r) * H : b.state.data() + r * H);
+              T* c = aux ? aux + row * H : b.state.data() + r * H;
+              lstm_fwd<T>(H, own.j0, own.j1, xp, gh, cp, c, h, save ? save + row * GH : nullptr);
+            } else if (gru) {
+              const T* hp = hprev ? hprev + r * ldh : zeros.data();
+              gru_fwd<T>(H, own.j0, own.j1, xp, gh, bhn, hp, h, save ? save + row * GH : nullptr,
+                         aux ? aux + row * H : nullptr);
+            } else {
+              rnn_fwd<T>(relu, own.j0, own.j1, xp, gh, h);
+            }
+          }
+          barriers[tg.group].wait();  // h_t complete before any thread packs it
+        }
+        // Final states of the owned columns.
+        const index_t t_last = d == 0 ? Tn - 1 : 0;
+        for (index_t r = 0; r < B; ++r) {
+          if (h_n)
+            std::copy(yl + (t_last * B + r) * DH + d * H + own.j0, yl + (t_last * B + r) * DH + d * H + own.j1,
+                      h_n + (li * B + r) * H + own.j0);
+          if (lstm && c_n) {
+            const T* c = aux ? aux + (t_last * B + r) * H : b.state.data() + r * H;
+            std::copy(c + own.j0, c + own.j1, c_n + (li * B + r) * H + own.j0);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0,
+                  const T* const* y, const T* reserve, const T* dy, const T* dh_n, const T* dc_n, T* dx, T* dh0,
+                  T* dc0, const RnnWeightGrads<T>& dw) {
+  const index_t Tn = s.seq, B = s.batch, H = s.hidden, TB = s.seq * s.batch;
+  const int G = rnn_gates(s.cell), D = s.dirs, L = s.layers;
+  const index_t GH = G * H, DH = D * H;
+  const bool lstm = s.cell == RnnCell::lstm, gru = s.cell == RnnCell::gru, relu = s.cell == RnnCell::rnn_relu;
+  const bool packed = Tn > 1;
+  const UKernel<T> uk = select_ukernel<T>(active_isa());
+  const int nt = team_size(H, uk.nr, D);
+  const index_t per_dir = rnn_reserve_elems_per_dir(s);
+
+  DirBuffers<T> buf[2];
+  AlignedBuffer<T> zeros(static_cast<std::size_t>(std::max<index_t>(DH, 1)));
+  std::fill(zeros.data(), zeros.data() + std::max<index_t>(DH, 1), T(0));
+  AlignedBuffer<T> apack(static_cast<std::size_t>(nt * packed_a_elems(uk, B, GH)));
+  AlignedBuffer<T> dybuf[2];  // gradients of intermediate layer outputs, (T, B, DH), ping-pong
+  for (int i = 0; i < (L > 1 ? std::min(L - 1, 2) : 0); ++i) dybuf[i].resize(static_cast<std::size_t>(TB * DH));
+  for (int d = 0; d < D; ++d) {
+    buf[d].state.resize(static_cast<std::size_t>(std::max<index_t>(B * H, 1)));
+    if (lstm) buf[d].dstate.resize(static_cast<std::size_t>(std::max<index_t>(B * H, 1)));
+    buf[d].dg.resize(static_cast<std::size_t>(std::max<index_t>(TB * GH, 1)));
+    if (gru) buf[d].dgh.resize(static_cast<std::size_t>(std::max<index_t>(TB * GH, 1)));
+  }
+
+  for (int l = L - 1; l >= 0; --l) {
+    const index_t Il = s.input_of(l);
+    const T* xl = l == 0 ? x : y[l - 1];
+    const T* yl = y[l];
+    const T* dyl = l == L - 1 ? dy : dybuf[l % 2].data();
+    T* dxl = l == 0 ? dx : dybuf[(l - 1) % 2].data();
+    for (int d = 0; d < D; ++d) {
+      const int li = l * D + d;
+      DirBuffers<T>& b = buf[d];
+      if (dh_n)
+        std::copy(dh_n + li * B * H, dh_n + (li + 1) * B * H, b.state.data());
+      else
+        std::fill(b.state.data(), b.state.data() + B * H, T(0));
+      if (lstm) {
+        if (dc_n)
+          std::copy(dc_n + li * B * H, dc_n + (li + 1) * B * H, b.dstate.data());
+        else
+          std::fill(b.dstate.data(), b.dstate.data() + B * H, T(0));
+      }
+      // dh_{t-1} (B x H) = dG_t (B x GH) W_hh (GH x H): W_hh is already k-major.
+      if (packed) b.whh[0].pack(GH, H, w.w_hh[li], H, 1);
+    }
+
+    SpinBarrier barriers[2] = {SpinBarrier(thread_group(0, nt, D).nt), SpinBarrier(thread_group(nt - 1, nt, D).nt)};
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+      const int tid = thread_id();
+      const ThreadGroup tg = thread_group(tid, nt, D);
+      const Columns own = owned_columns(H, uk.nr, tg.tid, tg.nt);
+      T* ap = apack.data() + tid * packed_a_elems(uk, B, GH);
+      for (int d = tg.dir_begin; d < tg.dir_end; ++d) {
+        const int li = l * D + d;
+        DirBuffers<T>& b = buf[d];
+        const T* save = reserve + li * per_dir;
+        const T* aux = save + TB * GH;
+        T* dgh_all = gru ? b.dgh.data() : b.dg.data();
+        for (index_t st = Tn - 1; st >= 0; --st) {
+          const index_t t = d == 0 ? st : Tn - 1 - st, tp = d == 0 ? t - 1 : t + 1;
+          for (index_t r = 0; r < B; ++r) {
+            const index_t row = t * B + r;
+            const T* dyr = dyl ? dyl + row * DH + d * H : zeros.data();
+            T* dhr = b.state.data() + r * H;
+            T* dg = b.dg.data() + row * GH;
+            if (lstm) {
+              const T* cp = st == 0 ? (c0 ? c0 + (li * B + r) * H : zeros.data()) : aux + (tp * B + r) * H;
+              lstm_bwd<T>(H, own.j0, own.j1, dyr, dhr, save + row * GH, aux + row * H, cp,
+                          b.dstate.data() + r * H, dg);
+            } else if (gru) {
+              const T* hp = st == 0 ? (h0 ? h0 + (li * B + r) * H : zeros.data()) : yl + (tp * B + r) * DH + d * H;
+              gru_bwd<T>(H, own.j0, own.j1, dyr, dhr, save + row * GH, aux + row * H, hp, dg,
+                         b.dgh.data() + row * GH);
+            } else {
+              rnn_bwd<T>(relu, own.j0, own.j1, dyr, dhr, yl + row * DH + d * H, dg);
+            }
+          }
+          barriers[tg.group].wait();  // dG_t complete before any thread packs it
+          if (packed) {
+            pack_a_rows<T>(uk, B, GH, dgh_all + t * B * GH, GH, 1, ap);
+            gemm_packed_b<T>(B, ap, b.whh[0], own.c0, own.c1, gru ? T(1) : T(0), b.state.data(), H);
+          }
+        }
+      }
+    }
+
+    for (int d = 0; d < D; ++d) {
+      const int li = l * D + d;
+      DirBuffers<T>& b = buf[d];
+      const T* dgx = b.dg.data();
+      const T* dgh = gru ? b.dgh.data() : b.dg.data();
+      const index_t t_first = d == 0 ? 0 : Tn - 1;  // the step that read h0
+      if (!packed)  // one step: dh0 = dG_0 W_hh, unpacked
+        gemm_strided<T>(B, H, GH, dgh, GH, 1, w.w_hh[li], H, 1, b.state.data(), H, gru ? T(1) : T(0));
+      if (dh0) std::copy(b.state.data(), b.state.data() + B * H, dh0 + li * B * H);
+      if (lstm && dc0) std::copy(b.dstate.data(), b.dstate.data() + B * H, dc0 + li * B * H);
+      // dW_ih (GH x Il) = dGx^T (GH x TB) X_l (TB x Il)
+      gemm_strided<T>(GH, Il, TB, dgx, 1, GH, xl, Il, 1, dw.w_ih[li], Il, T(0));
+      // dW_hh (GH x H) = sum over steps of dGh_t^T h_{t-1}: the steps after the first read the layer
+      // output one step back (forward direction) or ahead (reverse); the first reads h0.
+      const index_t k_steps = (Tn - 1) * B;
+      const T* dgh_later = d == 0 ? dgh + B * GH : dgh;
+      const T* h_prev = d == 0 ? yl + d * H : yl + B * DH + d * H;
+      gemm_strided<T>(GH, H, k_steps, dgh_later, 1, GH, h_prev, DH, 1, dw.w_hh[li], H, T(0));
+      if (h0)
+        gemm_strided<T>(GH, H, B, dgh + t_first * B * GH, 1, GH, h0 + li * B * H, H, 1, dw.w_hh[li], H, T(1));
+      if (dw.b_ih[li]) column_sums<T>(dgx, TB, GH, dw.b_ih[li]);
+      if (dw.b_hh[li]) column_sums<T>(dgh, TB, GH, dw.b_hh[li]);
+      // dX_l (TB x Il) = sum_d dGx_d (TB x GH) W_ih_d (GH x Il)
+      gemm_strided<T>(TB, Il, GH, dgx, GH, 1, w.w_ih[li], Il, 1, dxl, Il, d == 0 ? T(0) : T(1));
+    }
+  }
+}
+
+template <typename T>
+void rnn_math_test(int fn, const T* x, T* y, index_t n) {
+  if (fn == 0) {
+#pragma omp simd
+    for (index_t i = 0; i < n; ++i) y[i] = fastmath::exp(x[i]);
+  } else if (fn == 1) {
+#pragma omp simd
+    for (index_t i = 0; i < n; ++i) y[i] = fastmath::sigmoid(x[i]);
+  } else {
+#pragma omp simd
+    for (index_t i = 0; i < n; ++i) y[i] = fastmath::tanh(x[i]);
+  }
+}
+
+template void rnn_forward<float>(const RnnShape&, const RnnWeights<float>&, const float*, const float*, const float*,
+                                 float* const*, float*, float*, float*);
+template void rnn_forward<double>(const RnnShape&, const RnnWeights<double>&, const double*, const double*,
+                                  const double*, double* const*, double*, double*, double*);
+template void rnn_backward<float>(const RnnShape&, const RnnWeights<float>&, const float*, const float*, const float*,
+                                  const float* const*, const float*, const float*, const float*, const float*, float*,
+                                  float*, float*, const RnnWeightGrads<float>&);
+template void rnn_backward<double>(const RnnShape&, const RnnWeights<double>&, const double*, const double*,
+                                   const double*, const double* const*, const double*, const double*, const double*,
+                                   const double*, double*, double*, double*, const RnnWeightGrads<double>&);
+template void rnn_math_test<float>(int, const float*, float*, index_t);
+template void rnn_math_test<double>(int, const double*, double*, index_t);
+
+}  // namespace dnnkit

@@ -1,0 +1,86 @@
+// Fused RNN cells and sequences on the CPU: LSTM, GRU and Elman RNN (tanh or ReLU), forward and backward
+// through time, with torch.nn.LSTM's semantics and weight shapes.
+//
+// Shapes (row-major, time-major; T steps, B batch rows, I inputs, H hidden units, L layers, D = 1 or 2
+// directions, G gates: LSTM 4 (i, f, g, o), GRU 3 (r, z, n), RNN 1):
+//   x (T, B, I);  layer outputs y[l] (T, B, D*H), direction d in columns [d*H, d*H + H);
+//   h0, c0, h_n, c_n (L*D, B, H);  per layer l and direction d (index l*D + d):
+//   w_ih (G*H, I_l) with I_0 = I and I_l = D*H above;  w_hh (G*H, H);  b_ih, b_hh (G*H) or null.
+//
+// One layer-direction, forward (oneDNN's gemm_layer / gemm_iter / post-GEMM split):
+//   1. XP (T*B, G*H) = X W_ih^T + b: every step's input projection in one GEMM, the summed bias fused
+//      (b = b_ih + b_hh; GRU's n gate takes b_in only, since b_hn sits inside r * (...)).
+//   2. W_hh^T packed once per call (PackedB, one per gate) and reused at every step.
+//   3. Per step: GH = h_{t-1} W_hh^T over the packed panels, then one fused element-wise pass (the
+//      post-GEMM: nonlinearities, state update, the output slice, the saved gates) per hidden unit.
+// The time loop runs in one parallel region: each thread owns a contiguous range of NR-wide blocks of
+// hidden units, computes all G gates' GEMM columns for them and their post-GEMM (no data leaves the
+// thread between the two), then meets the others at one barrier per step (the next step reads all of
+// h_t). The two directions of a bidirectional layer are independent and run concurrently on halves of
+// the threads. A sequence of one step uses plain GEMMs (packing would cost more than it saves).
+//
+// Backward through time reverses the loop: per step, the post-GEMM's derivative (dG, the gradient of
+// the gates' pre-activations) for owned hidden units, a barrier, then dh_{t-1} = dG_t W_hh over W_hh
+// packed once (owned columns again). Weight, bias and input gradients are then whole-sequence GEMMs:
+// dW_ih = dG^T X, dW_hh = dG^T [h_{t-1}], db = column sums of dG, dX = dG W_ih.
+#pragma once
+#include <vector>
+
+#include "../common.h"
+
+namespace dnnkit {
+
+enum class RnnCell : int { lstm = 0, gru = 1, rnn_tanh = 2, rnn_relu = 3 };
+
+inline int rnn_gates(RnnCell cell) {
+  switch (cell) {
+    case RnnCell::lstm: return 4;
+    case RnnCell::gru: return 3;
+    default: return 1;
+  }
+}
+
+struct RnnShape {
+  RnnCell cell = RnnCell::lstm;
+  index_t seq = 0, batch = 0, input = 0, hidden = 0;  // T, B, I, H
+  int layers = 1, dirs = 1;                          // L, D
+  index_t input_of(int layer) const { return layer == 0 ? input : dirs * hidden; }
+};
+
+// Per layer-direction pointers (index l*D + d); biases may be null (bias=False).
+template <typename T>
+struct RnnWeights {
+  std::vector<const T*> w_ih, w_hh, b_ih, b_hh;
+};
+template <typename T>
+struct RnnWeightGrads {
+  std::vector<T*> w_ih, w_hh, b_ih, b_hh;  // b_* null when the forward had no biases
+};
+
+// Elements of the reserve (what backward reads) for one layer-direction, and for the whole problem:
+// LSTM saves the activated gates (T, B, 4H) and the cell states c_t (T, B, H); GRU the activated gates
+// (T, B, 3H) and W_hn h_{t-1} + b_hn (T, B, H); RNN nothing (h_t is in the layer output).
+index_t rnn_reserve_elems_per_dir(const RnnShape& s);
+index_t rnn_reserve_elems(const RnnShape& s);
+
+// Forward. x, the y[l] (L arrays; the last is the output) and the reserve are C-contiguous. h0 and c0
+// may be null (zeros); h_n and c_n may be null (not written); reserve null: inference (nothing saved).
+// Runs on get_num_threads() threads; throws std::bad_alloc before any parallel region.
+template <typename T>
+void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0, T* const* y,
+                 T* h_n, T* c_n, T* reserve);
+
+// Backward through time from the forward's x, h0, c0 (null as there), y[l] and reserve. dy (T, B, D*H),
+// dh_n and dc_n (L*D, B, H) may be null (zeros). Writes dx (T, B, I), dh0, dc0 (L*D, B, H; dc0 for LSTM
+// only, may be null) and every weight and bias gradient (overwritten, not accumulated).
+template <typename T>
+void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0,
+                  const T* const* y, const T* reserve, const T* dy, const T* dh_n, const T* dc_n, T* dx, T* dh0,
+                  T* dc0, const RnnWeightGrads<T>& dw);
+
+// The post-GEMM's element-wise functions on n contiguous values, for accuracy tests: fn 0 exp,
+// 1 sigmoid, 2 tanh.
+template <typename T>
+void rnn_math_test(int fn, const T* x, T* y, index_t n);
+
+}  // namespace dnnkit

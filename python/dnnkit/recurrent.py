@@ -1,0 +1,431 @@
+"""Fused RNNs on the CPU: LSTM, GRU and Elman RNN (tanh or ReLU) cells and sequences, forward and backward
+through time, with the semantics and weight shapes of torch.nn.LSTM / GRU / RNN and their cells.
+
+Forward:
+    lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False)
+        -> (output, (h_n, c_n))                       [+ reserve when train=True]
+    gru(x, h0, weights, ...) / rnn(x, h0, weights, *, nonlinearity="tanh", ...) -> (output, h_n) [+ reserve]
+    lstm_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False) -> (h', c')  [+ reserve]
+    gru_cell(x, h, ...), rnn_tanh_cell(x, h, ...), rnn_relu_cell(x, h, ...) -> h'    [+ reserve]
+
+Backward (from the reserve a forward with train=True returned):
+    lstm_backward(grad_output, grad_h_n, grad_c_n, reserve) -> (grad_x, grad_h0, grad_c0, grad_weights)
+    gru_backward(grad_output, grad_h_n, reserve) / rnn_backward(...) -> (grad_x, grad_h0, grad_weights)
+    lstm_cell_backward(grad_h, grad_c, reserve) -> (grad_x, grad_h, grad_c, grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh)
+    gru_cell_backward(grad_h, reserve) / rnn_cell_backward(grad_h, reserve)
+        -> (grad_x, grad_h, grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh)
+
+Any grad_* argument may be None (no gradient flows in from there). grad_weights follows the forward's
+`weights`: a list in the same order, or a dict with the same keys. Gradients of h0/c0 are returned even
+when they were None (the gradient with respect to the zero initial state); bias gradients are None
+when the forward had no biases.
+
+The reserve (an RnnReserve, cuDNN's "reserve space") holds what backward reads: references to the
+forward's input, initial states, weights and layer outputs (the returned output among them), and one
+buffer of saved gate activations whose size is known from the problem (RnnReserve.reserve_bytes:
+T*B*H*(5 LSTM | 4 GRU | 0 RNN) elements per layer and direction). Arrays the forward was given or
+returned must not be modified in place before the backward, as with cuDNN's y argument.
+
+Weights: `weights` is a list in the order of the torch module's parameters (weight_ih_l0, weight_hh_l0,
+bias_ih_l0, bias_hh_l0, then the `_reverse` set, then the next layer; 2 entries per layer and direction
+without biases) or a dict keyed by those names. Shapes: weight_ih_l{k} (G*H, I_k), weight_hh_l{k}
+(G*H, H), biases (G*H,), with G = 4 (LSTM, gates i, f, g, o), 3 (GRU, r, z, n) or 1, I_0 = input size
+and I_k = D*H above. Not supported: LSTM projections (proj_size) and dropout between layers.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _cpu
+from .api import _array, _empty, _flag, _FLOAT_DTYPES
+
+_CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
+_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+
+
+class RnnReserve:
+    """What a training forward saved for its backward (opaque; see the module docstring).
+
+    mode: 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'; cell: whether a cell (not a sequence) made it.
+    reserve_bytes: the saved-activation buffer; nbytes: that plus the layer outputs kept for backward.
+    """
+
+    __slots__ = ("op", "mode", "cell", "shape", "x", "h0", "c0", "weights", "names", "as_dict", "has_bias", "ys",
+                 "buffer", "batch_first", "unbatched")
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+    @property
+    def reserve_bytes(self) -> int:
+        return int(self.buffer.nbytes)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.buffer.nbytes + sum(y.nbytes for y in self.ys))
+
+    def __repr__(self) -> str:
+        _, T, B, I, H, L, D = self.shape
+        return (f"<RnnReserve {self.op}: T={T} B={B} I={I} H={H} layers={L} directions={D} "
+                f"{self.x.dtype} {self.nbytes} bytes>")
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def _param_names(num_layers: int, dirs: int, bias: bool) -> list:
+    names = []
+    for layer in range(num_layers):
+        for suffix in ("", "_reverse")[:dirs]:
+            names += [f"weight_ih_l{layer}{suffix}", f"weight_hh_l{layer}{suffix}"]
+            if bias:
+                names += [f"bias_ih_l{layer}{suffix}", f"bias_hh_l{layer}{suffix}"]
+    return names
+
+
+def _layers(op: str, num_layers) -> int:
+    if isinstance(num_layers, bool) or not isinstance(num_layers, (int, np.integer)):
+        raise TypeError(f"{op}: num_layers must be an int, got {type(num_layers).__name__}")
+    if num_layers < 1:
+        raise ValueError(f"{op}: num_layers must be >= 1, got {num_layers}")
+    return int(num_layers)
+
+
+def _weights(op: str, weights, num_layers: int, dirs: int):
+    """(list of arrays in module order, names, as_dict, has_bias) from a list/tuple or a dict."""
+    n = num_layers * dirs
+    config = f"num_layers={num_layers}, bidirectional={dirs == 2}"
+    if isinstance(weights, dict):
+        has_bias = "bias_ih_l0" in weights or "bias_hh_l0" in weights
+        names = _param_names(num_layers, dirs, has_bias)
+        missing = [k for k in names if k not in weights]
+        extra = [k for k in weights if k not in names]
+        if missing or extra:
+            raise ValueError(f"{op}: weights for {config} (biases {'present' if has_bias else 'absent'}) must have "
+                             f"the keys {names}; missing {missing}, unexpected {extra}")
+        return [weights[k] for k in names], names, True, has_bias
+    if not isinstance(weights, (list, tuple)):
+        raise TypeError(f"{op}: weights must be a list or a dict of arrays, got {type(weights).__name__}")
+    if len(weights) not in (4 * n, 2 * n):
+        raise ValueError(f"{op}: weights has {len(weights)} entries but {config} needs {4 * n} "
+                         f"(or {2 * n} without biases)")
+    has_bias = len(weights) == 4 * n
+    return list(weights), _param_names(num_layers, dirs, has_bias), False, has_bias
+
+
+def _weight_label(names, as_dict, index) -> str:
+    return f"weights[{names[index]!r}]" if as_dict else f"weights[{index}] ({names[index]})"
+
+
+def _check_weights(op, mode, arrays, names, as_dict, has_bias, dtype, input_size, num_layers, dirs):
+    """Contiguous arrays of the right shapes and dtype, as the kernel's flat list (4 per layer-direction,
+    None for absent biases); returns (flat, hidden_size)."""
+    G = _GATES[mode]
+    per = 4 if has_bias else 2
+    checked = []
+    for i, w in enumerate(arrays):
+        label = _weight_label(names, as_dict, i)
+        a = _array(op, label, w)
+        if a.dtype != dtype:
+            raise TypeError(f"{op}: {label} has dtype {a.dtype} but input has {dtype}; all arrays must share one dtype")
+        checked.append(a)
+    w_hh0 = checked[1]
+    if w_hh0.ndim != 2 or w_hh0.shape[0] != G * w_hh0.shape[1] or w_hh0.shape[1] < 1:
+        raise ValueError(f"{op}: {_weight_label(names, as_dict, 1)} must be 2-D of shape ({G}*hidden_size, "
+                         f"hidden_size) with hidden_size >= 1, got shape {w_hh0.shape}")
+    H = w_hh0.shape[1]
+    flat = []
+    for k in range(num_layers * dirs):
+        in_k = input_size if k < dirs else dirs * H
+        expect = [(G * H, in_k), (G * H, H), (G * H,), (G * H,)]
+        group = checked[k * per:(k + 1) * per]
+        for j, a in enumerate(group):
+            if a.shape != expect[j]:
+                raise ValueError(f"{op}: {_weight_label(names, as_dict, k * per + j)} must have shape {expect[j]}, "
+                                 f"got {a.shape}")
+        group = [np.ascontiguousarray(a) for a in group]
+        flat += group if has_bias else group + [None, None]
+    return flat, H
+
+
+def _state(op, name, h, shape, dtype):
+    if h is None:
+        return None
+    a = _array(op, name, h)
+    if a.dtype != dtype:
+        raise TypeError(f"{op}: {name} has dtype {a.dtype} but input has {dtype}; all arrays must share one dtype")
+    if a.shape != shape:
+        raise ValueError(f"{op}: {name} must have shape {shape}, got {a.shape}")
+    return np.ascontiguousarray(a)
+
+
+# ---------------------------------------------------------------------------------------------- sequences
+def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train):
+    num_layers = _layers(op, num_layers)
+    dirs = 2 if _flag(op, "bidirectional", bidirectional) else 1
+    batch_first = _flag(op, "batch_first", batch_first)
+    train = _flag(op, "train", train)
+    x = _array(op, "input", x, ndim=(2, 3))
+    unbatched = x.ndim == 2
+    xt = x[:, None, :] if unbatched else (x.transpose(1, 0, 2) if batch_first else x)  # (T, B, I)
+    T, B, I = xt.shape
+    if T < 1:
+        raise ValueError(f"{op}: input must have a sequence length >= 1, got shape {x.shape}")
+    arrays, names, as_dict, has_bias = _weights(op, weights, num_layers, dirs)
+    flat, H = _check_weights(op, mode, arrays, names, as_dict, has_bias, x.dtype, I, num_layers, dirs)
+    state_shape = (num_layers * dirs, H) if unbatched else (num_layers * dirs, B, H)
+    h0 = _state(op, "h0", h0, state_shape, x.dtype)
+    c0 = _state(op, "c0", c0, state_shape, x.dtype) if mode == "lstm" else None
+    xt = np.ascontiguousarray(xt)
+    shape = (_CELL_CODES[mode], T, B, I, H, num_layers, dirs)
+    out = _empty(op, (T, B, dirs * H), x.dtype)
+    if train:
+        ys = [_empty(op, (T, B, dirs * H), x.dtype) for _ in range(num_layers - 1)] + [out]
+        buffer = _empty(op, (_cpu.rnn_reserve_elems(shape),), x.dtype)
+    else:
+        tmp = [_empty(op, (T, B, dirs * H), x.dtype) for _ in range(min(num_layers - 1, 2))]
+        ys = [tmp[layer % 2] for layer in range(num_layers - 1)] + [out]
+        buffer = None
+    h_n = _empty(op, (num_layers * dirs, B, H), x.dtype)
+    c_n = _empty(op, (num_layers * dirs, B, H), x.dtype) if mode == "lstm" else None
+    _cpu.rnn_forward(shape, xt, h0, c0, flat, ys, h_n, c_n, buffer)
+    if unbatched:
+        output, h_n = out[:, 0, :], h_n[:, 0, :]
+        c_n = None if c_n is None else c_n[:, 0, :]
+    else:
+        output = out.transpose(1, 0, 2) if batch_first else out
+    state = (h_n, c_n) if mode == "lstm" else h_n
+    if not train:
+        return output, state
+    reserve = RnnReserve(op=op, mode=mode, cell=False, shape=shape, x=xt, h0=h0, c0=c0, weights=flat, names=names,
+                         as_dict=as_dict, has_bias=has_bias, ys=ys, buffer=buffer, batch_first=batch_first,
+                         unbatched=unbatched)
+    return output, state, reserve
+
+
+def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False):
+    """torch.nn.LSTM's forward: returns (output, (h_n, c_n)), and a reserve for lstm_backward when train.
+
+    x: (T, B, I), or (B, T, I) with batch_first, or (T, I) unbatched; h0, c0: (num_layers*D, B, H) or
+    None (zeros); weights: see the module docstring. output: (T, B, D*H) (batch_first: (B, T, D*H));
+    h_n, c_n: (num_layers*D, B, H). D = 2 when bidirectional (forward and reverse halves of output's
+    last dimension, in that order)."""
+    return _sequence("lstm", "lstm", x, h0, c0, weights, num_layers, bidirectional, batch_first, train)
+
+
+def gru(x, h0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False):
+    """torch.nn.GRU's forward: returns (output, h_n), and a reserve for gru_backward when train."""
+    return _sequence("gru", "gru", x, h0, None, weights, num_layers, bidirectional, batch_first, train)
+
+
+def rnn(x, h0, weights, *, nonlinearity="tanh", num_layers=1, bidirectional=False, batch_first=False, train=False):
+    """torch.nn.RNN's forward (nonlinearity 'tanh' or 'relu'): returns (output, h_n), and a reserve for
+    rnn_backward when train."""
+    if nonlinearity not in ("tanh", "relu"):
+        raise ValueError(f"rnn: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+    return _sequence("rnn", "rnn_" + nonlinearity, x, h0, None, weights, num_layers, bidirectional, batch_first,
+                     train)
+
+
+def _reserve(op, reserve, modes, cell):
+    if not isinstance(reserve, RnnReserve):
+        raise TypeError(f"{op}: reserve must be the RnnReserve a forward with train=True returned, "
+                        f"got {type(reserve).__name__}")
+    if reserve.mode not in modes or reserve.cell != cell:
+        raise ValueError(f"{op}: reserve comes from {reserve.op}, not from a matching forward")
+    return reserve
+
+
+def _grad(op, name, g, shape, dtype):
+    """A C-contiguous gradient of `shape` (the forward's, in its layout), or None."""
+    if g is None:
+        return None
+    a = _array(op, name, g)
+    if a.dtype != dtype:
+        raise TypeError(f"{op}: {name} has dtype {a.dtype} but the forward ran in {dtype}")
+    if a.shape != tuple(shape):
+        raise ValueError(f"{op}: {name} must have shape {tuple(shape)}, got {a.shape}")
+    return a
+
+
+def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n):
+    """The kernel on C-contiguous gradients in its own layout: (dx (T, B, I), dh0, dc0, flat grads)."""
+    _, T, B, I, H, L, D = r.shape
+    dtype = r.x.dtype
+    dx = _empty(op, (T, B, I), dtype)
+    dh0 = _empty(op, (L * D, B, H), dtype)
+    dc0 = _empty(op, (L * D, B, H), dtype) if r.mode == "lstm" else None
+    grads = [None if w is None else _empty(op, w.shape, dtype) for w in r.weights]
+    _cpu.rnn_backward(r.shape, r.x, r.h0, r.c0, r.weights, r.ys, r.buffer, dy, dh_n, dc_n, dx, dh0, dc0, grads)
+    return dx, dh0, dc0, grads
+
+
+def _backward(op, r: RnnReserve, grad_output, grad_h_n, grad_c_n):
+    """Sequences: the user's gradients (in the forward's layouts) checked and brought to the kernel's."""
+    _, T, B, I, H, L, D = r.shape
+    dtype = r.x.dtype
+    if r.unbatched:
+        out_shape, state_shape = (T, D * H), (L * D, H)
+    else:
+        out_shape = (B, T, D * H) if r.batch_first else (T, B, D * H)
+        state_shape = (L * D, B, H)
+    dy = _grad(op, "grad_output", grad_output, out_shape, dtype)
+    if dy is not None:
+        dy = dy.reshape(T, 1, D * H) if r.unbatched else (dy.transpose(1, 0, 2) if r.batch_first else dy)
+        dy = np.ascontiguousarray(dy)
+    dh_n = _grad(op, "grad_h_n", grad_h_n, state_shape, dtype)
+    dc_n = _grad(op, "grad_c_n", grad_c_n, state_shape, dtype) if r.mode == "lstm" else None
+    dh_n = None if dh_n is None else np.ascontiguousarray(dh_n)
+    dc_n = None if dc_n is None else np.ascontiguousarray(dc_n)
+    return _run_backward(op, r, dy, dh_n, dc_n)
+
+
+def _sequence_backward(op, modes, grad_output, grad_h_n, grad_c_n, reserve):
+    r = _reserve(op, reserve, modes, cell=False)
+    dx, dh0, dc0, grads = _backward(op, r, grad_output, grad_h_n, grad_c_n)
+    if r.unbatched:
+        dx, dh0 = dx[:, 0, :], dh0[:, 0, :]
+        dc0 = None if dc0 is None else dc0[:, 0, :]
+    elif r.batch_first:
+        dx = dx.transpose(1, 0, 2)
+    flat = [g for g in grads if g is not None] if r.has_bias else [g for i, g in enumerate(grads) if i % 4 < 2]
+    weights = dict(zip(r.names, flat)) if r.as_dict else flat
+    return (dx, dh0, dc0, weights) if r.mode == "lstm" else (dx, dh0, weights)
+
+
+def lstm_backward(grad_output, grad_h_n, grad_c_n, reserve):
+    """Backward through time of lstm(..., train=True): returns (grad_x, grad_h0, grad_c0, grad_weights),
+    each in the layout of the forward's argument; grad_weights a list or dict like the forward's weights."""
+    return _sequence_backward("lstm_backward", ("lstm",), grad_output, grad_h_n, grad_c_n, reserve)
+
+
+def gru_backward(grad_output, grad_h_n, reserve):
+    """Backward through time of gru(..., train=True): returns (grad_x, grad_h0, grad_weights)."""
+    return _sequence_backward("gru_backward", ("gru",), grad_output, grad_h_n, None, reserve)
+
+
+def rnn_backward(grad_output, grad_h_n, reserve):
+    """Backward through time of rnn(..., train=True): returns (grad_x, grad_h0, grad_weights)."""
+    return _sequence_backward("rnn_backward", ("rnn_tanh", "rnn_relu"), grad_output, grad_h_n, None, reserve)
+
+
+# -------------------------------------------------------------------------------------------------- cells
+def _cell_array(op, name, a, dtype):
+    if type(a) is not np.ndarray or a.dtype not in _FLOAT_DTYPES:
+        a = _array(op, name, a)
+    if a.dtype != dtype:
+        raise TypeError(f"{op}: {name} has dtype {a.dtype} but input has {dtype}; all arrays must share one dtype")
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
+    """One step of a single-layer, one-direction sequence (the same kernel, which skips the packing)."""
+    x = _array(op, "input", x, ndim=(1, 2))
+    dtype = x.dtype
+    unbatched = x.ndim == 1
+    B, I = (1, x.shape[0]) if unbatched else x.shape
+    G = _GATES[mode]
+    w_ih = _cell_array(op, "w_ih", w_ih, dtype)
+    w_hh = _cell_array(op, "w_hh", w_hh, dtype)
+    if w_hh.ndim != 2 or w_hh.shape[1] < 1 or w_hh.shape[0] != G * w_hh.shape[1]:
+        raise ValueError(f"{op}: w_hh must have shape ({G}*hidden_size, hidden_size) with hidden_size >= 1, "
+                         f"got {w_hh.shape}")
+    H = w_hh.shape[1]
+    if w_ih.shape != (G * H, I):
+        raise ValueError(f"{op}: w_ih must have shape {(G * H, I)} (input has {I} features), got {w_ih.shape}")
+    if (b_ih is None) != (b_hh is None):
+        raise ValueError(f"{op}: b_ih and b_hh must both be given or both be None")
+    if b_ih is not None:
+        b_ih = _cell_array(op, "b_ih", b_ih, dtype)
+        b_hh = _cell_array(op, "b_hh", b_hh, dtype)
+        for name, b in (("b_ih", b_ih), ("b_hh", b_hh)):
+            if b.shape != (G * H,):
+                raise ValueError(f"{op}: {name} must have shape {(G * H,)}, got {b.shape}")
+    state_shape = (H,) if unbatched else (B, H)
+    names = ("hx[0]", "hx[1]") if mode == "lstm" else ("hx", None)
+    if h is not None:
+        h = _cell_array(op, names[0], h, dtype)
+        if h.shape != state_shape:
+            raise ValueError(f"{op}: {names[0]} must have shape {state_shape}, got {h.shape}")
+    if c is not None:
+        c = _cell_array(op, names[1], c, dtype)
+        if c.shape != state_shape:
+            raise ValueError(f"{op}: {names[1]} must have shape {state_shape}, got {c.shape}")
+    x = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+    shape = (_CELL_CODES[mode], 1, B, I, H, 1, 1)
+    h_out = _empty(op, (B, H), dtype)
+    c_out = _empty(op, (B, H), dtype) if mode == "lstm" else None
+    buffer = _empty(op, (_cpu.rnn_reserve_elems(shape),), dtype) if _flag(op, "train", train) else None
+    flat = [w_ih, w_hh, b_ih, b_hh]
+    _cpu.rnn_forward(shape, x, h, c, flat, [h_out], None, c_out, buffer)
+    if unbatched:
+        h_out = h_out[0]
+        c_out = None if c_out is None else c_out[0]
+    result = (h_out, c_out) if mode == "lstm" else h_out
+    if not train:
+        return result
+    reserve = RnnReserve(op=op, mode=mode, cell=True, shape=shape, x=x, h0=h, c0=c, weights=flat, names=None,
+                         as_dict=False, has_bias=b_ih is not None, ys=[h_out.reshape(1, B, H)], buffer=buffer,
+                         batch_first=False, unbatched=unbatched)
+    return result, reserve
+
+
+def lstm_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False):
+    """torch.nn.LSTMCell's forward: (h', c') from x (B, I) or (I,), hx = (h, c) of (B, H) or (H,), or
+    None (zeros); w_ih (4H, I), w_hh (4H, H), biases (4H,) or None. With train, ((h', c'), reserve)."""
+    if hx is None:
+        h = c = None
+    else:
+        if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+            raise TypeError(f"lstm_cell: hx must be a pair (h, c) or None, got {type(hx).__name__}")
+        h, c = hx
+    return _cell("lstm_cell", "lstm", x, h, c, w_ih, w_hh, b_ih, b_hh, train)
+
+
+def gru_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False):
+    """torch.nn.GRUCell's forward: h' (gates r, z, n of w_ih's rows). With train, (h', reserve)."""
+    return _cell("gru_cell", "gru", x, hx, None, w_ih, w_hh, b_ih, b_hh, train)
+
+
+def rnn_tanh_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False):
+    """torch.nn.RNNCell's forward with tanh: h' = tanh(x w_ih^T + b_ih + h w_hh^T + b_hh)."""
+    return _cell("rnn_tanh_cell", "rnn_tanh", x, hx, None, w_ih, w_hh, b_ih, b_hh, train)
+
+
+def rnn_relu_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False):
+    """torch.nn.RNNCell's forward with ReLU."""
+    return _cell("rnn_relu_cell", "rnn_relu", x, hx, None, w_ih, w_hh, b_ih, b_hh, train)
+
+
+def _cell_backward(op, modes, grad_h, grad_c, reserve):
+    r = _reserve(op, reserve, modes, cell=True)
+    _, _, B, _, H, _, _ = r.shape
+    state = (H,) if r.unbatched else (B, H)
+    # h' is the step's output (grad_output of a one-step sequence); c' is the final cell state.
+    dh = _grad(op, "grad_h", grad_h, state, r.x.dtype)
+    dc = _grad(op, "grad_c", grad_c, state, r.x.dtype) if r.mode == "lstm" else None
+    dh = None if dh is None else np.ascontiguousarray(dh).reshape(1, B, H)
+    dc = None if dc is None else np.ascontiguousarray(dc).reshape(1, B, H)
+    dx, dh0, dc0, grads = _run_backward(op, r, dh, None, dc)
+    dx, dh0 = dx[0], dh0[0]
+    dc0 = None if dc0 is None else dc0[0]
+    if r.unbatched:
+        dx, dh0 = dx[0], dh0[0]
+        dc0 = None if dc0 is None else dc0[0]
+    head = (dx, dh0, dc0) if r.mode == "lstm" else (dx, dh0)
+    return head + tuple(grads)
+
+
+def lstm_cell_backward(grad_h, grad_c, reserve):
+    """Gradients of lstm_cell(..., train=True): (grad_x, grad_h, grad_c, grad_w_ih, grad_w_hh, grad_b_ih,
+    grad_b_hh), grad_h and grad_c with respect to hx; the bias gradients None without biases."""
+    return _cell_backward("lstm_cell_backward", ("lstm",), grad_h, grad_c, reserve)
+
+
+def gru_cell_backward(grad_h, reserve):
+    """Gradients of gru_cell(..., train=True): (grad_x, grad_h, grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh)."""
+    return _cell_backward("gru_cell_backward", ("gru",), grad_h, None, reserve)
+
+
+def rnn_cell_backward(grad_h, reserve):
+    """Gradients of rnn_tanh_cell or rnn_relu_cell(..., train=True), as gru_cell_backward."""
+    return _cell_backward("rnn_cell_backward", ("rnn_tanh", "rnn_relu"), grad_h, None, reserve)

@@ -1,0 +1,556 @@
+"""dnnkit's fused RNNs (LSTM, GRU, tanh/ReLU RNN; cells and sequences; forward and backward through time)
+against the float64 references, under every supported ISA and 1 or 2 threads: hidden and input sizes
+from 1, zero and one batch rows, one step, several layers, bidirectional, with and without biases,
+batch_first, unbatched inputs, both dtypes. The backward reference is checked against finite
+differences; PyTorch, when installed, against both. Outputs start as NaN, so an element never written
+fails. Also: the accuracy of the post-GEMM's fast exp, sigmoid and tanh, and bad input."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dnnkit
+from dnnkit import recurrent as rnn_module  # the module; dnnkit.rnn is the function
+from dnnkit.reference import (
+    gru_cell_ref, lstm_cell_ref, rel_l2, rnn_cell_ref, rnn_sequence_backward_ref, rnn_sequence_ref,
+)
+from helpers import DTYPES, FLOAT64_TOL
+
+MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+# Relative L2 bounds for float32: the GEMMs' rounding, compounded through steps and layers.
+FWD_TOL32 = 2e-5
+BWD_TOL32 = 1e-4
+
+
+def tol(dtype, f32):
+    return f32 if np.dtype(dtype) == np.float32 else FLOAT64_TOL
+
+
+@pytest.fixture(autouse=True)
+def nan_outputs(monkeypatch):
+    """Every array dnnkit.recurrent allocates starts as NaN: an element the kernels never write fails."""
+    def empty_nan(op, shape, dtype):
+        return np.full(shape, np.nan, dtype=dtype)
+    monkeypatch.setattr(rnn_module, "_empty", empty_nan)
+
+
+# ---------------------------------------------------------------------------------------------- cases
+@dataclass
+class SeqCase:
+    mode: str
+    T: int
+    B: int
+    I: int
+    H: int
+    layers: int
+    bidirectional: bool
+    bias: bool
+    batch_first: bool
+    unbatched: bool
+    initial: bool  # h0 (and c0) given, or None
+    as_dict: bool
+    dtype: type
+    threads: int
+    seed: int
+
+    @property
+    def D(self):
+        return 2 if self.bidirectional else 1
+
+
+@st.composite
+def seq_cases(draw, max_h=20):
+    unbatched = draw(st.booleans()) and draw(st.booleans())
+    return SeqCase(
+        mode=draw(st.sampled_from(MODES)), T=draw(st.integers(1, 4)), B=1 if unbatched else draw(st.integers(0, 3)),
+        I=draw(st.integers(1, 9)),
+        H=draw(st.one_of(st.integers(1, max_h), st.sampled_from([33, 70]))),
+        layers=draw(st.integers(1, 3)), bidirectional=draw(st.booleans()), bias=draw(st.booleans()),
+        batch_first=draw(st.booleans()), unbatched=unbatched, initial=draw(st.booleans()),
+        as_dict=draw(st.booleans()), dtype=draw(st.sampled_from(DTYPES)), threads=draw(st.sampled_from([1, 2])),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+def param_names(c: SeqCase):
+    names = []
+    for layer in range(c.layers):
+        for suffix in ("", "_reverse")[:c.D]:
+            names += [f"weight_ih_l{layer}{suffix}", f"weight_hh_l{layer}{suffix}"]
+            if c.bias:
+                names += [f"bias_ih_l{layer}{suffix}", f"bias_hh_l{layer}{suffix}"]
+    return names
+
+
+def make_seq(c: SeqCase):
+    """x (T, B, I) time-major, h0, c0 (L*D, B, H) or None, the flat weight list; values O(1)."""
+    rng = np.random.default_rng(c.seed)
+    G, H, D = GATES[c.mode], c.H, c.D
+    scale = 1.0 / np.sqrt(H)
+    weights = []
+    for layer in range(c.layers):
+        for _ in range(D):
+            in_k = c.I if layer == 0 else D * H
+            weights += [scale * rng.standard_normal((G * H, in_k)), scale * rng.standard_normal((G * H, H))]
+            if c.bias:
+                weights += [0.5 * rng.standard_normal(G * H), 0.5 * rng.standard_normal(G * H)]
+    weights = [w.astype(c.dtype) for w in weights]
+    x = rng.standard_normal((c.T, c.B, c.I)).astype(c.dtype)
+    h0 = rng.standard_normal((c.layers * D, c.B, H)).astype(c.dtype) if c.initial else None
+    c0 = rng.standard_normal((c.layers * D, c.B, H)).astype(c.dtype) if c.initial and c.mode == "lstm" else None
+    return x, h0, c0, weights
+
+
+def to_user(c: SeqCase, x, h0, c0, weights):
+    """The arrays in the layout the case asks dnnkit for."""
+    if c.unbatched:
+        x = x[:, 0]
+        h0 = None if h0 is None else h0[:, 0]
+        c0 = None if c0 is None else c0[:, 0]
+    elif c.batch_first:
+        x = x.transpose(1, 0, 2)
+    w = dict(zip(param_names(c), weights)) if c.as_dict else weights
+    return x, h0, c0, w
+
+
+def from_user(c: SeqCase, out, state):
+    """Back to time-major, batched: (T, B, D*H) and (L*D, B, H)."""
+    if c.unbatched:
+        return out[:, None], state[:, None]
+    return (out.transpose(1, 0, 2) if c.batch_first else out), state
+
+
+def run_forward(c: SeqCase, x, h0, c0, weights, train=False):
+    kw = dict(num_layers=c.layers, bidirectional=c.bidirectional, batch_first=c.batch_first, train=train)
+    if c.mode == "lstm":
+        return dnnkit.lstm(x, h0, c0, weights, **kw)
+    if c.mode == "gru":
+        return dnnkit.gru(x, h0, weights, **kw)
+    return dnnkit.rnn(x, h0, weights, nonlinearity=c.mode[4:], **kw)
+
+
+# -------------------------------------------------------------------------------------------- forward
+@given(c=seq_cases())
+def test_sequence_forward_matches_reference(isa, c):
+    dnnkit.set_num_threads(c.threads)
+    x, h0, c0, weights = make_seq(c)
+    result = run_forward(c, *to_user(c, x, h0, c0, weights))
+    out, state = result
+    h_n, c_n = state if c.mode == "lstm" else (state, None)
+    eo, eh, ec = rnn_sequence_ref(c.mode, x, h0, c0, weights, c.layers, c.bidirectional)
+    t = tol(c.dtype, FWD_TOL32)
+    assert out.dtype == h_n.dtype == c.dtype
+    out_tm, h_tm = from_user(c, out, h_n)
+    assert out_tm.shape == (c.T, c.B, c.D * c.H) and h_tm.shape == (c.layers * c.D, c.B, c.H)
+    assert rel_l2(out_tm, eo) <= t
+    assert rel_l2(h_tm, eh) <= t
+    if c.mode == "lstm":
+        assert rel_l2(from_user(c, out, c_n)[1], ec) <= t
+
+
+@dataclass
+class CellCase:
+    mode: str
+    B: int
+    I: int
+    H: int
+    bias: bool
+    state: bool
+    unbatched: bool
+    dtype: type
+    seed: int
+
+
+@st.composite
+def cell_cases(draw):
+    unbatched = draw(st.booleans()) and draw(st.booleans())
+    return CellCase(
+        mode=draw(st.sampled_from(MODES)), B=1 if unbatched else draw(st.sampled_from([0, 1, 2, 5, 17, 20])),
+        I=draw(st.integers(1, 12)), H=draw(st.one_of(st.integers(1, 12), st.sampled_from([40, 65]))),
+        bias=draw(st.booleans()), state=draw(st.booleans()), unbatched=unbatched,
+        dtype=draw(st.sampled_from(DTYPES)), seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+def make_cell(c: CellCase):
+    rng = np.random.default_rng(c.seed)
+    G = GATES[c.mode]
+    s = 1.0 / np.sqrt(c.H)
+    w_ih = (s * rng.standard_normal((G * c.H, c.I))).astype(c.dtype)
+    w_hh = (s * rng.standard_normal((G * c.H, c.H))).astype(c.dtype)
+    b_ih = (0.5 * rng.standard_normal(G * c.H)).astype(c.dtype) if c.bias else None
+    b_hh = (0.5 * rng.standard_normal(G * c.H)).astype(c.dtype) if c.bias else None
+    x = rng.standard_normal((c.B, c.I)).astype(c.dtype)
+    h = rng.standard_normal((c.B, c.H)).astype(c.dtype)
+    cc = rng.standard_normal((c.B, c.H)).astype(c.dtype)
+    return x, h, cc, w_ih, w_hh, b_ih, b_hh
+
+
+def cell_forward(c: CellCase, x, h, cc, w_ih, w_hh, b_ih, b_hh, train=False):
+    sq = (lambda a: a[0]) if c.unbatched else (lambda a: a)
+    hx = None if not c.state else ((sq(h), sq(cc)) if c.mode == "lstm" else sq(h))
+    fn = {"lstm": dnnkit.lstm_cell, "gru": dnnkit.gru_cell, "rnn_tanh": dnnkit.rnn_tanh_cell,
+          "rnn_relu": dnnkit.rnn_relu_cell}[c.mode]
+    return fn(sq(x), hx, w_ih, w_hh, b_ih, b_hh, train=train)
+
+
+@given(c=cell_cases())
+def test_cell_forward_matches_reference(isa, c):
+    x, h, cc, w_ih, w_hh, b_ih, b_hh = make_cell(c)
+    got = cell_forward(c, x, h, cc, w_ih, w_hh, b_ih, b_hh)
+    h_in = h if c.state else np.zeros_like(h)
+    c_in = cc if c.state else np.zeros_like(cc)
+    t = tol(c.dtype, FWD_TOL32)
+    shape = (c.H,) if c.unbatched else (c.B, c.H)
+    if c.mode == "lstm":
+        eh, ec = lstm_cell_ref(x, h_in, c_in, w_ih, w_hh, b_ih, b_hh)
+        assert got[0].shape == got[1].shape == shape and got[0].dtype == c.dtype
+        assert rel_l2(got[0], eh.reshape(shape)) <= t
+        assert rel_l2(got[1], ec.reshape(shape)) <= t
+    else:
+        ref = gru_cell_ref(x, h_in, w_ih, w_hh, b_ih, b_hh) if c.mode == "gru" else \
+            rnn_cell_ref(x, h_in, w_ih, w_hh, b_ih, b_hh, nonlinearity=c.mode[4:])
+        assert got.shape == shape and got.dtype == c.dtype
+        assert rel_l2(got, ref.reshape(shape)) <= t
+
+
+# ------------------------------------------------------------------------------------------- backward
+def seq_loss_ref(c: SeqCase, x, h0, c0, weights, go, gh, gc):
+    out, h_n, c_n = rnn_sequence_ref(c.mode, x, h0, c0, weights, c.layers, c.bidirectional)
+    loss = np.sum(go * out) + np.sum(gh * h_n)
+    return loss + (np.sum(gc * c_n) if c_n is not None else 0.0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layers,bidirectional,bias", [(1, False, True), (2, True, True), (2, False, False)])
+def test_backward_reference_matches_finite_differences(mode, layers, bidirectional, bias):
+    """rnn_sequence_backward_ref is the derivative of rnn_sequence_ref: central differences of
+    L = sum(go * output) + sum(gh * h_n) + sum(gc * c_n) for every input, state, weight and bias."""
+    c = SeqCase(mode, 3, 2, 2, 2, layers, bidirectional, bias, False, False, True, False, np.float64, 1, seed=7)
+    x, h0, c0, weights = make_seq(c)
+    rng = np.random.default_rng(1)
+    out, h_n, c_n = rnn_sequence_ref(mode, x, h0, c0, weights, layers, bidirectional)
+    go, gh = rng.standard_normal(out.shape), rng.standard_normal(h_n.shape)
+    gc = rng.standard_normal(h_n.shape) if mode == "lstm" else None
+    gx, gh0, gc0, gw = rnn_sequence_backward_ref(mode, x, h0, c0, weights, go, gh, gc, layers, bidirectional)
+    step = 1e-6
+    args = [x, h0] + ([c0] if mode == "lstm" else []) + weights
+    grads = [gx, gh0] + ([gc0] if mode == "lstm" else []) + gw
+
+    def loss():
+        k = 3 if mode == "lstm" else 2
+        return seq_loss_ref(c, args[0], args[1], args[2] if mode == "lstm" else None, args[k:], go, gh, gc)
+
+    for a, g in zip(args, grads):
+        numeric = np.zeros_like(a)
+        for idx in np.ndindex(a.shape):
+            keep = a[idx]
+            a[idx] = keep + step
+            plus = loss()
+            a[idx] = keep - step
+            minus = loss()
+            a[idx] = keep
+            numeric[idx] = (plus - minus) / (2 * step)
+        assert g.shape == a.shape
+        assert rel_l2(g, numeric) <= 1e-6
+
+
+def run_backward(c: SeqCase, go, gh, gc, reserve):
+    if c.mode == "lstm":
+        return dnnkit.lstm_backward(go, gh, gc, reserve)
+    if c.mode == "gru":
+        dx, dh0, dw = dnnkit.gru_backward(go, gh, reserve)
+    else:
+        dx, dh0, dw = dnnkit.rnn_backward(go, gh, reserve)
+    return dx, dh0, None, dw
+
+
+@given(c=seq_cases(max_h=12), data=st.data())
+@settings(max_examples=30)
+def test_sequence_backward_matches_reference(isa, c, data):
+    dnnkit.set_num_threads(c.threads)
+    which = data.draw(st.sampled_from(["all", "output_only", "state_only"]), label="grads")
+    x, h0, c0, weights = make_seq(c)
+    ux, uh0, uc0, uw = to_user(c, x, h0, c0, weights)
+    out, state, reserve = run_forward(c, ux, uh0, uc0, uw, train=True)
+    assert isinstance(reserve, dnnkit.RnnReserve)
+    per_dir = {"lstm": 5, "gru": 4}.get(c.mode, 0) * c.T * c.B * c.H
+    assert reserve.reserve_bytes == per_dir * c.layers * c.D * np.dtype(c.dtype).itemsize
+    rng = np.random.default_rng(c.seed + 1)
+    go = rng.standard_normal((c.T, c.B, c.D * c.H)).astype(c.dtype) if which != "state_only" else None
+    gh = rng.standard_normal((c.layers * c.D, c.B, c.H)).astype(c.dtype) if which != "output_only" else None
+    gc = rng.standard_normal(gh.shape).astype(c.dtype) if gh is not None and c.mode == "lstm" else None
+    u_go = None if go is None else (go[:, 0] if c.unbatched else (go.transpose(1, 0, 2) if c.batch_first else go))
+    u_gh = None if gh is None else (gh[:, 0] if c.unbatched else gh)
+    u_gc = None if gc is None else (gc[:, 0] if c.unbatched else gc)
+    dx, dh0, dc0, dw = run_backward(c, u_go, u_gh, u_gc, reserve)
+
+    zeros_out = np.zeros((c.T, c.B, c.D * c.H))
+    ex, eh0, ec0, ew = rnn_sequence_backward_ref(c.mode, x, h0, c0, weights, zeros_out if go is None else go, gh,
+                                                 gc, c.layers, c.bidirectional)
+    t = tol(c.dtype, BWD_TOL32)
+    if c.unbatched:
+        dx, dh0 = dx[:, None], dh0[:, None]
+        dc0 = None if dc0 is None else dc0[:, None]
+    elif c.batch_first:
+        dx = dx.transpose(1, 0, 2)
+    assert dx.shape == x.shape and dx.dtype == c.dtype
+    assert rel_l2(dx, ex) <= t
+    assert rel_l2(dh0, eh0) <= t
+    if c.mode == "lstm":
+        assert rel_l2(dc0, ec0) <= t
+    names = param_names(c)
+    if c.as_dict:
+        assert isinstance(dw, dict) and list(dw) == names
+        dw = [dw[k] for k in names]
+    assert len(dw) == len(weights)
+    for g, e, w in zip(dw, ew, weights):
+        assert g.shape == w.shape and g.dtype == c.dtype
+        assert rel_l2(g, e) <= t
+
+
+@given(c=cell_cases())
+@settings(max_examples=30)
+def test_cell_backward_matches_reference(isa, c):
+    x, h, cc, w_ih, w_hh, b_ih, b_hh = make_cell(c)
+    _, reserve = cell_forward(c, x, h, cc, w_ih, w_hh, b_ih, b_hh, train=True)
+    rng = np.random.default_rng(c.seed + 1)
+    gh = rng.standard_normal((c.B, c.H)).astype(c.dtype)
+    gc = rng.standard_normal((c.B, c.H)).astype(c.dtype)
+    sq = (lambda a: a[0]) if c.unbatched else (lambda a: a)
+    if c.mode == "lstm":
+        got = dnnkit.lstm_cell_backward(sq(gh), sq(gc), reserve)
+    elif c.mode == "gru":
+        got = dnnkit.gru_cell_backward(sq(gh), reserve)
+    else:
+        got = dnnkit.rnn_cell_backward(sq(gh), reserve)
+    weights = [w_ih, w_hh] + ([b_ih, b_hh] if c.bias else [])
+    h0 = h[None] if c.state else None
+    c0 = cc[None] if c.state and c.mode == "lstm" else None
+    ex, eh, ec, ew = rnn_sequence_backward_ref(c.mode, x[None], h0, c0, weights, gh[None], None,
+                                               gc[None] if c.mode == "lstm" else None)
+    expected = [ex[0], eh[0]] + ([ec[0]] if c.mode == "lstm" else []) + ew + ([] if c.bias else [None, None])
+    t = tol(c.dtype, BWD_TOL32)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        if e is None:
+            assert g is None
+            continue
+        e = e.reshape(g.shape) if c.unbatched and e.ndim == 2 else e
+        assert g.dtype == c.dtype and g.shape == e.shape
+        assert rel_l2(g, e) <= t
+
+
+# ---------------------------------------------------------------------------------------- PyTorch
+TORCH_CASES = [(m, layers, bi, bias, bf) for m in MODES for (layers, bi, bias, bf) in
+               [(1, False, True, False), (2, True, True, True), (3, False, False, False), (2, True, False, True)]]
+
+
+@pytest.mark.parametrize("mode,layers,bidirectional,bias,batch_first", TORCH_CASES)
+def test_sequence_matches_torch(mode, layers, bidirectional, bias, batch_first):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    T, B, I, H = 5, 3, 6, 7
+    cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(mode)
+    kw = dict(num_layers=layers, bidirectional=bidirectional, bias=bias, batch_first=batch_first)
+    module = (cls(I, H, **kw) if cls else torch.nn.RNN(I, H, nonlinearity=mode[4:], **kw)).double()
+    D = 2 if bidirectional else 1
+    x = torch.randn((B, T, I) if batch_first else (T, B, I), dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(layers * D, B, H, dtype=torch.float64, requires_grad=True)
+    c0 = torch.randn(layers * D, B, H, dtype=torch.float64, requires_grad=True)
+    out, state = module(x, (h0, c0) if mode == "lstm" else h0)
+    go = torch.randn_like(out)
+    gh = torch.randn(layers * D, B, H, dtype=torch.float64)
+    gc = torch.randn(layers * D, B, H, dtype=torch.float64)
+    loss = (out * go).sum() + ((state[0] * gh).sum() + (state[1] * gc).sum() if mode == "lstm" else
+                               (state * gh).sum())
+    loss.backward()
+
+    named = {k: v.detach().numpy() for k, v in module.named_parameters()}
+    args = dict(num_layers=layers, bidirectional=bidirectional, batch_first=batch_first, train=True)
+    xn, h0n, c0n = x.detach().numpy(), h0.detach().numpy(), c0.detach().numpy()
+    if mode == "lstm":
+        o, (hn, cn), res = dnnkit.lstm(xn, h0n, c0n, named, **args)
+        dx, dh0, dc0, dw = dnnkit.lstm_backward(go.numpy(), gh.numpy(), gc.numpy(), res)
+        assert rel_l2(cn, state[1].detach().numpy()) <= 1e-12
+        assert rel_l2(dc0, c0.grad.numpy()) <= 1e-12
+    elif mode == "gru":
+        o, hn, res = dnnkit.gru(xn, h0n, named, **args)
+        dx, dh0, dw = dnnkit.gru_backward(go.numpy(), gh.numpy(), res)
+    else:
+        o, hn, res = dnnkit.rnn(xn, h0n, named, nonlinearity=mode[4:], **args)
+        dx, dh0, dw = dnnkit.rnn_backward(go.numpy(), gh.numpy(), res)
+    h_ref = state[0] if mode == "lstm" else state
+    assert rel_l2(o, out.detach().numpy()) <= 1e-12
+    assert rel_l2(hn, h_ref.detach().numpy()) <= 1e-12
+    assert rel_l2(dx, x.grad.numpy()) <= 1e-12
+    assert rel_l2(dh0, h0.grad.numpy()) <= 1e-12
+    assert list(dw) == list(named)
+    for k, p in module.named_parameters():
+        assert rel_l2(dw[k], p.grad.numpy()) <= 1e-12, k
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_cells_match_torch(mode, dtype):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1)
+    B, I, H = 4, 5, 6
+    tdt = torch.float32 if dtype == np.float32 else torch.float64
+    if mode == "lstm":
+        cell = torch.nn.LSTMCell(I, H).to(tdt)
+    elif mode == "gru":
+        cell = torch.nn.GRUCell(I, H).to(tdt)
+    else:
+        cell = torch.nn.RNNCell(I, H, nonlinearity=mode[4:]).to(tdt)
+    x = torch.randn(B, I, dtype=tdt, requires_grad=True)
+    h = torch.randn(B, H, dtype=tdt, requires_grad=True)
+    c = torch.randn(B, H, dtype=tdt, requires_grad=True)
+    out = cell(x, (h, c)) if mode == "lstm" else cell(x, h)
+    gh, gc = torch.randn(B, H, dtype=tdt), torch.randn(B, H, dtype=tdt)
+    loss = (out[0] * gh).sum() + (out[1] * gc).sum() if mode == "lstm" else (out * gh).sum()
+    loss.backward()
+    w = [p.detach().numpy() for p in cell.parameters()]
+    t = tol(dtype, BWD_TOL32)
+    n = lambda a: a.detach().numpy()  # noqa: E731
+    if mode == "lstm":
+        (h2, c2), res = dnnkit.lstm_cell(n(x), (n(h), n(c)), *w, train=True)
+        assert rel_l2(h2, n(out[0])) <= t and rel_l2(c2, n(out[1])) <= t
+        grads = dnnkit.lstm_cell_backward(gh.numpy(), gc.numpy(), res)
+        expected = [x.grad, h.grad, c.grad] + [p.grad for p in cell.parameters()]
+    else:
+        fn = {"gru": dnnkit.gru_cell, "rnn_tanh": dnnkit.rnn_tanh_cell, "rnn_relu": dnnkit.rnn_relu_cell}[mode]
+        h2, res = fn(n(x), n(h), *w, train=True)
+        assert rel_l2(h2, n(out)) <= t
+        bwd = dnnkit.gru_cell_backward if mode == "gru" else dnnkit.rnn_cell_backward
+        grads = bwd(gh.numpy(), res)
+        expected = [x.grad, h.grad] + [p.grad for p in cell.parameters()]
+    for g, e in zip(grads, expected):
+        assert rel_l2(g, e.numpy()) <= t
+
+
+# ------------------------------------------------------------------------------ fast math, edge cases
+def test_fast_math_accuracy():
+    """The post-GEMM's float32 exp, sigmoid and tanh: relative error <= 2e-7 (about 2 ulp); NaN passes."""
+    x = np.concatenate([np.linspace(-87, 88, 400001), np.logspace(-30, 1, 20001), -np.logspace(-30, 1, 20001),
+                        [0.0, 0.625, -0.625, np.nextafter(0.625, 0), 9.0, 20.0, -20.0]]).astype(np.float32)
+    x64 = x.astype(np.float64)
+    expected = {0: np.exp(x64), 1: 1.0 / (1.0 + np.exp(-x64)), 2: np.tanh(x64)}
+    for fn, e in expected.items():
+        y = np.full_like(x, np.nan)
+        dnnkit._cpu.rnn_math_test(fn, x, y)
+        err = np.abs(y.astype(np.float64) - e) / np.maximum(np.abs(e), np.finfo(np.float64).tiny)
+        assert err.max() <= 2e-7, (fn, x[err.argmax()], err.max())
+        nan = np.array([np.nan], np.float32)
+        out = np.zeros(1, np.float32)
+        dnnkit._cpu.rnn_math_test(fn, nan, out)
+        assert np.isnan(out[0])
+    assert np.array_equal(np.sign(y), np.sign(x))  # tanh keeps the sign, and tanh(0) == 0
+    y64 = np.empty_like(x64)
+    dnnkit._cpu.rnn_math_test(2, x64, y64)
+    assert np.max(np.abs(y64 - np.tanh(x64))) <= 1e-15
+
+
+def test_sequence_state_is_continued():
+    """Running a sequence in two halves, the second from the first's (h_n, c_n), equals running it whole."""
+    c = SeqCase("lstm", 6, 2, 3, 5, 2, False, True, False, False, True, False, np.float64, 2, seed=3)
+    x, h0, c0, w = make_seq(c)
+    out, (hn, cn) = dnnkit.lstm(x, h0, c0, w, num_layers=2)
+    o1, (h1, c1) = dnnkit.lstm(x[:3], h0, c0, w, num_layers=2)
+    o2, (h2, c2) = dnnkit.lstm(x[3:], h1, c1, w, num_layers=2)
+    assert rel_l2(np.concatenate([o1, o2]), out) <= 1e-14
+    assert rel_l2(h2, hn) <= 1e-14 and rel_l2(c2, cn) <= 1e-14
+
+
+# ----------------------------------------------------------------------------------------- bad input
+def _w(G=4, H=3, I=2, layers=1, D=1, bias=True, dtype=np.float32):
+    ws = []
+    for layer in range(layers):
+        for _ in range(D):
+            ws += [np.zeros((G * H, I if layer == 0 else D * H), dtype), np.zeros((G * H, H), dtype)]
+            if bias:
+                ws += [np.zeros(G * H, dtype), np.zeros(G * H, dtype)]
+    return ws
+
+
+X = np.zeros((4, 2, 2), np.float32)
+S = np.zeros((1, 2, 3), np.float32)
+BAD_INPUTS = [
+    ("lstm: weights has 3 entries but num_layers=1, bidirectional=False needs 4 (or 2 without biases)",
+     ValueError, lambda: dnnkit.lstm(X, None, None, _w()[:3])),
+    ("lstm: weights has 6 entries but num_layers=2, bidirectional=False needs 8 (or 4 without biases)",
+     ValueError, lambda: dnnkit.lstm(X, None, None, _w() + _w()[:2], num_layers=2)),
+    ("lstm: weights[2] (weight_ih_l1) must have shape (12, 3), got (12,)",
+     ValueError, lambda: dnnkit.lstm(X, None, None, _w(), num_layers=2)),
+    ("gru: weights has 6 entries but num_layers=1, bidirectional=True needs 8 (or 4 without biases)",
+     ValueError, lambda: dnnkit.gru(X, None, _w(G=3) + _w(G=3)[:2], bidirectional=True)),
+    ("lstm: weights[1] (weight_hh_l0) must be 2-D of shape (4*hidden_size, hidden_size)",
+     ValueError, lambda: dnnkit.lstm(X, None, None, [_w()[0], np.zeros((12, 4), np.float32)] + _w()[2:])),
+    ("lstm: weights[0] (weight_ih_l0) must have shape (12, 2)",
+     ValueError, lambda: dnnkit.lstm(X, None, None, [np.zeros((12, 5), np.float32)] + _w()[1:])),
+    ("gru: weights['bias_hh_l0'] must have shape (9,)",
+     ValueError, lambda: dnnkit.gru(X, None, {"weight_ih_l0": np.zeros((9, 2), np.float32),
+                                              "weight_hh_l0": np.zeros((9, 3), np.float32),
+                                              "bias_ih_l0": np.zeros(9, np.float32),
+                                              "bias_hh_l0": np.zeros(8, np.float32)})),
+    ("gru: weights for num_layers=1, bidirectional=False (biases absent) must have the keys",
+     ValueError, lambda: dnnkit.gru(X, None, {"weight_ih_l0": np.zeros((9, 2), np.float32)})),
+    ("lstm: h0 must have shape (1, 2, 3), got (1, 3, 3)",
+     ValueError, lambda: dnnkit.lstm(X, np.zeros((1, 3, 3), np.float32), None, _w())),
+    ("lstm: c0 must have shape (1, 2, 3), got (2, 2, 3)",
+     ValueError, lambda: dnnkit.lstm(X, S, np.zeros((2, 2, 3), np.float32), _w())),
+    ("rnn: h0 has dtype float64 but input has float32",
+     TypeError, lambda: dnnkit.rnn(X, S.astype(np.float64), _w(G=1))),
+    ("lstm: weights[2] (bias_ih_l0) has dtype float64 but input has float32",
+     TypeError, lambda: dnnkit.lstm(X, None, None, _w()[:2] + [np.zeros(12), np.zeros(12, np.float32)])),
+    ("lstm: input must have dtype float32 or float64, got int64",
+     TypeError, lambda: dnnkit.lstm(X.astype(np.int64), None, None, _w())),
+    ("lstm: input must be 2-D or 3-D", ValueError, lambda: dnnkit.lstm(X[0, 0], None, None, _w())),
+    ("lstm: input must have a sequence length >= 1", ValueError, lambda: dnnkit.lstm(X[:0], None, None, _w())),
+    ("rnn: nonlinearity must be 'tanh' or 'relu'", ValueError,
+     lambda: dnnkit.rnn(X, None, _w(G=1), nonlinearity="sigmoid")),
+    ("lstm: num_layers must be >= 1", ValueError, lambda: dnnkit.lstm(X, None, None, _w(), num_layers=0)),
+    ("lstm: bidirectional must be a bool", TypeError, lambda: dnnkit.lstm(X, None, None, _w(), bidirectional=1)),
+    ("lstm: weights must be a list or a dict", TypeError, lambda: dnnkit.lstm(X, None, None, 5)),
+    ("lstm_cell: w_ih must have shape (12, 2)", ValueError,
+     lambda: dnnkit.lstm_cell(X[0], None, np.zeros((12, 3), np.float32), _w()[1])),
+    ("lstm_cell: hx[1] must have shape (2, 3), got (2, 4)", ValueError,
+     lambda: dnnkit.lstm_cell(X[0], (S[0], np.zeros((2, 4), np.float32)), *_w())),
+    ("gru_cell: hx has dtype float64 but input has float32", TypeError,
+     lambda: dnnkit.gru_cell(X[0], S[0].astype(np.float64), *_w(G=3))),
+    ("gru_cell: w_hh must have shape (3*hidden_size, hidden_size)", ValueError,
+     lambda: dnnkit.gru_cell(X[0], None, np.zeros((9, 2), np.float32), np.zeros((12, 3), np.float32))),
+    ("rnn_tanh_cell: b_ih and b_hh must both be given or both be None", ValueError,
+     lambda: dnnkit.rnn_tanh_cell(X[0], None, *_w(G=1)[:3])),
+    ("lstm_cell: hx must be a pair (h, c) or None", TypeError,
+     lambda: dnnkit.lstm_cell(X[0], S[0], *_w())),
+]
+
+
+@pytest.mark.parametrize("message,exc,call", BAD_INPUTS, ids=[m.split(":")[0] + ":" + str(i)
+                                                               for i, (m, _, _) in enumerate(BAD_INPUTS)])
+def test_bad_input(message, exc, call):
+    with pytest.raises(exc) as info:
+        call()
+    assert message in str(info.value)
+
+
+def test_bad_backward_input():
+    x, h0, c0, w = make_seq(SeqCase("lstm", 3, 2, 2, 3, 1, False, True, False, False, True, False, np.float32, 1, 0))
+    out, _, res = dnnkit.lstm(x, h0, c0, w, train=True)
+    with pytest.raises(ValueError, match=r"lstm_backward: grad_output must have shape \(3, 2, 3\), got \(3, 2, 4\)"):
+        dnnkit.lstm_backward(np.zeros((3, 2, 4), np.float32), None, None, res)
+    with pytest.raises(TypeError, match="lstm_backward: grad_h_n has dtype float64 but the forward ran in float32"):
+        dnnkit.lstm_backward(None, np.zeros((1, 2, 3)), None, res)
+    with pytest.raises(ValueError, match="gru_backward: reserve comes from lstm, not from a matching forward"):
+        dnnkit.gru_backward(out, None, res)
+    with pytest.raises(TypeError, match="lstm_backward: reserve must be the RnnReserve"):
+        dnnkit.lstm_backward(out, None, None, {})
+    _, cres = dnnkit.lstm_cell(x[0], None, *w, train=True)
+    with pytest.raises(ValueError, match="lstm_backward: reserve comes from lstm_cell"):
+        dnnkit.lstm_backward(out, None, None, cres)
