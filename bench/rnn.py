@@ -1,0 +1,190 @@
+"""dnnkit's fused RNNs beside PyTorch CPU (oneDNN/MKL) in one process.
+
+    python bench/rnn.py [--quick] [--threads N] [--budget SECONDS] [--filter TEXT] [--markdown]
+
+Sequences (torch.nn.LSTM / GRU, input size = hidden size): inference (torch under no_grad) and a
+training step (forward, then backward of every input, state and weight for a random grad_output);
+then the cells (torch.nn.LSTMCell / GRUCell) stepped over T time steps in a Python loop. For each
+problem: both medians (runs interleaved in blocks, see bench/gemm.py), the ratio torch/dnnkit (> 1:
+dnnkit faster) and dnnkit's GFLOP/s counting the GEMMs only (forward 2*T*B*G*H*(I + H) per layer and
+direction; a training step 3x that).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import dnnkit  # noqa: E402
+from gemm import interleaved_medians  # noqa: E402
+
+GATES = {"lstm": 4, "gru": 3}
+
+# (mode, H, B, T, layers)
+FULL = [(m, h, b, 50, 1) for m in ("lstm", "gru") for h in (256, 512, 1024) for b in (1, 16, 64)] + [
+    (m, 512, b, t, l) for m in ("lstm", "gru") for (b, t, l) in ((16, 25, 1), (16, 100, 1), (16, 50, 2), (64, 50, 2))
+]
+QUICK = [(m, h, b, 25, 1) for m in ("lstm", "gru") for h in (256, 512) for b in (1, 64)] + [("lstm", 512, 16, 25, 2)]
+CELLS_FULL = [(m, h, b) for m in ("lstm", "gru") for h in (256, 512, 1024) for b in (1, 16, 64)]
+CELLS_QUICK = [(m, h, b) for m in ("lstm", "gru") for h in (256, 1024) for b in (1, 64)]
+CELL_STEPS = 25
+# Seconds per timing block: longer than gemm.py's, since one call here takes up to a second and the
+# first calls after each idle `settle` run slower on a shared virtual machine.
+BLOCK = 0.25
+
+
+def flops(mode, H, B, T, L, I=None):
+    I = H if I is None else I
+    total = 0
+    for layer in range(L):
+        total += 2 * T * B * GATES[mode] * H * ((I if layer == 0 else H) + H)
+    return total
+
+
+def sequence_calls(torch, mode, H, B, T, L, train, rng):
+    module = (torch.nn.LSTM if mode == "lstm" else torch.nn.GRU)(H, H, num_layers=L)
+    weights = [p.detach().numpy().copy() for p in module.parameters()]
+    x = rng.standard_normal((T, B, H)).astype(np.float32)
+    h0 = rng.standard_normal((L, B, H)).astype(np.float32)
+    go = rng.standard_normal((T, B, H)).astype(np.float32)
+    tx, th0, tgo = torch.from_numpy(x), torch.from_numpy(h0), torch.from_numpy(go)
+    c0 = h0.copy() if mode == "lstm" else None
+    tstate = (th0, torch.from_numpy(c0)) if mode == "lstm" else th0
+
+    if not train:
+        def ours():
+            return dnnkit.lstm(x, h0, c0, weights, num_layers=L) if mode == "lstm" else \
+                dnnkit.gru(x, h0, weights, num_layers=L)
+
+        def theirs():
+            with torch.no_grad():
+                return module(tx, tstate)
+        return ours, theirs
+
+    txg = tx.clone().requires_grad_(True)
+
+    def ours():
+        if mode == "lstm":
+            out, _, res = dnnkit.lstm(x, h0, c0, weights, num_layers=L, train=True)
+            return dnnkit.lstm_backward(go, None, None, res)
+        out, _, res = dnnkit.gru(x, h0, weights, num_layers=L, train=True)
+        return dnnkit.gru_backward(go, None, res)
+
+    def theirs():
+        for p in module.parameters():
+            p.grad = None
+        txg.grad = None
+        out, _ = module(txg, tstate)
+        out.backward(tgo)
+    return ours, theirs
+
+
+def cell_calls(torch, mode, H, B, rng):
+    module = (torch.nn.LSTMCell if mode == "lstm" else torch.nn.GRUCell)(H, H)
+    w_ih, w_hh, b_ih, b_hh = [p.detach().numpy().copy() for p in module.parameters()]
+    xs = rng.standard_normal((CELL_STEPS, B, H)).astype(np.float32)
+    h = rng.standard_normal((B, H)).astype(np.float32)
+    txs, th = torch.from_numpy(xs), torch.from_numpy(h)
+
+    if mode == "lstm":
+        def ours():
+            hx = (h, h)
+            for t in range(CELL_STEPS):
+                hx = dnnkit.lstm_cell(xs[t], hx, w_ih, w_hh, b_ih, b_hh)
+            return hx
+
+        def theirs():
+            with torch.no_grad():
+                hx = (th, th)
+                for t in range(CELL_STEPS):
+                    hx = module(txs[t], hx)
+            return hx
+    else:
+        def ours():
+            hx = h
+            for t in range(CELL_STEPS):
+                hx = dnnkit.gru_cell(xs[t], hx, w_ih, w_hh, b_ih, b_hh)
+            return hx
+
+        def theirs():
+            with torch.no_grad():
+                hx = th
+                for t in range(CELL_STEPS):
+                    hx = module(txs[t], hx)
+            return hx
+    return ours, theirs
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a short subset")
+    ap.add_argument("--threads", type=int, default=2, help="threads for both libraries (default 2)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds of timing per problem")
+    ap.add_argument("--filter", default="", help="only problems whose name contains this")
+    ap.add_argument("--markdown", action="store_true", help="print Markdown tables for bench/RESULTS.md")
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    dnnkit.set_num_threads(args.threads)
+    budget = args.budget if args.budget is not None else (0.6 if args.quick else 1.5)
+    info = dnnkit.info()
+    print(f"# {info['cpu']} | {platform.machine()} | ISA {info['isa_active']} | threads {args.threads} | "
+          f"torch {torch.__version__} | numpy {np.__version__} | float32")
+    rng = np.random.default_rng(0)
+    hdr = ("problem", "dnnkit ms", "torch ms", "ratio", "dnnkit GF/s")
+    ratios = {}
+
+    def header(title):
+        print(f"\n## {title}")
+        if args.markdown:
+            print("| " + " | ".join(hdr) + " |")
+            print("|" + "---|" * len(hdr))
+        else:
+            print(f"{hdr[0]:<36} {hdr[1]:>10} {hdr[2]:>10} {hdr[3]:>6} {hdr[4]:>11}")
+
+    def row(group, name, t_ours, t_torch, fl):
+        ratio = t_torch / t_ours
+        ratios.setdefault(group, []).append(ratio)
+        gf = fl / t_ours / 1e9
+        if args.markdown:
+            print(f"| {name} | {1e3 * t_ours:.3f} | {1e3 * t_torch:.3f} | {ratio:.2f} | {gf:.1f} |")
+        else:
+            print(f"{name:<36} {1e3 * t_ours:>10.3f} {1e3 * t_torch:>10.3f} {ratio:>6.2f} {gf:>11.1f}")
+        sys.stdout.flush()
+
+    problems = QUICK if args.quick else FULL
+    for train in (False, True):
+        group = "training step (fwd+bwd)" if train else "sequence inference"
+        header(group)
+        for mode, H, B, T, L in problems:
+            name = f"{mode} H{H} B{B} T{T} L{L}"
+            if args.filter and args.filter not in name:
+                continue
+            ours, theirs = sequence_calls(torch, mode, H, B, T, L, train, rng)
+            t_ours, t_torch = interleaved_medians([ours, theirs], budget, block=BLOCK)
+            fl = flops(mode, H, B, T, L) * (3 if train else 1)
+            row(group + (" batch 1" if B == 1 else ""), name, t_ours, t_torch, fl)
+    group = f"cell, {CELL_STEPS} steps in a Python loop"
+    header(group)
+    for mode, H, B in (CELLS_QUICK if args.quick else CELLS_FULL):
+        name = f"{mode}_cell H{H} B{B} x{CELL_STEPS}"
+        if args.filter and args.filter not in name:
+            continue
+        ours, theirs = cell_calls(torch, mode, H, B, rng)
+        t_ours, t_torch = interleaved_medians([ours, theirs], budget, block=BLOCK)
+        row(group, name, t_ours, t_torch, flops(mode, H, B, CELL_STEPS, 1))
+    print()
+    for g, rs in ratios.items():
+        gm = float(np.exp(np.mean(np.log(rs))))
+        print(f"# {g}: geometric-mean ratio torch/dnnkit {gm:.2f} (min {min(rs):.2f}, max {max(rs):.2f}, n={len(rs)})")
+
+
+if __name__ == "__main__":
+    main()
