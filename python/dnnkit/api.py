@@ -37,7 +37,7 @@ def _gemm_problem(m, n, k, trans_a, trans_b, dtype, bias=False, activation="iden
 # ----------------------------------------------------------------------------------------------- checks
 def _array(op: str, name: str, x, ndim=None) -> np.ndarray:
     """x as a float32/float64 ndarray (no copy for ndarrays), or a TypeError/ValueError naming op and name."""
-    if type(x) is np.ndarray and x.dtype in _FLOAT_DTYPES and ndim is None:
+    if type(x) is np.ndarray and x.dtype in _FLOAT_DTYPES and (ndim is None or x.ndim == ndim):
         return x  # the common case, checked first
     if x is None:
         raise TypeError(f"{op}: {name} must be an array, got None")
@@ -134,7 +134,9 @@ def _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b):
     op = "gemm"
     a = _array(op, "a", a, ndim=2)
     b = _array(op, "b", b, ndim=2)
-    dtype = _same_dtype(op, a=a, b=b)
+    dtype = a.dtype
+    if b.dtype != dtype:
+        _same_dtype(op, a=a, b=b)  # raises, naming the arrays
     alpha = _scalar(op, "alpha", alpha)
     beta = _scalar(op, "beta", beta)
     A = a.T if _flag(op, "trans_a", trans_a) else a  # M x K
@@ -179,7 +181,9 @@ def _linear_prepare(x, weight, bias, activation):
     w = _array(op, "weight", weight, ndim=2)
     if bias is not None:
         bias = _array(op, "bias", bias, ndim=1)
-    dtype = _same_dtype(op, input=x, weight=w, bias=bias)
+    dtype = x.dtype
+    if w.dtype != dtype or (bias is not None and bias.dtype != dtype):
+        _same_dtype(op, input=x, weight=w, bias=bias)  # raises, naming the arrays
     out_f, in_f = w.shape
     if x.shape[-1] != in_f:
         raise ValueError(
@@ -333,7 +337,9 @@ def _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups):
     w = _array(op, "weight", weight, ndim=4)
     if bias is not None:
         bias = _array(op, "bias", bias, ndim=1)
-    dtype = _same_dtype(op, input=x, weight=w, bias=bias)
+    dtype = x.dtype
+    if w.dtype != dtype or (bias is not None and bias.dtype != dtype):
+        _same_dtype(op, input=x, weight=w, bias=bias)  # raises, naming the arrays
     p = _conv_problem(op, "fwd", x.shape, w.shape, stride, padding, dilation, groups, dtype, bias is not None)
     if bias is not None and bias.shape[0] != p.oc:
         raise ValueError(f"conv2d: bias must have {p.oc} elements (output channels), got {bias.shape[0]}")
