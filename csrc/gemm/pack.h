@@ -29,6 +29,57 @@ void pack_a_panel(index_t m, index_t k, const T* a, index_t rs, index_t cs, int 
     for (index_t p = 0; p < k; ++p) ap[p * mr + i] = T(0);
 }
 
+// Square transposes of W x W blocks (W = 8 floats or 4 doubles, 32 bytes a row) in vector registers,
+// written with GCC's generic vectors so that every ISA the translation unit is built for gets its own
+// shuffles: out[r*ld_out + c] = in[c*ld_in + r].
+template <typename T>
+constexpr index_t kTransposeBlock = 32 / sizeof(T);
+
+template <typename T>
+inline void transpose_block(const T* in, index_t ld_in, T* out, index_t ld_out);
+
+template <>
+inline void transpose_block<float>(const float* in, index_t ld_in, float* out, index_t ld_out) {
+  typedef float v8 __attribute__((vector_size(32)));
+  typedef int i8 __attribute__((vector_size(32)));
+  v8 r[8], t[8];
+  for (int i = 0; i < 8; ++i) std::memcpy(&r[i], in + i * ld_in, sizeof(v8));
+  // Interleave pairs of rows, then pairs of pairs, then halves: three stages of a transpose network.
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shuffle(r[i], r[i + 1], i8{0, 8, 1, 9, 4, 12, 5, 13});
+    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], i8{2, 10, 3, 11, 6, 14, 7, 15});
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int h = 0; h < 2; ++h) {
+      r[i + h] = __builtin_shuffle(t[i + h], t[i + h + 2], i8{0, 1, 8, 9, 4, 5, 12, 13});
+      r[i + h + 2] = __builtin_shuffle(t[i + h], t[i + h + 2], i8{2, 3, 10, 11, 6, 7, 14, 15});
+    }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = __builtin_shuffle(r[i], r[i + 4], i8{0, 1, 2, 3, 8, 9, 10, 11});
+    t[i + 4] = __builtin_shuffle(r[i], r[i + 4], i8{4, 5, 6, 7, 12, 13, 14, 15});
+  }
+  // t[0..3] are output rows 0, 2, 1, 3 (first stage's order), t[4..7] rows 4, 6, 5, 7.
+  constexpr int row_of[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  for (int i = 0; i < 8; ++i) std::memcpy(out + row_of[i] * ld_out, &t[i], sizeof(v8));
+}
+
+template <>
+inline void transpose_block<double>(const double* in, index_t ld_in, double* out, index_t ld_out) {
+  typedef double v4 __attribute__((vector_size(32)));
+  typedef long long i4 __attribute__((vector_size(32)));
+  v4 r[4], t[4];
+  for (int i = 0; i < 4; ++i) std::memcpy(&r[i], in + i * ld_in, sizeof(v4));
+  t[0] = __builtin_shuffle(r[0], r[1], i4{0, 4, 2, 6});
+  t[1] = __builtin_shuffle(r[0], r[1], i4{1, 5, 3, 7});
+  t[2] = __builtin_shuffle(r[2], r[3], i4{0, 4, 2, 6});
+  t[3] = __builtin_shuffle(r[2], r[3], i4{1, 5, 3, 7});
+  r[0] = __builtin_shuffle(t[0], t[2], i4{0, 1, 4, 5});
+  r[1] = __builtin_shuffle(t[1], t[3], i4{0, 1, 4, 5});
+  r[2] = __builtin_shuffle(t[0], t[2], i4{2, 3, 6, 7});
+  r[3] = __builtin_shuffle(t[1], t[3], i4{2, 3, 6, 7});
+  for (int i = 0; i < 4; ++i) std::memcpy(out + i * ld_out, &r[i], sizeof(v4));
+}
+
 // Packs the k x n block of B into ceil(n/nr) micro-panels, each k x nr stored k-major
 // (bp[panel*nr*k + p*nr + j]); columns past n are zero.
 template <typename T>
@@ -41,18 +92,20 @@ void pack_b_panel(index_t k, index_t n, const T* b, index_t rs, index_t cs, int 
     return;
   }
   if (rs == 1) {
-    // Transposed B (e.g. the weight of a linear layer): read each column contiguously, in blocks of
-    // 8 columns so that the writes of one p land in one cache line.
-    constexpr index_t kJB = 8;
-    index_t j0 = 0;
-    for (; j0 + kJB <= n; j0 += kJB) {
-      const T* src[kJB];
-      for (index_t jj = 0; jj < kJB; ++jj) src[jj] = b + (j0 + jj) * cs;
-      for (index_t p = 0; p < k; ++p)
-        for (index_t jj = 0; jj < kJB; ++jj) bp[p * nr + j0 + jj] = src[jj][p];
+    // Transposed B (the weight of a linear layer): each column is contiguous. W x W blocks (W columns by
+    // W k steps) are loaded as vectors, transposed in registers and stored as rows of the panel. k steps
+    // outermost, so each pass writes whole panel rows (full cache lines) while reading every column
+    // sequentially; the column and k tails go element by element.
+    constexpr index_t W = kTransposeBlock<T>;
+    const index_t n_full = n / W * W;
+    index_t p = 0;
+    for (; p + W <= k; p += W) {
+      for (index_t j0 = 0; j0 < n_full; j0 += W) transpose_block<T>(b + j0 * cs + p, cs, bp + p * nr + j0, nr);
+      for (index_t j = n_full; j < n; ++j)
+        for (index_t pp = p; pp < p + W; ++pp) bp[pp * nr + j] = b[j * cs + pp];
     }
-    for (index_t j = j0; j < n; ++j)
-      for (index_t p = 0; p < k; ++p) bp[p * nr + j] = b[p + j * cs];
+    for (; p < k; ++p)
+      for (index_t j = 0; j < n; ++j) bp[p * nr + j] = b[j * cs + p];
   } else {
     for (index_t p = 0; p < k; ++p)
       for (index_t j = 0; j < n; ++j) bp[p * nr + j] = b[p * rs + j * cs];
