@@ -554,3 +554,33 @@ def test_bad_backward_input():
     _, cres = dnnkit.lstm_cell(x[0], None, *w, train=True)
     with pytest.raises(ValueError, match="lstm_backward: reserve comes from lstm_cell"):
         dnnkit.lstm_backward(out, None, None, cres)
+
+
+# ---------------------------------------------------------------------------- problem, registry, explain
+def test_rnn_problem_descriptor_round_trip():
+    from dnnkit.problem import RnnProblem, parse_descriptor
+
+    for p in (RnnProblem("lstm", 50, 16, 512, 512, layers=2, dirs=2),
+              RnnProblem("rnn_relu", 1, 0, 3, 4, bias=False, dtype="float64", direction="bwd")):
+        assert RnnProblem.parse(p.descriptor(), direction=p.direction) == p
+        assert parse_descriptor(p.descriptor(), direction=p.direction) == p
+    p = RnnProblem("gru", 10, 4, 8, 16)
+    assert p.op == "gru_fwd" and p.flops == 2 * 10 * 4 * 3 * 16 * (8 + 16)
+    for bad in ("lstm_l0t5mb1slc1sic1", "lstm_l1t5mb1slc1sic1_tridir", "sru_l1t1mb1slc1sic1"):
+        with pytest.raises(ValueError):
+            RnnProblem.parse(bad)
+
+
+def test_rnn_goes_through_the_registry_and_explain():
+    assert [a.name for a in dnnkit.algos.algorithms("lstm_fwd", "cpu")] == ["fused"]
+    e = dnnkit.explain("lstm_l2t5mb3slc4sic6_bidir")
+    assert e.problem.op == "lstm_fwd" and e[0].chosen and e[0].workspace_bytes > 0
+    assert dnnkit.explain("gru_l1t5mb3slc4sic6", direction="bwd").problem.op == "gru_bwd"
+
+
+def test_rnn_workspace_limit_is_reported_by_name():
+    x = np.zeros((2, 1, 3), np.float32)
+    w = [np.zeros((16, 3), np.float32), np.zeros((16, 4), np.float32)]
+    dnnkit.set_workspace_limit(0)
+    with pytest.raises(ValueError, match=r"^lstm: .*over the limit"):
+        dnnkit.lstm(x, None, None, w)

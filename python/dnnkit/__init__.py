@@ -12,7 +12,7 @@ from .api import (
     conv2d, conv2d_backward_bias, conv2d_backward_data, conv2d_backward_filter, explain, gemm, linear,
     linear_backward,
 )
-from .problem import ConvProblem, GemmProblem
+from .problem import ConvProblem, GemmProblem, RnnProblem
 from .recurrent import (
     RnnReserve, gru, gru_backward, gru_cell, gru_cell_backward, lstm, lstm_backward, lstm_cell, lstm_cell_backward,
     rnn, rnn_backward, rnn_cell_backward, rnn_relu_cell, rnn_tanh_cell,
@@ -38,7 +38,7 @@ def info() -> dict:
 
 __all__ = [
     "__version__", "gemm", "linear", "linear_backward", "conv2d", "conv2d_backward_data", "conv2d_backward_filter",
-    "conv2d_backward_bias", "explain", "info", "GemmProblem", "ConvProblem", "algos", "machine",
+    "conv2d_backward_bias", "explain", "info", "GemmProblem", "ConvProblem", "RnnProblem", "algos", "machine",
     "set_num_threads", "get_num_threads", "set_tuning", "get_tuning", "set_workspace_limit",
     "get_workspace_limit", "lstm", "gru", "rnn", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
     "lstm_backward", "gru_backward", "rnn_backward", "lstm_cell_backward", "gru_cell_backward", "rnn_cell_backward",

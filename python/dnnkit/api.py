@@ -13,7 +13,7 @@ from . import _cpu
 from .algos.gemm_cpu import ACTIVATION_CODES
 from ._config import get_num_threads, get_workspace_limit
 from .dispatch import choose, explain_problem
-from .problem import ACTIVATIONS, ConvProblem, GemmProblem, parse_descriptor
+from .problem import ACTIVATIONS, RNN_MODES, ConvProblem, GemmProblem, RnnProblem, parse_descriptor
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
@@ -419,10 +419,10 @@ def conv2d_backward_bias(grad_output):
 def _parse_descriptor(text: str, **kwargs):
     """A GEMM descriptor (m..n..k.., a strict grammar, tried first) or a benchdnn convolution descriptor;
     kwargs are ConvProblem.parse's (direction=, dtype=, ...), and force the convolution grammar."""
-    if kwargs:
+    if kwargs and not text.strip().startswith(RNN_MODES):
         return ConvProblem.parse(text, **kwargs)
     try:
-        return parse_descriptor(text)
+        return parse_descriptor(text, **kwargs)
     except ValueError as e:
         raise ValueError(f"explain: {e}") from None
 
@@ -458,10 +458,10 @@ def explain(what, *args, algo="auto", workspace_limit=None, **kwargs) -> Explana
     """The candidate algorithms for a call and why each can or cannot run it.
 
     what: an operator name with the call's arguments (explain("gemm", a, b, trans_b=True)), a Problem,
-    or a problem descriptor string: GEMM ("m64n4096k4096tb_f32") or benchdnn convolution
-    ("mb8ic64ih56oc64oh56kh3ph1", with direction=/dtype= as keywords).
+    or a problem descriptor string: GEMM ("m64n4096k4096tb_f32"), RNN ("lstm_l1t50mb16slc512sic512") or
+    benchdnn convolution ("mb8ic64ih56oc64oh56kh3ph1", with direction=/dtype= as keywords).
     """
-    if isinstance(what, (GemmProblem, ConvProblem)):
+    if isinstance(what, (GemmProblem, ConvProblem, RnnProblem)):
         p = what
     elif isinstance(what, str) and what in _PREPARE:
         p = _PREPARE[what](*args, **kwargs)

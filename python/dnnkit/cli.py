@@ -384,9 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_info.set_defaults(func=_cmd_info)
 
     p_explain = sub.add_parser("explain", help="candidate algorithms for a problem descriptor")
-    p_explain.add_argument("problem", help='a GEMM descriptor ("m64n4096k4096tb_f32") or a benchdnn '
-                           'convolution descriptor ("mb8ic64ih56oc64oh56kh3ph1")')
-    p_explain.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter"), help="convolution direction")
+    p_explain.add_argument("problem", help='a GEMM ("m64n4096k4096tb_f32"), RNN ("lstm_l1t50mb16slc512sic512") '
+                           'or benchdnn convolution ("mb8ic64ih56oc64oh56kh3ph1") descriptor')
+    p_explain.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter", "bwd"),
+                           help="convolution direction, or bwd for an RNN")
     p_explain.add_argument("--dtype", choices=("float32", "float64"), help="convolution dtype")
     p_explain.set_defaults(func=_cmd_explain)
 

@@ -8,6 +8,10 @@ e.g. "m64n4096k4096tb_bias_relu_f32". Dimension letters follow BLAS: C is M x N,
 Convolution descriptors use oneDNN benchdnn's grammar (see ConvProblem.parse), e.g.
     g1mb8ic64ih56iw56oc64oh56ow56kh3kw3sh1sw1ph1pw1dh0dw0n"resnet_50:res2a_branch2b*3"
 and files of them, one a line, are read by load_problems().
+
+RNN descriptor grammar (RnnProblem), after benchdnn's rnn fields:
+    <mode>_l<layers>t<steps>mb<batch>slc<input>sic<hidden>[_bidir][_nobias][_<dtype>]
+e.g. "lstm_l2t50mb16slc512sic512_bidir_f32"; mode is lstm, gru, rnn_tanh or rnn_relu.
 """
 from __future__ import annotations
 
@@ -525,8 +529,10 @@ def load_problems(path_or_text, *, direction: str = "fwd", dtype: str = "float32
 
 def parse_descriptor(text: str, *, direction: str = "fwd", dtype: str = "float32", bias: bool = False,
                      device: str = "cpu"):
-    """A GemmProblem or a ConvProblem from its descriptor: the GEMM grammar (m..n..k.., strict) is tried
-    first, then benchdnn's convolution grammar, which takes the keyword arguments."""
+    """A GemmProblem, RnnProblem or ConvProblem from its descriptor: the GEMM and RNN grammars (strict)
+    are tried first, then benchdnn's convolution grammar, which takes the keyword arguments."""
+    if text.strip().startswith(RNN_MODES):
+        return RnnProblem.parse(text, direction="bwd" if direction.startswith("bwd") else "fwd")
     try:
         return GemmProblem.parse(text)
     except ValueError as gemm_error:
@@ -535,3 +541,95 @@ def parse_descriptor(text: str, *, direction: str = "fwd", dtype: str = "float32
         except ValueError as conv_error:
             raise ValueError(f"{text.strip()!r} is neither a GEMM descriptor ({gemm_error}) nor a convolution "
                              f"descriptor ({conv_error})") from None
+
+
+# ------------------------------------------------------------------------------------------------- RNN
+RNN_MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+RNN_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+RNN_DIRECTIONS = ("fwd", "bwd")
+
+
+@dataclass(frozen=True)
+class RnnProblem:
+    """A fused RNN over a sequence (a cell is seq = 1, one layer, one direction): torch.nn.LSTM's shapes.
+
+    mode: lstm, gru, rnn_tanh or rnn_relu; seq T, batch B, input I (the first layer's features), hidden H,
+    layers L, dirs D (2: bidirectional); direction "fwd" (forward) or "bwd" (backward through time).
+    """
+
+    mode: str
+    seq: int
+    batch: int
+    input: int
+    hidden: int
+    layers: int = 1
+    dirs: int = 1
+    bias: bool = True
+    direction: str = "fwd"
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    def __post_init__(self):
+        if self.mode not in RNN_MODES:
+            raise ValueError(f"RnnProblem: mode must be one of {RNN_MODES}, got {self.mode!r}")
+        for name, lo in (("seq", 1), ("batch", 0), ("input", 1), ("hidden", 1), ("layers", 1), ("dirs", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"RnnProblem: {name} must be an int >= {lo}, got {v!r}")
+        if self.dirs > 2:
+            raise ValueError(f"RnnProblem: dirs must be 1 or 2, got {self.dirs}")
+        if self.direction not in RNN_DIRECTIONS:
+            raise ValueError(f"RnnProblem: direction must be one of {RNN_DIRECTIONS}, got {self.direction!r}")
+        if self.dtype not in DTYPE_CODES:
+            raise ValueError(f"RnnProblem: dtype must be one of {tuple(DTYPE_CODES)}, got {self.dtype!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"RnnProblem: device must be one of {DEVICES}, got {self.device!r}")
+
+    @property
+    def op(self) -> str:
+        return f"{self.mode}_{self.direction}"
+
+    @property
+    def gates(self) -> int:
+        return RNN_GATES[self.mode]
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self.dtype == "float32" else 8
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds of the GEMMs, times two: input and recurrent projections of every layer and
+        direction (backward: the data and weight gradients, twice the forward)."""
+        g, h = self.gates, self.hidden
+        total = 0
+        for layer in range(self.layers):
+            inp = self.input if layer == 0 else self.dirs * h
+            total += self.dirs * 2 * self.seq * self.batch * g * h * (inp + h)
+        return total if self.direction == "fwd" else 2 * total
+
+    def descriptor(self) -> str:
+        s = f"{self.mode}_l{self.layers}t{self.seq}mb{self.batch}slc{self.input}sic{self.hidden}"
+        s += "_bidir" if self.dirs == 2 else ""
+        s += "" if self.bias else "_nobias"
+        s += f"_{DTYPE_CODES[self.dtype]}"
+        s += f"_{self.device}" if self.device != "cpu" else ""
+        return s
+
+    __str__ = descriptor
+
+    _RE = re.compile(
+        r"^(?P<mode>lstm|gru|rnn_tanh|rnn_relu)_l(?P<l>\d+)t(?P<t>\d+)mb(?P<mb>\d+)slc(?P<slc>\d+)sic(?P<sic>\d+)"
+        r"(?P<bidir>_bidir)?(?P<nobias>_nobias)?(?:_(?P<dt>f32|f64))?(?:_(?P<dev>cpu|cuda))?$"
+    )
+
+    @classmethod
+    def parse(cls, text: str, *, direction: str = "fwd") -> "RnnProblem":
+        match = cls._RE.match(text.strip())
+        if not match:
+            raise ValueError(f"RnnProblem.parse: cannot parse {text!r}; expected "
+                             "<mode>_l<L>t<T>mb<B>slc<I>sic<H>[_bidir][_nobias][_f32|_f64]")
+        g = match.groupdict()
+        return cls(g["mode"], int(g["t"]), int(g["mb"]), int(g["slc"]), int(g["sic"]), layers=int(g["l"]),
+                   dirs=2 if g["bidir"] else 1, bias=not g["nobias"], direction=direction,
+                   dtype=DTYPES[g["dt"] or "f32"], device=g["dev"] or "cpu")

@@ -37,7 +37,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import _cpu
-from .api import _array, _empty, _flag, _FLOAT_DTYPES
+from .api import _DTYPE_NAMES, _array, _choose, _empty, _flag, _FLOAT_DTYPES
+from .problem import RnnProblem
 
 _CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
@@ -50,7 +51,7 @@ class RnnReserve:
     reserve_bytes: the saved-activation buffer; nbytes: that plus the layer outputs kept for backward.
     """
 
-    __slots__ = ("op", "mode", "cell", "shape", "x", "h0", "c0", "weights", "names", "as_dict", "has_bias", "ys",
+    __slots__ = ("op", "mode", "cell", "shape", "problem", "x", "h0", "c0", "weights", "names", "as_dict", "has_bias", "ys",
                  "buffer", "batch_first", "unbatched")
 
     def __init__(self, **kw):
@@ -69,6 +70,21 @@ class RnnReserve:
         _, T, B, I, H, L, D = self.shape
         return (f"<RnnReserve {self.op}: T={T} B={B} I={I} H={H} layers={L} directions={D} "
                 f"{self.x.dtype} {self.nbytes} bytes>")
+
+
+_problems: dict = {}
+
+
+def _problem(mode, T, B, I, H, L, D, bias, direction, dtype) -> RnnProblem:
+    """One RnnProblem per distinct call signature (a dictionary hit, not a validation, per call)."""
+    key = (mode, T, B, I, H, L, D, bias, direction, dtype)
+    p = _problems.get(key)
+    if p is None:
+        if len(_problems) > 4096:
+            _problems.clear()
+        p = _problems[key] = RnnProblem(mode, T, B, I, H, layers=L, dirs=D, bias=bias, direction=direction,
+                                        dtype=_DTYPE_NAMES[np.dtype(dtype)])
+    return p
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -187,7 +203,8 @@ def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_fir
         buffer = None
     h_n = _empty(op, (num_layers * dirs, B, H), x.dtype)
     c_n = _empty(op, (num_layers * dirs, B, H), x.dtype) if mode == "lstm" else None
-    _cpu.rnn_forward(shape, xt, h0, c0, flat, ys, h_n, c_n, buffer)
+    p = _problem(mode, T, B, I, H, num_layers, dirs, has_bias, "fwd", x.dtype)
+    _choose(op, p, "auto").run(p, xt, h0, c0, flat, out=ys, h_n=h_n, c_n=c_n, reserve=buffer)
     if unbatched:
         output, h_n = out[:, 0, :], h_n[:, 0, :]
         c_n = None if c_n is None else c_n[:, 0, :]
@@ -196,9 +213,9 @@ def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_fir
     state = (h_n, c_n) if mode == "lstm" else h_n
     if not train:
         return output, state
-    reserve = RnnReserve(op=op, mode=mode, cell=False, shape=shape, x=xt, h0=h0, c0=c0, weights=flat, names=names,
-                         as_dict=as_dict, has_bias=has_bias, ys=ys, buffer=buffer, batch_first=batch_first,
-                         unbatched=unbatched)
+    reserve = RnnReserve(op=op, mode=mode, cell=False, shape=shape, problem=p, x=xt, h0=h0, c0=c0, weights=flat,
+                         names=names, as_dict=as_dict, has_bias=has_bias, ys=ys, buffer=buffer,
+                         batch_first=batch_first, unbatched=unbatched)
     return output, state, reserve
 
 
@@ -255,7 +272,10 @@ def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n):
     dh0 = _empty(op, (L * D, B, H), dtype)
     dc0 = _empty(op, (L * D, B, H), dtype) if r.mode == "lstm" else None
     grads = [None if w is None else _empty(op, w.shape, dtype) for w in r.weights]
-    _cpu.rnn_backward(r.shape, r.x, r.h0, r.c0, r.weights, r.ys, r.buffer, dy, dh_n, dc_n, dx, dh0, dc0, grads)
+    fp = r.problem
+    p = _problem(fp.mode, fp.seq, fp.batch, fp.input, fp.hidden, fp.layers, fp.dirs, fp.bias, "bwd", dtype)
+    _choose(op, p, "auto").run(p, r.x, r.h0, r.c0, r.weights, r.ys, r.buffer, dy, dh_n, dc_n,
+                               out=(dx, dh0, dc0, grads))
     return dx, dh0, dc0, grads
 
 
@@ -356,14 +376,15 @@ def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
     c_out = _empty(op, (B, H), dtype) if mode == "lstm" else None
     buffer = _empty(op, (_cpu.rnn_reserve_elems(shape),), dtype) if _flag(op, "train", train) else None
     flat = [w_ih, w_hh, b_ih, b_hh]
-    _cpu.rnn_forward(shape, x, h, c, flat, [h_out], None, c_out, buffer)
+    p = _problem(mode, 1, B, I, H, 1, 1, b_ih is not None, "fwd", dtype)
+    _choose(op, p, "auto").run(p, x, h, c, flat, out=[h_out], h_n=None, c_n=c_out, reserve=buffer)
     if unbatched:
         h_out = h_out[0]
         c_out = None if c_out is None else c_out[0]
     result = (h_out, c_out) if mode == "lstm" else h_out
     if not train:
         return result
-    reserve = RnnReserve(op=op, mode=mode, cell=True, shape=shape, x=x, h0=h, c0=c, weights=flat, names=None,
+    reserve = RnnReserve(op=op, mode=mode, cell=True, shape=shape, problem=p, x=x, h0=h, c0=c, weights=flat, names=None,
                          as_dict=False, has_bias=b_ih is not None, ys=[h_out.reshape(1, B, H)], buffer=buffer,
                          batch_first=False, unbatched=unbatched)
     return result, reserve

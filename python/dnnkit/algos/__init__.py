@@ -7,7 +7,7 @@ kernels, and one line in _REGISTRY below.
 from __future__ import annotations
 
 from .base import Algorithm, Candidate
-from . import conv_cpu, gemm_cpu
+from . import conv_cpu, gemm_cpu, rnn_cpu
 
 _REGISTRY: dict[tuple[str, str], list[Algorithm]] = {}
 _version = [0]  # bumped by register(): dispatch's cached decisions name the version they were made with
@@ -65,5 +65,7 @@ register(conv_cpu.GemmCol2imBwdData())
 register(conv_cpu.DirectBwdData())
 register(conv_cpu.Im2colGemmBwdFilter())
 register(conv_cpu.DirectBwdFilter())
+for _algo in rnn_cpu.all_fused():
+    register(_algo)
 
 __all__ = ["Algorithm", "Candidate", "register", "unregister", "algorithms", "all_algorithms", "get"]
