@@ -174,6 +174,12 @@ void conv_run(const std::string& dir, const std::string& algo, const ConvShape& 
     if (algo == "direct") {
       py::gil_scoped_release nogil;
       conv2d_fwd_direct<T>(sh, x, w, b, y);
+    } else if (algo == "depthwise") {
+      if (sh.cg() != 1) throw py::value_error("conv2d: depthwise needs one input channel per group");
+      const index_t need = depthwise_workspace_elems(sh, static_cast<int>(chunk));  // chunk: threads
+      T* wsp = conv_workspace_elems<T>(ws, need);
+      py::gil_scoped_release nogil;
+      conv2d_fwd_depthwise<T>(sh, x, w, b, y, wsp, need);
     } else if (algo == "im2col_gemm") {
       T* col = conv_workspace<T>(ws, sh, chunk);
       py::gil_scoped_release nogil;
@@ -529,6 +535,9 @@ PYBIND11_MODULE(_cpu, m) {
     else throw py::type_error("fft_channel_reduce: y must be complex64 or complex128");
   });
 
+  m.def("depthwise_workspace_elems", [](const py::tuple& shape, int nthreads) {
+    return depthwise_workspace_elems(conv_shape(shape), nthreads);
+  }, "Workspace elements of the depthwise kernel on nthreads threads: one padded input plane each.");
   m.def("winograd_tile_chunk", [](const py::tuple& shape, int mt, index_t max_elems) {
     if (mt != 2 && mt != 4) throw py::value_error("winograd_tile_chunk: m must be 2 or 4");
     return winograd_tile_chunk(conv_shape(shape), mt, max_elems);

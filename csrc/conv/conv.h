@@ -54,6 +54,13 @@ void conv2d_bwd_data_col2im(const ConvShape& sh, const T* w, const T* dy, T* dx,
 template <typename T>
 void conv2d_bwd_filter_im2col(const ConvShape& sh, const T* x, const T* dy, T* dw, T* col, index_t chunk);
 
+// ---- depthwise (depthwise.cpp): one input channel per group (c / g == 1). The workspace holds one
+// zero-padded input plane per thread: depthwise_workspace_elems(shape, nthreads) elements; the kernel
+// runs on as many threads as ws_elems has planes for (at most get_num_threads()).
+index_t depthwise_workspace_elems(const ConvShape& sh, int nthreads);
+template <typename T>
+void conv2d_fwd_depthwise(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y, T* ws, index_t ws_elems);
+
 // ---- direct (direct.cpp): no workspace.
 template <typename T>
 void conv2d_fwd_direct(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y);

@@ -13,13 +13,16 @@ fft (fwd): real 2-D FFTs of the padded input and of the dilated, zero-padded fil
     computed at stride 1 and subsampled.
 direct: loops over the output with the padding bounds hoisted and the inner loop along an output row;
     no workspace; every shape.
+depthwise (fwd): one input channel per group (depthwise and channel-multiplier convolutions): each
+    input plane copied once, zero-padded, into a per-thread workspace plane, then several output rows
+    by one vector of columns at a time in registers; memory-bound, one pass over input and output.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import _cpu
-from .._config import get_workspace_limit
+from .._config import get_num_threads, get_workspace_limit
 from .base import Algorithm, cpu_float_reason
 
 # Bound on the im2col column buffer when the user sets no tighter workspace limit.
@@ -121,6 +124,27 @@ class WinogradF4x4(_Winograd):
     name = kernel = "winograd_f4x4_3x3"
     m = 4
     tolerance = 1e-4
+
+
+class DepthwiseFwd(_CpuConv):
+    name = kernel = "depthwise"
+    op = "conv2d_fwd"
+    direction = "fwd"
+    tolerance = 1e-5
+
+    def supports(self, p) -> str | None:
+        reason = super().supports(p)
+        if reason:
+            return reason
+        if p.ic // p.g != 1:
+            return f"needs one input channel per group (depthwise), got {p.ic // p.g}"
+        return None
+
+    def chunk(self, p) -> int:
+        return get_num_threads()  # the workspace holds one padded plane per thread
+
+    def workspace_bytes(self, p) -> int:
+        return int(_cpu.depthwise_workspace_elems(shape_tuple(p), self.chunk(p))) * p.itemsize
 
 
 class FftFwd(_CpuConv):

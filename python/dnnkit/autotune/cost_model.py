@@ -89,6 +89,10 @@ def _conv_fwd(p, name):
         reduce = 8 * n * k * cg * freqs / (peak * 0.08)
         transforms = (n * (c + k) + k * cg) * hf * wf * 5 * math.log2(max(hf * wf, 2)) / (peak * 0.05)
         return reduce + transforms
+    if name == "depthwise":
+        # Memory-bound: the padded input plane is copied, then read, and the output written once.
+        moved = (3 * n * c * p.ih * p.iw + n * k * pq) * p.itemsize
+        return moved / (_copy_bytes_per_s() * get_num_threads()) + direct / (peak * 0.1)
     if name == "direct":
         # The forward kernel's 8-channel x 32-column register block is full only with >= 8 output
         # channels per group and >= 32 output columns (measured 42 GFLOP/s at 64 channels, 56 wide).
