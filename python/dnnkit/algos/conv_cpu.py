@@ -108,7 +108,7 @@ class _Winograd(_CpuConv):
         return int(_cpu.winograd_tile_chunk(shape_tuple(p), self.m, bound // p.itemsize))
 
     def workspace_bytes(self, p) -> int:
-        return int(_cpu.winograd_workspace_elems(shape_tuple(p), self.m, self.chunk(p))) * p.itemsize
+        return int(_cpu.winograd_workspace_elems(shape_tuple(p), self.m, self.chunk(p), p.itemsize)) * p.itemsize
 
 
 class WinogradF2x2(_Winograd):
