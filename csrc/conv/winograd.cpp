@@ -172,6 +172,7 @@ struct Plan {
   index_t m_elems;   // one thread's M block: alpha^2 x (kb x kTileBlock + pad)
   int nt;            // threads
   int mr;            // the micro-kernel's MR (U's panel height)
+  bool few_tiles;    // the transposed schedule (below); then u_elems holds V^T, v_elems U^T, m_elems M^T
   index_t total;     // with alignment slack
 };
 
@@ -186,9 +187,40 @@ index_t point_stride(index_t rows, index_t elem_size) {
   return rows * kTileBlock + static_cast<index_t>(kAlign) / elem_size;
 }
 
+// Few tiles (at most half a chunk, and no more than output channels per group: 7x7 planes, or 14x14
+// at batch 1 with F(4x4)): the transposed schedule. V^T (tiles x Cg per point, the micro-kernel's A operand, MR tiles per panel) is computed
+// once for all tiles and stays resident; threads take blocks of kTileBlock output channels, transform
+// that block's filters into U^T (Cg x kTileBlock per point, the B operand) in their own buffer, and
+// compute M^T (tiles x channels) and the output transform. U is never stored whole, and a small tile
+// count costs no padded micro-kernel columns.
+// Measured (ResNet-50 3x3 layers, 2 threads): it wins at 4 to 32 tiles, loses from 49 on, where the
+// chunked schedule's padding of the last B panel is a quarter or less.
+constexpr index_t kFewTilesMax = kTileBlock / 2;
+bool few_tiles(const ConvShape& sh, int m) {
+  const index_t tiles = tiling(sh, m).tiles;
+  return tiles <= kFewTilesMax && tiles <= sh.kg();
+}
+inline index_t vt_point_stride(index_t tiles, index_t Cg, index_t elem_size) {
+  const index_t line = static_cast<index_t>(kAlign) / elem_size;
+  return round_up(tiles * Cg, line) + line;
+}
+
 Plan make_plan(const ConvShape& sh, int m, index_t tc, index_t elem_size) {
   const index_t a2 = static_cast<index_t>(m + 2) * (m + 2), Kg = sh.kg(), Cg = sh.cg();
   Plan pl;
+  pl.few_tiles = few_tiles(sh, m);
+  if (pl.few_tiles) {
+    const index_t tiles = tiling(sh, m).tiles;
+    pl.tc = tiles;
+    pl.kb = kTileBlock;
+    pl.nt = get_num_threads();
+    pl.mr = 0;
+    pl.u_elems = sh.g * a2 * vt_point_stride(tiles, Cg, elem_size);
+    pl.v_elems = a2 * point_stride(Cg, elem_size);
+    pl.m_elems = a2 * point_stride(round_up(tiles, kKStep), elem_size);
+    pl.total = static_cast<index_t>(kAlign) / elem_size + pl.u_elems + pl.nt * (pl.v_elems + pl.m_elems);
+    return pl;
+  }
   pl.tc = std::max<index_t>(1, std::min(tc, kTileBlock));
   const index_t fit = kMBlockBytes / (a2 * kTileBlock * elem_size) / kKStep * kKStep;
   pl.kb = std::min(Kg, std::max(kKStep, fit));
@@ -264,18 +296,17 @@ void chunk_tiles(const ConvShape& sh, const Tiling& tl, index_t t0, int nb, Chun
   }
 }
 
-// V for channel c of group g over the chunk's tiles, into the B panels: point e, tile u at
-// v[e*point_stride(Cg) + (u/NR)*NR*Cg + c*NR + u%NR]. Lanes past nb, to the end of their panel, hold zero.
+// vb[e][u] = (B^T d B)[e] of channel c of group g for the chunk's tiles u < nbv (nbv a multiple of
+// the vector length, <= kTileBlock); lanes past nb are zero tiles.
 template <typename T, int M>
-void input_channel(const ConvShape& sh, const ChunkTiles& ct, const T* x, index_t g, index_t c, int nr, T* v) {
+void transform_channel(const ConvShape& sh, const ChunkTiles& ct, const T* x, index_t g, index_t c, int nbv,
+                       T (*vb)[kTileBlock]) {
   using V = typename Vec<T>::type;
   constexpr int L = Vec<T>::lanes;
   constexpr int A = WinogradMatrices<M>::alpha;
-  const index_t H = sh.h, Wd = sh.w, Cg = sh.cg(), vs = point_stride(Cg, sizeof(T));
+  const index_t H = sh.h, Wd = sh.w, Cg = sh.cg();
   alignas(64) T db[A * A][kTileBlock];
-  alignas(64) T vb[A * A][kTileBlock];
   const int nb = ct.nb;
-  const int nbv = static_cast<int>(round_up(nb, std::max(L, nr)));  // <= kTileBlock: L and NR divide it
   for (int u = 0; u < nb; ++u) {
     const T* xc = x + (ct.n[u] * sh.c + g * Cg + c) * H * Wd;
     const index_t ih0 = ct.ih0[u], iw0 = ct.iw0[u];
@@ -306,6 +337,18 @@ void input_channel(const ConvShape& sh, const ChunkTiles& ct, const T* x, index_
 #pragma GCC unroll 36
     for (int e = 0; e < A * A; ++e) vstore(&vb[e][u], r[e]);
   }
+}
+
+// V for channel c of group g over the chunk's tiles, into the B panels: point e, tile u at
+// v[e*point_stride(Cg) + (u/NR)*NR*Cg + c*NR + u%NR]. Lanes past nb, to the end of their panel, hold zero.
+template <typename T, int M>
+void input_channel(const ConvShape& sh, const ChunkTiles& ct, const T* x, index_t g, index_t c, int nr, T* v) {
+  constexpr int L = Vec<T>::lanes;
+  constexpr int A = WinogradMatrices<M>::alpha;
+  const index_t Cg = sh.cg(), vs = point_stride(Cg, sizeof(T));
+  alignas(64) T vb[A * A][kTileBlock];
+  const int nbv = static_cast<int>(round_up(ct.nb, std::max(L, nr)));  // <= kTileBlock: L and NR divide it
+  transform_channel<T, M>(sh, ct, x, g, c, nbv, vb);
   // Into the B panels, whole panels of NR lanes.
   for (int e = 0; e < A * A; ++e) {
     T* ve = v + e * vs + c * nr;
@@ -374,6 +417,179 @@ void products(const UKernel<T>& uk, index_t Kg, index_t Cg, int a2, const T* ug,
   }
 }
 
+// ---- The few-tiles schedule (transposed products).
+
+// V^T of channel c of group g for the chunk's tiles (tiles t0 + u of `tiles`): point e, tile t at
+// vt[e*vt_point_stride + (t/MR)*MR*Cg + c*rows + t%MR], rows = MR or the tail panel's height.
+template <typename T, int M>
+void input_channel_t(const ConvShape& sh, const ChunkTiles& ct, const T* x, index_t g, index_t c, index_t t0,
+                     index_t tiles, int mr, T* vt) {
+  constexpr int L = Vec<T>::lanes;
+  constexpr int A = WinogradMatrices<M>::alpha;
+  const index_t Cg = sh.cg(), vs = vt_point_stride(tiles, Cg, sizeof(T));
+  alignas(64) T vb[A * A][kTileBlock];
+  const int nb = ct.nb;
+  transform_channel<T, M>(sh, ct, x, g, c, static_cast<int>(round_up(nb, L)), vb);
+  for (int u = 0; u < nb;) {
+    const index_t t = t0 + u, p0 = t / mr * mr, rows = std::min<index_t>(mr, tiles - p0);
+    const int run = static_cast<int>(std::min<index_t>(p0 + rows - t, nb - u));
+    T* dst = vt + p0 * Cg + c * rows + (t - p0);
+    for (int e = 0; e < A * A; ++e)
+      for (int i = 0; i < run; ++i) dst[e * vs + i] = vb[e][u + i];
+    u += run;
+  }
+}
+
+// U^T for output channels [k0, k0 + kn) (kn <= kTileBlock) of group g as the micro-kernel's B panels:
+// point e, channel j at ut[e*point_stride(Cg) + (j/NR)*NR*Cg + c*NR + j%NR], zero for j >= kn.
+// Input channels go kFilterC at a time, so that the kn filter rows and the alpha^2 destinations are
+// visited once per kFilterC channels (the rows are pages apart).
+constexpr int kFilterC = 16;
+template <typename T, int M>
+void filter_block_t(const ConvShape& sh, const T* w, index_t g, index_t k0, index_t kn, int nr, T* ut) {
+  using V = typename Vec<T>::type;
+  constexpr int L = Vec<T>::lanes;
+  constexpr int A = WinogradMatrices<M>::alpha;
+  const index_t Kg = sh.kg(), Cg = sh.cg(), us = point_stride(Cg, sizeof(T));
+  const int jn = static_cast<int>(round_up(kn, std::max(L, nr)));
+  const T* wk = w + (g * Kg + k0) * Cg * 9;  // w[k0 + j][c][ab] at wk[(j*Cg + c)*9 + ab]
+  alignas(64) T gb[kFilterC][9][kTileBlock];
+  alignas(64) T ub[A * A][kFilterC * kTileBlock];  // point e, channel j, c0 + cc at [(j/NR)*kFilterC*NR + cc*NR + j%NR]
+  for (int cc = 0; cc < kFilterC; ++cc)
+    for (int j = static_cast<int>(kn); j < jn; ++j)
+      for (int ab = 0; ab < 9; ++ab) gb[cc][ab][j] = T(0);
+  for (index_t c0 = 0; c0 < Cg; c0 += kFilterC) {
+    const int cb = static_cast<int>(std::min<index_t>(kFilterC, Cg - c0));
+    for (index_t j = 0; j < kn; ++j) {
+      const T* src = wk + (j * Cg + c0) * 9;
+      for (int cc = 0; cc < cb; ++cc)
+        for (int ab = 0; ab < 9; ++ab) gb[cc][ab][j] = src[cc * 9 + ab];
+    }
+    for (int cc = 0; cc < cb; ++cc)
+      for (int j = 0; j < jn; j += L) {
+        V gv[9], uv[A * A];
+        for (int ab = 0; ab < 9; ++ab) gv[ab] = vload<V>(&gb[cc][ab][j]);
+        filter_tile<T, M>(gv, uv);
+        if (nr >= L) {
+          const int o = (j / nr) * kFilterC * nr + cc * nr + j % nr;
+          for (int e = 0; e < A * A; ++e) vstore(&ub[e][o], uv[e]);
+        } else {
+          alignas(64) T lanes[L];
+          for (int e = 0; e < A * A; ++e) {
+            vstore(lanes, uv[e]);
+            for (int l = 0; l < L; ++l) ub[e][((j + l) / nr) * kFilterC * nr + cc * nr + (j + l) % nr] = lanes[l];
+          }
+        }
+      }
+    // Per point and panel, cb*NR contiguous elements (a whole number of vectors when cb = kFilterC).
+    const int run = cb * nr;
+    for (int e = 0; e < A * A; ++e)
+      for (int jp = 0; jp * nr < jn; ++jp) {
+        const T* src = &ub[e][jp * kFilterC * nr];
+        T* dst = ut + e * us + jp * nr * Cg + c0 * nr;
+        int i = 0;
+        for (; i + L <= run; i += L) vstore(dst + i, vload<V>(src + i));
+        for (; i < run; ++i) dst[i] = src[i];
+      }
+  }
+}
+
+// M^T for tiles [ta, tb) (ta, tb multiples of MR, or tb = tiles) and channels [k0, k0 + kn):
+// mt[e*point_stride(tb - ta rounded) + (t - ta)*kTileBlock + j] = sum_c V^T[e][t][c] U^T[e][c][j].
+template <typename T>
+void products_t(const UKernel<T>& uk, index_t Cg, int a2, index_t tiles, const T* vt, const T* ut, index_t ta,
+                index_t tb, index_t kn, index_t ms, T* mt) {
+  const int mr = uk.mr, nr = uk.nr;
+  const index_t vs = vt_point_stride(tiles, Cg, sizeof(T)), us = point_stride(Cg, sizeof(T));
+  for (int e = 0; e < a2; ++e)
+    for (index_t t = ta; t < tb; t += mr) {
+      const int rows = static_cast<int>(std::min<index_t>(mr, tiles - t));
+      const ukernel_fn<T> fn = rows == mr ? uk.fn : uk.rows[rows - 1];
+      for (index_t j = 0; j < kn; j += nr)
+        fn(Cg, vt + e * vs + t * Cg, ut + e * us + j * Cg, mt + e * ms + (t - ta) * kTileBlock + j, kTileBlock, 1,
+           T(1), T(0), rows, static_cast<int>(std::min<index_t>(nr, kn - j)));
+    }
+}
+
+// y for tiles [ta, tb) and output channels [k0, k0 + kn) of group g from M^T (+ bias); vectorized
+// over channels.
+template <typename T, int M>
+void output_block_t(const ConvShape& sh, const Tiling& tl, const T* mt, index_t ms, const T* bias, index_t g,
+                    index_t k0, index_t kn, index_t ta, index_t tb, T* y) {
+  using V = typename Vec<T>::type;
+  constexpr int L = Vec<T>::lanes;
+  constexpr int A = WinogradMatrices<M>::alpha;
+  const index_t P = sh.p, Q = sh.q, Kg = sh.kg(), per_image = tl.th * tl.tw;
+  alignas(64) T ob[M * M][L];
+  alignas(64) T bb[kTileBlock];
+  for (index_t j = 0; j < kn; ++j) bb[j] = bias ? bias[g * Kg + k0 + j] : T(0);
+  for (index_t t = ta; t < tb; ++t) {
+    const index_t n = t / per_image, r = t % per_image, p0 = (r / tl.tw) * M, q0 = (r % tl.tw) * M;
+    const int mi = static_cast<int>(std::min<index_t>(M, P - p0)), mj = static_cast<int>(std::min<index_t>(M, Q - q0));
+    for (index_t j0 = 0; j0 < kn; j0 += L) {
+      V mv[A * A], o[M * M];
+      const V bv = vload<V>(bb + j0);
+#pragma GCC unroll 36
+      for (int e = 0; e < A * A; ++e) mv[e] = vload<V>(mt + e * ms + (t - ta) * kTileBlock + j0);
+      output_tile<T, M>(mv, o);
+#pragma GCC unroll 16
+      for (int e = 0; e < M * M; ++e) vstore(ob[e], o[e] + bv);
+      const int nl = static_cast<int>(std::min<index_t>(L, kn - j0));
+      for (int l = 0; l < nl; ++l) {
+        T* y0 = y + (n * sh.k + g * Kg + k0 + j0 + l) * P * Q + p0 * Q + q0;
+        for (int i = 0; i < mi; ++i)
+          for (int jj = 0; jj < mj; ++jj) y0[i * Q + jj] = ob[i * M + jj][l];
+      }
+    }
+  }
+}
+
+template <typename T, int M>
+void winograd_few_tiles(const ConvShape& sh, const Plan& pl, const Tiling& tl, const UKernel<T>& uk, const T* x,
+                        const T* w, const T* bias, T* y, T* base) {
+  constexpr int A = WinogradMatrices<M>::alpha;
+  constexpr int A2 = A * A;
+  const index_t Kg = sh.kg(), Cg = sh.cg(), tiles = tl.tiles;
+  const index_t vt_group = A2 * vt_point_stride(tiles, Cg, sizeof(T));
+  T* const vt = base;
+  T* const thread_bufs = vt + pl.u_elems;
+  const index_t kblocks = ceil_div(Kg, kTileBlock);
+  // Tile ranges per channel block, so that there are work items for every thread.
+  const index_t tsplit = std::max<index_t>(1, std::min(ceil_div(pl.nt, sh.g * kblocks), ceil_div(tiles, kKStep)));
+  const index_t tpart = round_up(ceil_div(tiles, tsplit), kKStep);
+  const index_t ms = point_stride(round_up(tiles, kKStep), sizeof(T));
+  const index_t items = sh.g * kblocks * tsplit;
+  const int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(pl.nt, std::max(items, sh.g * Cg))));
+  const index_t tblocks = ceil_div(tiles, kTileBlock);
+#pragma omp parallel num_threads(nt)
+  {
+#ifdef _OPENMP
+    const int tid = omp_get_thread_num();
+#else
+    const int tid = 0;
+#endif
+    T* const ut = thread_bufs + tid * (pl.v_elems + pl.m_elems);
+    T* const mt = ut + pl.v_elems;
+    ChunkTiles ct;
+#pragma omp for schedule(dynamic, 1)
+    for (index_t item = 0; item < sh.g * Cg * tblocks; ++item) {
+      const index_t gc = item / tblocks, t0 = (item % tblocks) * kTileBlock;
+      chunk_tiles<M>(sh, tl, t0, static_cast<int>(std::min(kTileBlock, tiles - t0)), &ct);
+      input_channel_t<T, M>(sh, ct, x, gc / Cg, gc % Cg, t0, tiles, uk.mr, vt + gc / Cg * vt_group);
+    }  // barrier: V^T complete
+#pragma omp for schedule(dynamic, 1)
+    for (index_t item = 0; item < items; ++item) {
+      const index_t g = item / (kblocks * tsplit), b = item / tsplit % kblocks, s = item % tsplit;
+      const index_t k0 = b * kTileBlock, kn = std::min(kTileBlock, Kg - k0);
+      const index_t ta = s * tpart, tb = std::min(tiles, ta + tpart);
+      if (ta >= tb) continue;
+      filter_block_t<T, M>(sh, w, g, k0, kn, uk.nr, ut);
+      products_t<T>(uk, Cg, A2, tiles, vt + g * vt_group, ut, ta, tb, kn, ms, mt);
+      output_block_t<T, M>(sh, tl, mt, ms, bias, g, k0, kn, ta, tb, y);
+    }
+  }
+}
+
 }  // namespace
 
 index_t winograd_tile_chunk(const ConvShape& sh, int m, index_t max_workspace_elems) {
@@ -400,6 +616,7 @@ void conv2d_fwd_winograd_impl(const ConvShape& sh, const T* x, const T* w, const
   // Buffers: packed U, then per thread V and an M block, each 64-byte aligned.
   T* base = ws;
   while (reinterpret_cast<std::uintptr_t>(base) % kAlign) ++base;
+  if (pl.few_tiles) return winograd_few_tiles<T, M>(sh, pl, tl, uk, x, w, bias, y, base);
   T* const u = base;
   T* const thread_bufs = u + pl.u_elems;
   const index_t chunks = ceil_div(tl.tiles, pl.tc);
