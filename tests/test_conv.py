@@ -413,8 +413,9 @@ def test_algorithms_write_every_output_element(direction):
 
 WINOGRAD_EDGE_SHAPES = [
     # (n, c, k, h, w, groups, padding): both schedules and their boundaries
-    (1, 8, 70, 6, 6, 1, 1),      # few tiles (9 for F(2x2), 4 for F(4x4)), two output-channel blocks, a tail
+    (1, 24, 70, 6, 6, 1, 1),     # few tiles (9 for F(2x2), 4 for F(4x4)), two output-channel blocks, tails
     (1, 12, 40, 9, 7, 2, 1),     # few tiles per group, groups
+    (1, 100, 40, 5, 5, 1, 1),    # few tiles, several input-channel blocks of U^T with a short last one
     (2, 3, 5, 1, 1, 1, 1),       # outputs smaller than a tile, one tile per image
     (1, 5, 7, 16, 16, 1, 1),     # exactly 64 tiles (F(2x2)): one whole chunk
     (1, 5, 7, 18, 16, 1, 1),     # 72 tiles: a chunk and a short one (threads share the chunks)

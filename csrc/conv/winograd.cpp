@@ -59,12 +59,26 @@ constexpr index_t kTileBlock = 64;
 constexpr index_t kKStep = 12;
 // Bytes of one M block (alpha^2 x kb x kTileBlock): a part of L2 beside the chunk's V.
 constexpr index_t kMBlockBytes = 512 << 10;
+// Bytes of one thread's U^T block in the few-tiles schedule (alpha^2 x depth x kTileBlock).
+constexpr index_t kUtBlockBytes = 512 << 10;
 
 // One 64-byte vector of T (GCC vector extension: AVX-512 with -march=native, narrower otherwise).
 template <typename T>
 struct Vec {
   typedef T type __attribute__((vector_size(64)));
   static constexpr int lanes = 64 / sizeof(T);
+};
+
+// Integer vectors of the same shape (shuffle masks).
+template <typename T>
+struct VecI;
+template <>
+struct VecI<float> {
+  typedef std::int32_t type __attribute__((vector_size(64)));
+};
+template <>
+struct VecI<double> {
+  typedef std::int64_t type __attribute__((vector_size(64)));
 };
 
 template <typename V, typename T>
@@ -76,6 +90,31 @@ inline V vload(const T* p) {
 template <typename V, typename T>
 inline void vstore(T* p, V v) {
   std::memcpy(p, &v, sizeof(V));
+}
+
+// In-place transpose of an L x L block held as L vectors (L = lanes): swap the off-diagonal H x H
+// blocks of every 2H x 2H block, for H = L/2, ..., 1.
+template <typename T, int H>
+inline void transpose_stage(typename Vec<T>::type* r) {
+  using IV = typename VecI<T>::type;
+  constexpr int L = Vec<T>::lanes;
+  IV lo, hi;
+  for (int j = 0; j < L; ++j) {
+    lo[j] = (j & H) ? L + j - H : j;  // row r keeps its left half, takes row r+H's left half on the right
+    hi[j] = (j & H) ? L + j : j + H;  // row r+H takes row r's right half on the left, keeps its right half
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < L; ++i)
+    if (!(i & H)) {
+      const typename Vec<T>::type a = r[i], b = r[i + H];
+      r[i] = __builtin_shuffle(a, b, lo);
+      r[i + H] = __builtin_shuffle(a, b, hi);
+    }
+  if constexpr (H > 1) transpose_stage<T, H / 2>(r);
+}
+template <typename T>
+inline void transpose_lanes(typename Vec<T>::type* r) {
+  transpose_stage<T, Vec<T>::lanes / 2>(r);
 }
 
 // y[i*ys] = sum_l mat[i][l] * x[l*xs] for i < R, the coefficients known at compile time once the loops
@@ -205,6 +244,14 @@ inline index_t vt_point_stride(index_t tiles, index_t Cg, index_t elem_size) {
   return round_up(tiles * Cg, line) + line;
 }
 
+// Input channels per U^T block (a multiple of the vector lanes, or Cg): the block and the M^T it
+// accumulates into stay in L2.
+index_t ut_depth(const ConvShape& sh, int m, index_t elem_size) {
+  const index_t a2 = static_cast<index_t>(m + 2) * (m + 2), lanes = 64 / elem_size;
+  const index_t fit = kUtBlockBytes / (a2 * kTileBlock * elem_size) / lanes * lanes;
+  return std::min(sh.cg(), std::max(lanes, fit));
+}
+
 Plan make_plan(const ConvShape& sh, int m, index_t tc, index_t elem_size) {
   const index_t a2 = static_cast<index_t>(m + 2) * (m + 2), Kg = sh.kg(), Cg = sh.cg();
   Plan pl;
@@ -216,7 +263,7 @@ Plan make_plan(const ConvShape& sh, int m, index_t tc, index_t elem_size) {
     pl.nt = get_num_threads();
     pl.mr = 0;
     pl.u_elems = sh.g * a2 * vt_point_stride(tiles, Cg, elem_size);
-    pl.v_elems = a2 * point_stride(Cg, elem_size);
+    pl.v_elems = a2 * point_stride(ut_depth(sh, m, elem_size), elem_size);
     pl.m_elems = a2 * point_stride(round_up(tiles, kKStep), elem_size);
     pl.total = static_cast<index_t>(kAlign) / elem_size + pl.u_elems + pl.nt * (pl.v_elems + pl.m_elems);
     return pl;
@@ -440,27 +487,41 @@ void input_channel_t(const ConvShape& sh, const ChunkTiles& ct, const T* x, inde
   }
 }
 
-// U^T for output channels [k0, k0 + kn) (kn <= kTileBlock) of group g as the micro-kernel's B panels:
-// point e, channel j at ut[e*point_stride(Cg) + (j/NR)*NR*Cg + c*NR + j%NR], zero for j >= kn.
-// Input channels go kFilterC at a time, so that the kn filter rows and the alpha^2 destinations are
-// visited once per kFilterC channels (the rows are pages apart).
-constexpr int kFilterC = 16;
+// U^T for output channels [k0, k0 + kn) (kn <= kTileBlock) and input channels [cs, cs + kc) of group g
+// as the micro-kernel's B panels: point e, channel j, input channel cs + c at
+// ut[e*point_stride(kc) + (j/NR)*NR*kc + c*NR + j%NR], zero for j >= kn.
+// Input channels go kFilterC (one vector's lanes) at a time: per block of L filter rows, their 9*L
+// contiguous weights are L x L transposed in registers, so the rows (pages apart) are read in runs.
 template <typename T, int M>
-void filter_block_t(const ConvShape& sh, const T* w, index_t g, index_t k0, index_t kn, int nr, T* ut) {
+void filter_block_t(const ConvShape& sh, const T* w, index_t g, index_t k0, index_t kn, index_t cs, index_t kc, int nr,
+                    T* ut) {
   using V = typename Vec<T>::type;
   constexpr int L = Vec<T>::lanes;
   constexpr int A = WinogradMatrices<M>::alpha;
-  const index_t Kg = sh.kg(), Cg = sh.cg(), us = point_stride(Cg, sizeof(T));
+  const index_t Kg = sh.kg(), Cg = sh.cg(), us = point_stride(kc, sizeof(T));
   const int jn = static_cast<int>(round_up(kn, std::max(L, nr)));
-  const T* wk = w + (g * Kg + k0) * Cg * 9;  // w[k0 + j][c][ab] at wk[(j*Cg + c)*9 + ab]
+  constexpr int kFilterC = L;
+  const T* wk = w + ((g * Kg + k0) * Cg + cs) * 9;  // w[k0 + j][cs + c][ab] at wk[(j*Cg + c)*9 + ab]
   alignas(64) T gb[kFilterC][9][kTileBlock];
-  alignas(64) T ub[A * A][kFilterC * kTileBlock];  // point e, channel j, c0 + cc at [(j/NR)*kFilterC*NR + cc*NR + j%NR]
+  // Point e, channel j, c0 + cc at ub[e][(j/NR)*kFilterC*NR + cc*NR + j%NR]; rows a line more than 4 KiB apart.
+  alignas(64) T ub[A * A][kFilterC * kTileBlock + L];
   for (int cc = 0; cc < kFilterC; ++cc)
     for (int j = static_cast<int>(kn); j < jn; ++j)
       for (int ab = 0; ab < 9; ++ab) gb[cc][ab][j] = T(0);
-  for (index_t c0 = 0; c0 < Cg; c0 += kFilterC) {
-    const int cb = static_cast<int>(std::min<index_t>(kFilterC, Cg - c0));
-    for (index_t j = 0; j < kn; ++j) {
+  for (index_t c0 = 0; c0 < kc; c0 += kFilterC) {
+    const int cb = static_cast<int>(std::min<index_t>(kFilterC, kc - c0));
+    index_t j = 0;
+    if (cb == kFilterC)
+      for (; j + L <= kn; j += L)
+        for (int q = 0; q < 9; ++q) {  // weights f = q*L + i of the block: channel c0 + f/9, position f%9
+          V r[L];
+#pragma GCC unroll 16
+          for (int jj = 0; jj < L; ++jj) r[jj] = vload<V>(wk + ((j + jj) * Cg + c0) * 9 + q * L);
+          transpose_lanes<T>(r);
+#pragma GCC unroll 16
+          for (int i = 0; i < L; ++i) vstore(&gb[(q * L + i) / 9][(q * L + i) % 9][j], r[i]);
+        }
+    for (; j < kn; ++j) {
       const T* src = wk + (j * Cg + c0) * 9;
       for (int cc = 0; cc < cb; ++cc)
         for (int ab = 0; ab < 9; ++ab) gb[cc][ab][j] = src[cc * 9 + ab];
@@ -486,7 +547,7 @@ void filter_block_t(const ConvShape& sh, const T* w, index_t g, index_t k0, inde
     for (int e = 0; e < A * A; ++e)
       for (int jp = 0; jp * nr < jn; ++jp) {
         const T* src = &ub[e][jp * kFilterC * nr];
-        T* dst = ut + e * us + jp * nr * Cg + c0 * nr;
+        T* dst = ut + e * us + jp * nr * kc + c0 * nr;
         int i = 0;
         for (; i + L <= run; i += L) vstore(dst + i, vload<V>(src + i));
         for (; i < run; ++i) dst[i] = src[i];
@@ -494,20 +555,22 @@ void filter_block_t(const ConvShape& sh, const T* w, index_t g, index_t k0, inde
   }
 }
 
-// M^T for tiles [ta, tb) (ta, tb multiples of MR, or tb = tiles) and channels [k0, k0 + kn):
-// mt[e*point_stride(tb - ta rounded) + (t - ta)*kTileBlock + j] = sum_c V^T[e][t][c] U^T[e][c][j].
+// M^T for tiles [ta, tb) (ta, tb multiples of MR, or tb = tiles) and channels [k0, k0 + kn), the part
+// of the sum over input channels [cs, cs + kc) (beta 0 for the first part, 1 after):
+// mt[e*ms + (t - ta)*kTileBlock + j] (+)= sum_c V^T[e][t][cs + c] U^T[e][c][j].
 template <typename T>
 void products_t(const UKernel<T>& uk, index_t Cg, int a2, index_t tiles, const T* vt, const T* ut, index_t ta,
-                index_t tb, index_t kn, index_t ms, T* mt) {
+                index_t tb, index_t kn, index_t cs, index_t kc, T beta, index_t ms, T* mt) {
   const int mr = uk.mr, nr = uk.nr;
-  const index_t vs = vt_point_stride(tiles, Cg, sizeof(T)), us = point_stride(Cg, sizeof(T));
+  const index_t vs = vt_point_stride(tiles, Cg, sizeof(T)), us = point_stride(kc, sizeof(T));
   for (int e = 0; e < a2; ++e)
     for (index_t t = ta; t < tb; t += mr) {
       const int rows = static_cast<int>(std::min<index_t>(mr, tiles - t));
       const ukernel_fn<T> fn = rows == mr ? uk.fn : uk.rows[rows - 1];
+      // The tile panel at t has `rows` rows; its depth block [cs, cs + kc) starts at + cs*rows.
       for (index_t j = 0; j < kn; j += nr)
-        fn(Cg, vt + e * vs + t * Cg, ut + e * us + j * Cg, mt + e * ms + (t - ta) * kTileBlock + j, kTileBlock, 1,
-           T(1), T(0), rows, static_cast<int>(std::min<index_t>(nr, kn - j)));
+        fn(kc, vt + e * vs + t * Cg + cs * rows, ut + e * us + j * kc, mt + e * ms + (t - ta) * kTileBlock + j,
+           kTileBlock, 1, T(1), beta, rows, static_cast<int>(std::min<index_t>(nr, kn - j)));
     }
 }
 
@@ -561,6 +624,7 @@ void winograd_few_tiles(const ConvShape& sh, const Plan& pl, const Tiling& tl, c
   const index_t items = sh.g * kblocks * tsplit;
   const int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(pl.nt, std::max(items, sh.g * Cg))));
   const index_t tblocks = ceil_div(tiles, kTileBlock);
+  const index_t kcb = ut_depth(sh, M, sizeof(T));
 #pragma omp parallel num_threads(nt)
   {
 #ifdef _OPENMP
@@ -583,8 +647,11 @@ void winograd_few_tiles(const ConvShape& sh, const Plan& pl, const Tiling& tl, c
       const index_t k0 = b * kTileBlock, kn = std::min(kTileBlock, Kg - k0);
       const index_t ta = s * tpart, tb = std::min(tiles, ta + tpart);
       if (ta >= tb) continue;
-      filter_block_t<T, M>(sh, w, g, k0, kn, uk.nr, ut);
-      products_t<T>(uk, Cg, A2, tiles, vt + g * vt_group, ut, ta, tb, kn, ms, mt);
+      for (index_t cs = 0; cs < Cg; cs += kcb) {
+        const index_t kc = std::min(kcb, Cg - cs);
+        filter_block_t<T, M>(sh, w, g, k0, kn, cs, kc, uk.nr, ut);
+        products_t<T>(uk, Cg, A2, tiles, vt + g * vt_group, ut, ta, tb, kn, cs, kc, cs == 0 ? T(0) : T(1), ms, mt);
+      }
       output_block_t<T, M>(sh, tl, mt, ms, bias, g, k0, kn, ta, tb, y);
     }
   }
