@@ -11,7 +11,8 @@
 // a private buffer, runs the products for a block of output channels into a private M buffer and
 // applies the output transform from there, so V and M stay in the core's L2. When there are too few
 // chunks for the threads, the threads share each chunk: the input transform split over channels,
-// products and output transform over blocks of output channels.
+// products and output transform over blocks of output channels. At most 32 tiles, a transposed
+// schedule runs instead (winograd_few_tiles): tiles are the micro-kernel's rows, U is never stored.
 // Multiplications per output drop from 9 to alpha^2 / m^2 (4 for m = 2, 2.25 for m = 4).
 #include <algorithm>
 #include <cstdint>
@@ -210,7 +211,6 @@ struct Plan {
   index_t v_elems;   // one thread's V: alpha^2 x v_stride
   index_t m_elems;   // one thread's M block: alpha^2 x (kb x kTileBlock + pad)
   int nt;            // threads
-  int mr;            // the micro-kernel's MR (U's panel height)
   bool few_tiles;    // the transposed schedule (below); then u_elems holds V^T, v_elems U^T, m_elems M^T
   index_t total;     // with alignment slack
 };
@@ -261,7 +261,6 @@ Plan make_plan(const ConvShape& sh, int m, index_t tc, index_t elem_size) {
     pl.tc = tiles;
     pl.kb = kTileBlock;
     pl.nt = get_num_threads();
-    pl.mr = 0;
     pl.u_elems = sh.g * a2 * vt_point_stride(tiles, Cg, elem_size);
     pl.v_elems = a2 * point_stride(ut_depth(sh, m, elem_size), elem_size);
     pl.m_elems = a2 * point_stride(round_up(tiles, kKStep), elem_size);
@@ -272,8 +271,13 @@ Plan make_plan(const ConvShape& sh, int m, index_t tc, index_t elem_size) {
   const index_t fit = kMBlockBytes / (a2 * kTileBlock * elem_size) / kKStep * kKStep;
   pl.kb = std::min(Kg, std::max(kKStep, fit));
   pl.nt = get_num_threads();
-  pl.mr = elem_size == 4 ? select_ukernel<float>(active_isa()).mr : select_ukernel<double>(active_isa()).mr;
-  pl.u_elems = sh.g * u_group_elems(Kg, Cg, pl.mr, a2, elem_size);
+  // U's padding depends on MR: size it for every ISA's micro-kernel, so a workspace sized before an ISA
+  // change still fits.
+  pl.u_elems = 0;
+  for (Isa isa : {Isa::ref, Isa::avx2, Isa::avx512}) {
+    const int mr = elem_size == 4 ? select_ukernel<float>(isa).mr : select_ukernel<double>(isa).mr;
+    pl.u_elems = std::max(pl.u_elems, sh.g * u_group_elems(Kg, Cg, mr, a2, elem_size));
+  }
   pl.v_elems = a2 * point_stride(Cg, elem_size);
   pl.m_elems = a2 * point_stride(pl.kb, elem_size);
   pl.total = static_cast<index_t>(kAlign) / elem_size + pl.u_elems + pl.nt * (pl.v_elems + pl.m_elems);
