@@ -694,8 +694,9 @@ void conv2d_fwd_winograd_impl(const ConvShape& sh, const T* x, const T* w, const
   const index_t items = sh.g * chunks;  // (group, chunk)
   const index_t kpanels = ceil_div(Kg, mr);
   const int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(pl.nt, std::max(items, sh.g * kpanels))));
-  // Few chunks for the threads: share each chunk (split channels, then output-channel blocks).
-  const bool shared = items < 2 * nt && nt > 1;
+  // Fewer chunks than threads, or too few to balance: share each chunk (split channels, then
+  // output-channel blocks). Chunks that divide evenly among the threads stay private.
+  const bool shared = nt > 1 && (items < nt || (items < 2 * nt && items % nt != 0));
   // Output-channel blocks when sharing a chunk: at least one per thread, on A panel boundaries.
   const index_t kb_shared = std::min(pl.kb, round_up(ceil_div(Kg, nt), mr));
 
