@@ -188,7 +188,7 @@ void conv_run(const std::string& dir, const std::string& algo, const ConvShape& 
       const int m = algo == "winograd_f2x2_3x3" ? 2 : 4;
       if (sh.r != 3 || sh.s != 3 || sh.sh != 1 || sh.sw != 1 || sh.dh != 1 || sh.dw != 1)
         throw py::value_error("conv2d: winograd needs a 3x3 filter with stride 1 and dilation 1");
-      T* wsp = conv_workspace_elems<T>(ws, winograd_workspace_elems(sh, m, chunk));
+      T* wsp = conv_workspace_elems<T>(ws, winograd_workspace_elems(sh, m, chunk, sizeof(T)));
       py::gil_scoped_release nogil;
       conv2d_fwd_winograd<T>(sh, m, x, w, b, y, wsp, chunk);
     } else {
@@ -542,9 +542,10 @@ PYBIND11_MODULE(_cpu, m) {
     if (mt != 2 && mt != 4) throw py::value_error("winograd_tile_chunk: m must be 2 or 4");
     return winograd_tile_chunk(conv_shape(shape), mt, max_elems);
   });
-  m.def("winograd_workspace_elems", [](const py::tuple& shape, int mt, index_t tc) {
+  m.def("winograd_workspace_elems", [](const py::tuple& shape, int mt, index_t tc, index_t itemsize) {
     if (mt != 2 && mt != 4) throw py::value_error("winograd_workspace_elems: m must be 2 or 4");
-    return winograd_workspace_elems(conv_shape(shape), mt, tc);
+    if (itemsize != 4 && itemsize != 8) throw py::value_error("winograd_workspace_elems: itemsize must be 4 or 8");
+    return winograd_workspace_elems(conv_shape(shape), mt, tc, itemsize);
   });
 
   // ----------------------------------------------------------------------------------------------- RNN

@@ -411,6 +411,55 @@ def test_algorithms_write_every_output_element(direction):
             _check_output(out, expected, dtype, algo, case)
 
 
+WINOGRAD_EDGE_SHAPES = [
+    # (n, c, k, h, w, groups, padding): both schedules and their boundaries
+    (1, 24, 70, 6, 6, 1, 1),     # few tiles (9 for F(2x2), 4 for F(4x4)), two output-channel blocks, tails
+    (1, 12, 40, 9, 7, 2, 1),     # few tiles per group, groups
+    (1, 100, 40, 5, 5, 1, 1),    # few tiles, several input-channel blocks of U^T with a short last one
+    (2, 3, 5, 1, 1, 1, 1),       # outputs smaller than a tile, one tile per image
+    (1, 5, 7, 16, 16, 1, 1),     # exactly 64 tiles (F(2x2)): one whole chunk
+    (1, 5, 7, 18, 16, 1, 1),     # 72 tiles: a chunk and a short one (threads share the chunks)
+    (3, 6, 30, 20, 22, 3, 2),    # many chunks per group, a partial last chunk, padding 2
+    (1, 7, 13, 4, 5, 1, 0),      # valid padding, a 2x3 output
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_winograd_schedules_and_chunk_boundaries(isa, num_threads, dtype):
+    """Winograd's chunked and few-tiles schedules on shapes around their boundaries, on every ISA's
+    micro-kernel (MR, NR) and thread count, with the output and the workspace poisoned with NaN."""
+    for algo in (a for a in ALGOS["fwd"] if a.name.startswith("winograd")):
+        for i, (n, c, k, h, w, g, pad) in enumerate(WINOGRAD_EDGE_SHAPES):
+            case = ConvCase(n, c, k, h, w, 3, 3, g, 1, pad, 1, dtype, True, "C", 100 + i)
+            x, wt, b, _ = arrays(case)
+            p = ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, dtype=np.dtype(dtype).name,
+                                        bias=True)
+            assert algo.supports(p) is None
+            nbytes = algo.workspace_bytes(p)
+            workspace = np.full(nbytes // np.dtype(dtype).itemsize, np.nan, dtype)
+            out = np.full(p.output_shape, np.nan, dtype)
+            algo.run(p, x, wt, out=out, bias=b, workspace=workspace)
+            _check_output(out, expected_forward(case, x, wt, b), np.dtype(dtype), algo, case)
+
+
+@needs_api
+def test_winograd_workspace_limit_too_small_is_a_reason():
+    """Under a workspace limit smaller than one chunk per thread, Winograd is rejected with the amount it
+    needs, and 'auto' still runs an algorithm that fits."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 16, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((24, 16, 3, 3)).astype(np.float32)
+    before = dnnkit.get_workspace_limit()
+    try:
+        dnnkit.set_workspace_limit(1024)
+        with pytest.raises(ValueError, match="workspace"):
+            dnnkit.conv2d(x, w, padding=1, algo="winograd_f4x4_3x3")
+        y = dnnkit.conv2d(x, w, padding=1)
+    finally:
+        dnnkit.set_workspace_limit(before)
+    assert rel_l2(y, conv2d_ref(x, w, padding=1)) <= 1e-5
+
+
 @needs_api
 @pytest.mark.parametrize("direction", list(PUBLIC))
 def test_conv_every_isa_and_thread_count(isa, num_threads, direction):

@@ -1,14 +1,22 @@
 // Winograd convolution F(m x m, 3 x 3) for 3x3, stride-1, dense filters (Lavin & Gray, "Fast
-// Algorithms for Convolutional Neural Networks"), any padding and groups. With alpha = m + 2:
-//   U[xi,nu][k][c] = (G g_kc G^T)[xi][nu]                       filter transform   (alpha x alpha per k, c)
-//   V[xi,nu][c][t] = (B^T d_ct B)[xi][nu]                       input transform    (d: the alpha x alpha input tile)
-//   M[xi,nu]       = U[xi,nu] (Kg x Cg) @ V[xi,nu] (Cg x T)     alpha^2 GEMMs on dnnkit's blocked GEMM
-//   y tile (m x m) = A^T M[.,.][k][t] A (+ bias)               output transform
-// Tiles t run over (n, tile row, tile column); they are processed tc at a time so V and M stay within
-// the workspace. The multiplications per output drop from 9 to alpha^2 / m^2 (4 for m = 2, 2.25 for m = 4).
+// Algorithms for Convolutional Neural Networks"), any padding and groups. With alpha = m + 2 and
+// e = (xi, nu) one of the alpha^2 transform-domain points:
+//   U[e][k][c] = (G g_kc G^T)[e]                      filter transform, once per call
+//   V[e][c][t] = (B^T d_ct B)[e]                      input transform   (d: the alpha x alpha input tile)
+//   M[e]       = U[e] (Kg x Cg) @ V[e] (Cg x tiles)   alpha^2 products on the GEMM micro-kernel
+//   y tile     = A^T M[.][k][t] A (+ bias)           output transform  (m x m)
+// Tiles t run over (n, tile row, tile column). U is packed once per call as the micro-kernel's A
+// operand (MR-row panels of output channels). The tiles are cut into chunks of kTileBlock; a thread
+// takes a chunk, writes its V straight into the micro-kernel's B layout (NR-column panels of tiles) in
+// a private buffer, runs the products for a block of output channels into a private M buffer and
+// applies the output transform from there, so V and M stay in the core's L2. When there are too few
+// chunks for the threads, the threads share each chunk: the input transform split over channels,
+// products and output transform over blocks of output channels. At most 32 tiles, a transposed
+// schedule runs instead (winograd_few_tiles): tiles are the micro-kernel's rows, U is never stored.
+// Multiplications per output drop from 9 to alpha^2 / m^2 (4 for m = 2, 2.25 for m = 4).
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "../gemm/gemm.h"
 #include "winograd.h"
@@ -44,150 +52,611 @@ struct WinogradMatrices<4> {
       {1, 1, 1, 1, 1, 0}, {0, 1, -1, 2, -2, 0}, {0, 1, 1, 4, 4, 0}, {0, 1, -1, 8, -8, 1}};
 };
 
+// Tiles per chunk: one block of tile lanes, a multiple of every micro-kernel's NR (8, 16, 32, 64), so
+// a chunk's V is whole B panels whatever the ISA.
+constexpr index_t kTileBlock = 64;
+// Output channels per M block are a multiple of this (every micro-kernel's MR divides it), so blocks
+// start on A panel boundaries.
+constexpr index_t kKStep = 12;
+// Bytes of one M block (alpha^2 x kb x kTileBlock): a part of L2 beside the chunk's V.
+constexpr index_t kMBlockBytes = 512 << 10;
+// Bytes of one thread's U^T block in the few-tiles schedule (alpha^2 x depth x kTileBlock).
+constexpr index_t kUtBlockBytes = 512 << 10;
+
+// One 64-byte vector of T (GCC vector extension: AVX-512 with -march=native, narrower otherwise).
+template <typename T>
+struct Vec {
+  typedef T type __attribute__((vector_size(64)));
+  static constexpr int lanes = 64 / sizeof(T);
+};
+
+// Integer vectors of the same shape (shuffle masks).
+template <typename T>
+struct VecI;
+template <>
+struct VecI<float> {
+  typedef std::int32_t type __attribute__((vector_size(64)));
+};
+template <>
+struct VecI<double> {
+  typedef std::int64_t type __attribute__((vector_size(64)));
+};
+
+template <typename V, typename T>
+inline V vload(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <typename V, typename T>
+inline void vstore(T* p, V v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
+// In-place transpose of an L x L block held as L vectors (L = lanes): swap the off-diagonal H x H
+// blocks of every 2H x 2H block, for H = L/2, ..., 1.
+template <typename T, int H>
+inline void transpose_stage(typename Vec<T>::type* r) {
+  using IV = typename VecI<T>::type;
+  constexpr int L = Vec<T>::lanes;
+  IV lo, hi;
+  for (int j = 0; j < L; ++j) {
+    lo[j] = (j & H) ? L + j - H : j;  // row r keeps its left half, takes row r+H's left half on the right
+    hi[j] = (j & H) ? L + j : j + H;  // row r+H takes row r's right half on the left, keeps its right half
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < L; ++i)
+    if (!(i & H)) {
+      const typename Vec<T>::type a = r[i], b = r[i + H];
+      r[i] = __builtin_shuffle(a, b, lo);
+      r[i + H] = __builtin_shuffle(a, b, hi);
+    }
+  if constexpr (H > 1) transpose_stage<T, H / 2>(r);
+}
+template <typename T>
+inline void transpose_lanes(typename Vec<T>::type* r) {
+  transpose_stage<T, Vec<T>::lanes / 2>(r);
+}
+
+// y[i*ys] = sum_l mat[i][l] * x[l*xs] for i < R, the coefficients known at compile time once the loops
+// unroll (zero terms vanish, +-1 become additions). V: a vector or a scalar type; S its element type.
+template <typename S, int R, int A, typename V>
+inline void mat_apply(const double (&mat)[R][A], const V* x, int xs, V* y, int ys) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    V acc{};
+    bool first = true;
+#pragma GCC unroll 8
+    for (int l = 0; l < A; ++l) {
+      const double c = mat[i][l];
+      if (c == 0) continue;
+      const V t = c == 1 ? x[l * xs] : c == -1 ? -x[l * xs] : x[l * xs] * S(c);
+      if (first)
+        acc = t;
+      else
+        acc = acc + t;
+      first = false;
+    }
+    y[i * ys] = acc;
+  }
+}
+
+// B^T d B on one alpha x alpha tile of values (row-major, d[i*A + j]); r gets alpha x alpha.
+template <typename S, int M, typename V>
+inline void input_tile(const V* d, V* r) {
+  using W = WinogradMatrices<M>;
+  constexpr int A = W::alpha;
+  V t[A * A];
+#pragma GCC unroll 8
+  for (int j = 0; j < A; ++j) mat_apply<S>(W::BT, d + j, A, t + j, A);  // t = B^T d (columns)
+#pragma GCC unroll 8
+  for (int i = 0; i < A; ++i) mat_apply<S>(W::BT, t + i * A, 1, r + i * A, 1);  // r = t B (rows)
+}
+
+// A^T m A on one alpha x alpha tile; o gets m x m.
+template <typename S, int M, typename V>
+inline void output_tile(const V* mm, V* o) {
+  using W = WinogradMatrices<M>;
+  constexpr int A = W::alpha;
+  V t[M * A];
+#pragma GCC unroll 8
+  for (int j = 0; j < A; ++j) mat_apply<S>(W::AT, mm + j, A, t + j, A);  // t = A^T m  (M x A)
+#pragma GCC unroll 8
+  for (int i = 0; i < M; ++i) mat_apply<S>(W::AT, t + i * A, 1, o + i * M, 1);  // o = t A  (M x M)
+}
+
+// G g G^T on one 3x3 filter (g[a*3 + b]); u gets alpha x alpha.
+template <typename S, int M, typename V>
+inline void filter_tile(const V* g, V* u) {
+  using W = WinogradMatrices<M>;
+  constexpr int A = W::alpha;
+  V t[A * 3];
+#pragma GCC unroll 4
+  for (int b = 0; b < 3; ++b) mat_apply<S>(W::G, g + b, 3, t + b, 3);  // t = G g  (A x 3)
+#pragma GCC unroll 8
+  for (int i = 0; i < A; ++i) mat_apply<S>(W::G, t + i * 3, 1, u + i * A, 1);  // u = t G^T  (A x A)
+}
+
 struct Tiling {
   index_t th, tw, tiles;  // tile rows and columns per image, tiles over the batch
 };
 
-template <int M>
-Tiling tiling(const ConvShape& sh) {
+Tiling tiling(const ConvShape& sh, int m) {
   Tiling t;
-  t.th = ceil_div(sh.p, M);
-  t.tw = ceil_div(sh.q, M);
+  t.th = ceil_div(sh.p, m);
+  t.tw = ceil_div(sh.q, m);
   t.tiles = sh.n * t.th * t.tw;
   return t;
 }
 
-// U (G x alpha^2 x Kg x Cg) from w (K x Cg x 3 x 3). Per output channel k: transpose its filters to
-// wt (9 x Cg), then each of the alpha^2 outputs is a contiguous multiply-add along c (vectorized), with
-// coefficients (G)_{i,a} (G)_{j,b} known at compile time.
+// Packed U of a group: for each A panel of output channels [k0, k0 + rows) (rows = MR, or the tail),
+// alpha^2 panels in the micro-kernel's A layout, rows x Cg k-fastest: U[e][k0 + i][c] at
+//   ug[u_panel_offset(k0) + e*u_point_stride(rows) + c*rows + i],
+// so one output-channel panel's transformed filters are together; consecutive points are a cache
+// line more than 64-byte aligned apart, so writing all alpha^2 of them does not hit one cache set.
+inline index_t u_point_stride(index_t rows, index_t Cg, index_t elem_size) {
+  const index_t line = static_cast<index_t>(kAlign) / elem_size;
+  return round_up(rows * Cg, line) + line;
+}
+inline index_t u_group_elems(index_t Kg, index_t Cg, int mr, index_t a2, index_t elem_size) {
+  const index_t full = Kg / mr, tail = Kg % mr;
+  return a2 * (full * u_point_stride(mr, Cg, elem_size) + (tail ? u_point_stride(tail, Cg, elem_size) : 0));
+}
+
+// Buffer sizes (elements) for tile chunk tc and nt threads; every buffer starts 64-byte aligned.
+struct Plan {
+  index_t tc;        // tiles per chunk (<= kTileBlock)
+  index_t kb;        // output channels per M block: a multiple of kKStep, or Kg
+  index_t u_elems;   // packed U: G x u_group_elems
+  index_t v_elems;   // one thread's V: alpha^2 x v_stride
+  index_t m_elems;   // one thread's M block: alpha^2 x (kb x kTileBlock + pad)
+  int nt;            // threads
+  bool few_tiles;    // the transposed schedule (below); then u_elems holds V^T, v_elems U^T, m_elems M^T
+  index_t total;     // with alignment slack
+};
+
+index_t align_elems(index_t n, index_t elem_size) {
+  return round_up(n, static_cast<index_t>(kAlign) / elem_size);
+}
+
+// Distance between consecutive points e of V (rows = Cg) or of an M block (rows = kn): rows x
+// kTileBlock and one cache line more, so the alpha^2 rows a transform reads or writes together do not
+// fall into one cache set (rows x kTileBlock x sizeof(T) is often a power of two).
+index_t point_stride(index_t rows, index_t elem_size) {
+  return rows * kTileBlock + static_cast<index_t>(kAlign) / elem_size;
+}
+
+// Few tiles (at most half a chunk, and no more than output channels per group: 7x7 planes, or 14x14
+// at batch 1 with F(4x4)): the transposed schedule. V^T (tiles x Cg per point, the micro-kernel's A operand, MR tiles per panel) is computed
+// once for all tiles and stays resident; threads take blocks of kTileBlock output channels, transform
+// that block's filters into U^T (Cg x kTileBlock per point, the B operand) in their own buffer, and
+// compute M^T (tiles x channels) and the output transform. U is never stored whole, and a small tile
+// count costs no padded micro-kernel columns.
+// Measured (ResNet-50 3x3 layers, 2 threads): it wins at 4 to 32 tiles, loses from 49 on, where the
+// chunked schedule's padding of the last B panel is a quarter or less.
+constexpr index_t kFewTilesMax = kTileBlock / 2;
+bool few_tiles(const ConvShape& sh, int m) {
+  const index_t tiles = tiling(sh, m).tiles;
+  return tiles <= kFewTilesMax && tiles <= sh.kg();
+}
+inline index_t vt_point_stride(index_t tiles, index_t Cg, index_t elem_size) {
+  const index_t line = static_cast<index_t>(kAlign) / elem_size;
+  return round_up(tiles * Cg, line) + line;
+}
+
+// Input channels per U^T block (a multiple of the vector lanes, or Cg): the block and the M^T it
+// accumulates into stay in L2.
+index_t ut_depth(const ConvShape& sh, int m, index_t elem_size) {
+  const index_t a2 = static_cast<index_t>(m + 2) * (m + 2), lanes = 64 / elem_size;
+  const index_t fit = kUtBlockBytes / (a2 * kTileBlock * elem_size) / lanes * lanes;
+  return std::min(sh.cg(), std::max(lanes, fit));
+}
+
+Plan make_plan(const ConvShape& sh, int m, index_t tc, index_t elem_size) {
+  const index_t a2 = static_cast<index_t>(m + 2) * (m + 2), Kg = sh.kg(), Cg = sh.cg();
+  Plan pl;
+  pl.few_tiles = few_tiles(sh, m);
+  if (pl.few_tiles) {
+    const index_t tiles = tiling(sh, m).tiles;
+    pl.tc = tiles;
+    pl.kb = kTileBlock;
+    pl.nt = get_num_threads();
+    pl.u_elems = sh.g * a2 * vt_point_stride(tiles, Cg, elem_size);
+    pl.v_elems = a2 * point_stride(ut_depth(sh, m, elem_size), elem_size);
+    pl.m_elems = a2 * point_stride(round_up(tiles, kKStep), elem_size);
+    pl.total = static_cast<index_t>(kAlign) / elem_size + pl.u_elems + pl.nt * (pl.v_elems + pl.m_elems);
+    return pl;
+  }
+  pl.tc = std::max<index_t>(1, std::min(tc, kTileBlock));
+  const index_t fit = kMBlockBytes / (a2 * kTileBlock * elem_size) / kKStep * kKStep;
+  pl.kb = std::min(Kg, std::max(kKStep, fit));
+  pl.nt = get_num_threads();
+  // U's padding depends on MR: size it for every ISA's micro-kernel, so a workspace sized before an ISA
+  // change still fits.
+  pl.u_elems = 0;
+  for (Isa isa : {Isa::ref, Isa::avx2, Isa::avx512}) {
+    const int mr = elem_size == 4 ? select_ukernel<float>(isa).mr : select_ukernel<double>(isa).mr;
+    pl.u_elems = std::max(pl.u_elems, sh.g * u_group_elems(Kg, Cg, mr, a2, elem_size));
+  }
+  pl.v_elems = a2 * point_stride(Cg, elem_size);
+  pl.m_elems = a2 * point_stride(pl.kb, elem_size);
+  pl.total = static_cast<index_t>(kAlign) / elem_size + pl.u_elems + pl.nt * (pl.v_elems + pl.m_elems);
+  return pl;
+}
+
+// Fills one output-channel panel of U: the filters w[k0 + i][c] in order (c, i) are transformed
+// independently, so the work is vectorized over the flattened index f = c*rows + i.
 template <typename T, int M>
-void filter_transform(const ConvShape& sh, const T* w, T* u) {
-  using W = WinogradMatrices<M>;
-  constexpr int A = W::alpha;
-  const index_t Kg = sh.kg(), Cg = sh.cg();
-#pragma omp parallel num_threads(get_num_threads()) if (sh.k * Cg > 256)
-  {
-    std::vector<T> wt(static_cast<std::size_t>(9 * Cg));
-#pragma omp for schedule(static)
-    for (index_t k = 0; k < sh.k; ++k) {
-      const index_t g = k / Kg, kk = k % Kg;
-      const T* f = w + k * Cg * 9;
-      for (index_t c = 0; c < Cg; ++c)
-        for (int ab = 0; ab < 9; ++ab) wt[ab * Cg + c] = f[c * 9 + ab];
-      T* ug = u + g * A * A * Kg * Cg;
+void filter_panel(const ConvShape& sh, const T* w, index_t g, index_t k0, int rows, T* dst) {
+  using V = typename Vec<T>::type;
+  constexpr int L = Vec<T>::lanes;
+  constexpr int A = WinogradMatrices<M>::alpha;
+  const index_t Kg = sh.kg(), Cg = sh.cg(), n = rows * Cg, es = u_point_stride(rows, Cg, sizeof(T));
+  const T* wk = w + (g * Kg + k0) * Cg * 9;  // w[k0 + i][c][ab] at wk[(i*Cg + c)*9 + ab]
+  index_t c = 0;
+  int i = 0;
+  for (index_t f = 0; f < n; f += L) {
+    const int nl = static_cast<int>(std::min<index_t>(L, n - f));
+    alignas(64) T gb[9][L];
+    for (int l = 0; l < nl; ++l) {
+      const T* src = wk + (i * Cg + c) * 9;
+      for (int ab = 0; ab < 9; ++ab) gb[ab][l] = src[ab];
+      if (++i == rows) i = 0, ++c;
+    }
+    for (int l = nl; l < L; ++l)
+      for (int ab = 0; ab < 9; ++ab) gb[ab][l] = T(0);
+    V gv[9], uv[A * A];
+    for (int ab = 0; ab < 9; ++ab) gv[ab] = vload<V>(gb[ab]);
+    filter_tile<T, M>(gv, uv);
+    if (nl == L) {
+      for (int e = 0; e < A * A; ++e) vstore(dst + e * es + f, uv[e]);
+    } else {
+      alignas(64) T ub[L];
+      for (int e = 0; e < A * A; ++e) {
+        vstore(ub, uv[e]);
+        std::memcpy(dst + e * es + f, ub, sizeof(T) * nl);
+      }
+    }
+  }
+}
+
+// Per-chunk tile geometry: for tile u of the chunk, its image and the offset of its window's
+// top-left corner in the input plane (ih0*W + iw0) and in the output plane (p0*Q + q0).
+struct ChunkTiles {
+  index_t n[kTileBlock];
+  index_t ih0[kTileBlock], iw0[kTileBlock];
+  index_t p0[kTileBlock], q0[kTileBlock];
+  int nb;
+};
+
+template <int M>
+void chunk_tiles(const ConvShape& sh, const Tiling& tl, index_t t0, int nb, ChunkTiles* ct) {
+  const index_t per_image = tl.th * tl.tw;
+  ct->nb = nb;
+  index_t n = t0 / per_image, r = t0 % per_image, row = r / tl.tw, col = r % tl.tw;
+  for (int u = 0; u < nb; ++u) {
+    ct->n[u] = n;
+    ct->p0[u] = row * M;
+    ct->q0[u] = col * M;
+    ct->ih0[u] = row * M - sh.ph;
+    ct->iw0[u] = col * M - sh.pw;
+    if (++col == tl.tw) {
+      col = 0;
+      if (++row == tl.th) row = 0, ++n;
+    }
+  }
+}
+
+// vb[e][u] = (B^T d B)[e] of channel c of group g for the chunk's tiles u < nbv (nbv a multiple of
+// the vector length, <= kTileBlock); lanes past nb are zero tiles.
+template <typename T, int M>
+void transform_channel(const ConvShape& sh, const ChunkTiles& ct, const T* x, index_t g, index_t c, int nbv,
+                       T (*vb)[kTileBlock]) {
+  using V = typename Vec<T>::type;
+  constexpr int L = Vec<T>::lanes;
+  constexpr int A = WinogradMatrices<M>::alpha;
+  const index_t H = sh.h, Wd = sh.w, Cg = sh.cg();
+  alignas(64) T db[A * A][kTileBlock];
+  const int nb = ct.nb;
+  for (int u = 0; u < nb; ++u) {
+    const T* xc = x + (ct.n[u] * sh.c + g * Cg + c) * H * Wd;
+    const index_t ih0 = ct.ih0[u], iw0 = ct.iw0[u];
+    if (ih0 >= 0 && ih0 + A <= H && iw0 >= 0 && iw0 + A <= Wd) {
+      const T* x0 = xc + ih0 * Wd + iw0;
+#pragma GCC unroll 8
       for (int i = 0; i < A; ++i)
+#pragma GCC unroll 8
+        for (int j = 0; j < A; ++j) db[i * A + j][u] = x0[i * Wd + j];
+    } else {
+      for (int i = 0; i < A; ++i) {
+        const index_t ih = ih0 + i;
+        const bool row_in = ih >= 0 && ih < H;
         for (int j = 0; j < A; ++j) {
-          T coef[9];
-          for (int a = 0; a < 3; ++a)
-            for (int b = 0; b < 3; ++b) coef[a * 3 + b] = T(W::G[i][a] * W::G[j][b]);
-          T* dst = ug + ((i * A + j) * Kg + kk) * Cg;
-          const T* src = wt.data();
-#pragma omp simd
-          for (index_t c = 0; c < Cg; ++c) {
-            T acc = T(0);
-            for (int ab = 0; ab < 9; ++ab) acc += coef[ab] * src[ab * Cg + c];
-            dst[c] = acc;
-          }
+          const index_t iw = iw0 + j;
+          db[i * A + j][u] = (row_in && iw >= 0 && iw < Wd) ? xc[ih * Wd + iw] : T(0);
         }
+      }
     }
+  }
+  for (int u = nb; u < nbv; ++u)
+    for (int e = 0; e < A * A; ++e) db[e][u] = T(0);
+  for (int u = 0; u < nbv; u += L) {
+    V d[A * A], r[A * A];
+#pragma GCC unroll 36
+    for (int e = 0; e < A * A; ++e) d[e] = vload<V>(&db[e][u]);
+    input_tile<T, M>(d, r);
+#pragma GCC unroll 36
+    for (int e = 0; e < A * A; ++e) vstore(&vb[e][u], r[e]);
   }
 }
 
-// Tiles transformed together: their data sit tile-fastest in L1-resident buffers, so each transform pass
-// is a loop of kTileBlock multiply-adds with a compile-time coefficient (vectorized).
-constexpr index_t kTileBlock = 64;
-
-// Applies the alpha x alpha (or m x alpha) matrix Mat along one index of a tile-fastest block:
-//   out[(i*A + j)*nb + u] = sum_l Mat[i][l] * in[(l*A + j)*nb + u]   (rows: over the first index)
-//   out[(i*R + j)*nb + u] = sum_l Mat[j][l] * in[(i*A + l)*nb + u]   (cols: over the second index)
-template <typename T, int R, int A, bool kRows>
-inline void transform_block(const double (&mat)[R][A], const T* in, T* out, index_t nb, int outer) {
-  for (int i = 0; i < (kRows ? R : outer); ++i)
-    for (int j = 0; j < (kRows ? A : R); ++j) {
-      T* dst = out + (i * (kRows ? A : R) + j) * nb;
-      for (index_t u = 0; u < nb; ++u) dst[u] = T(0);
-      for (int l = 0; l < A; ++l) {
-        const T coef = T(kRows ? mat[i][l] : mat[j][l]);
-        if (coef == T(0)) continue;
-        const T* src = in + (kRows ? (l * A + j) : (i * A + l)) * nb;
-#pragma omp simd
-        for (index_t u = 0; u < nb; ++u) dst[u] += coef * src[u];
-      }
-    }
-}
-
-// V (alpha^2 x Cg x tc) for tiles [t0, t0 + tc) of group g; work items are (channel, block of tiles).
+// V for channel c of group g over the chunk's tiles, into the B panels: point e, tile u at
+// v[e*point_stride(Cg) + (u/NR)*NR*Cg + c*NR + u%NR]. Lanes past nb, to the end of their panel, hold zero.
 template <typename T, int M>
-void input_transform(const ConvShape& sh, const Tiling& tl, const T* x, index_t g, index_t t0, index_t tc, T* v) {
-  using W = WinogradMatrices<M>;
-  constexpr int A = W::alpha;
-  const index_t Cg = sh.cg(), H = sh.h, Wd = sh.w, per_image = tl.th * tl.tw;
-  const index_t nblocks = ceil_div(tc, kTileBlock);
-#pragma omp parallel num_threads(get_num_threads()) if (Cg * tc > 64)
-  {
-    alignas(64) T db[A * A * kTileBlock];
-    alignas(64) T tb[A * A * kTileBlock];
-#pragma omp for schedule(static)
-    for (index_t item = 0; item < Cg * nblocks; ++item) {
-      const index_t c = item / nblocks, b0 = (item % nblocks) * kTileBlock;
-      const index_t nb = std::min(kTileBlock, tc - b0);
-      // Gather: db[(i*A + j)*nb + u] = x[n, c, ih0 + i, iw0 + j] of tile t0 + b0 + u (0 outside).
-      for (index_t u = 0; u < nb; ++u) {
-        const index_t t = t0 + b0 + u, n = t / per_image, r = t % per_image;
-        const index_t ih0 = (r / tl.tw) * M - sh.ph, iw0 = (r % tl.tw) * M - sh.pw;
-        const T* xc = x + (n * sh.c + g * Cg + c) * H * Wd;
-        if (ih0 >= 0 && ih0 + A <= H && iw0 >= 0 && iw0 + A <= Wd) {
-          const T* x0 = xc + ih0 * Wd + iw0;
-          for (int i = 0; i < A; ++i)
-            for (int j = 0; j < A; ++j) db[(i * A + j) * nb + u] = x0[i * Wd + j];
-        } else {
-          for (int i = 0; i < A; ++i) {
-            const index_t ih = ih0 + i;
-            for (int j = 0; j < A; ++j) {
-              const index_t iw = iw0 + j;
-              db[(i * A + j) * nb + u] = (ih >= 0 && ih < H && iw >= 0 && iw < Wd) ? xc[ih * Wd + iw] : T(0);
-            }
-          }
-        }
-      }
-      transform_block<T, A, A, true>(W::BT, db, tb, nb, A);   // B^T d
-      transform_block<T, A, A, false>(W::BT, tb, db, nb, A);  // (B^T d) B
-      for (int e = 0; e < A * A; ++e)
-        std::memcpy(v + (e * Cg + c) * tc + b0, db + e * nb, sizeof(T) * nb);
-    }
+void input_channel(const ConvShape& sh, const ChunkTiles& ct, const T* x, index_t g, index_t c, int nr, T* v) {
+  constexpr int L = Vec<T>::lanes;
+  constexpr int A = WinogradMatrices<M>::alpha;
+  const index_t Cg = sh.cg(), vs = point_stride(Cg, sizeof(T));
+  alignas(64) T vb[A * A][kTileBlock];
+  const int nbv = static_cast<int>(round_up(ct.nb, std::max(L, nr)));  // <= kTileBlock: L and NR divide it
+  transform_channel<T, M>(sh, ct, x, g, c, nbv, vb);
+  // Into the B panels, whole panels of NR lanes.
+  for (int e = 0; e < A * A; ++e) {
+    T* ve = v + e * vs + c * nr;
+    for (int j = 0; j < nbv; j += nr) std::memcpy(ve + j * Cg, &vb[e][j], sizeof(T) * nr);
   }
 }
 
-// y tiles [t0, t0 + tc) of group g from M (alpha^2 x Kg x tc); work items are (output channel, block).
+// y for output channels [k0, k0 + kn) of group g over the chunk's tiles, from the M block
+// mb[e*point_stride(kn) + kk*kTileBlock + u] (+ bias).
 template <typename T, int M>
-void output_transform(const ConvShape& sh, const Tiling& tl, const T* mm, const T* bias, index_t g, index_t t0,
-                      index_t tc, T* y) {
-  using W = WinogradMatrices<M>;
-  constexpr int A = W::alpha;
-  const index_t Kg = sh.kg(), P = sh.p, Q = sh.q, per_image = tl.th * tl.tw;
-  const index_t nblocks = ceil_div(tc, kTileBlock);
-#pragma omp parallel num_threads(get_num_threads()) if (Kg * tc > 64)
-  {
-    alignas(64) T mb[A * A * kTileBlock];
-    alignas(64) T tb[M * A * kTileBlock];
-    alignas(64) T ob[M * M * kTileBlock];
-#pragma omp for schedule(static)
-    for (index_t item = 0; item < Kg * nblocks; ++item) {
-      const index_t kk = item / nblocks, b0 = (item % nblocks) * kTileBlock;
-      const index_t nb = std::min(kTileBlock, tc - b0);
-      for (int e = 0; e < A * A; ++e) std::memcpy(mb + e * nb, mm + (e * Kg + kk) * tc + b0, sizeof(T) * nb);
-      transform_block<T, M, A, true>(W::AT, mb, tb, nb, M);   // A^T m   (M x A)
-      transform_block<T, M, A, false>(W::AT, tb, ob, nb, M);  // (A^T m) A  (M x M)
-      const index_t k = g * Kg + kk;
-      const T bv = bias ? bias[k] : T(0);
-      for (index_t u = 0; u < nb; ++u) {
-        const index_t t = t0 + b0 + u, n = t / per_image, r = t % per_image;
-        const index_t p0 = (r / tl.tw) * M, q0 = (r % tl.tw) * M;
-        T* yk = y + (n * sh.k + k) * P * Q;
+void output_block(const ConvShape& sh, const ChunkTiles& ct, const T* mb, const T* bias, index_t g, index_t k0,
+                  index_t kn, T* y) {
+  using V = typename Vec<T>::type;
+  constexpr int L = Vec<T>::lanes;
+  constexpr int A = WinogradMatrices<M>::alpha;
+  const index_t P = sh.p, Q = sh.q, Kg = sh.kg(), ms = point_stride(kn, sizeof(T));
+  const int nb = ct.nb;
+  alignas(64) T ob[M * M][kTileBlock];
+  for (index_t kk = 0; kk < kn; ++kk) {
+    const index_t k = g * Kg + k0 + kk;
+    const T bv = bias ? bias[k] : T(0);
+    for (int u = 0; u < nb; u += L) {
+      V mv[A * A], o[M * M];
+#pragma GCC unroll 36
+      for (int e = 0; e < A * A; ++e) mv[e] = vload<V>(mb + e * ms + kk * kTileBlock + u);
+      output_tile<T, M>(mv, o);
+#pragma GCC unroll 16
+      for (int e = 0; e < M * M; ++e) vstore(&ob[e][u], o[e] + bv);
+    }
+    for (int u = 0; u < nb; ++u) {
+      T* yk = y + (ct.n[u] * sh.k + k) * P * Q;
+      const index_t p0 = ct.p0[u], q0 = ct.q0[u];
+      if (p0 + M <= P && q0 + M <= Q) {
+        T* y0 = yk + p0 * Q + q0;
+#pragma GCC unroll 4
+        for (int i = 0; i < M; ++i)
+#pragma GCC unroll 4
+          for (int j = 0; j < M; ++j) y0[i * Q + j] = ob[i * M + j][u];
+      } else {
         const int mi = static_cast<int>(std::min<index_t>(M, P - p0)), mj = static_cast<int>(std::min<index_t>(M, Q - q0));
         for (int i = 0; i < mi; ++i)
-          for (int j = 0; j < mj; ++j) yk[(p0 + i) * Q + q0 + j] = ob[(i * M + j) * nb + u] + bv;
+          for (int j = 0; j < mj; ++j) yk[(p0 + i) * Q + q0 + j] = ob[i * M + j][u];
       }
+    }
+  }
+}
+
+// M block for output channels [k0, k0 + kn) (k0 on an A panel boundary): for each point e,
+// mb[e*point_stride(kn) ...] (kn x nb, row stride kTileBlock) = U[e] rows [k0, k0 + kn) @ V[e].
+template <typename T>
+void products(const UKernel<T>& uk, index_t Kg, index_t Cg, int a2, const T* ug, const T* v, index_t k0, index_t kn,
+              int nb, T* mb) {
+  const int mr = uk.mr, nr = uk.nr;
+  const index_t vs = point_stride(Cg, sizeof(T)), ms = point_stride(kn, sizeof(T));
+  for (int e = 0; e < a2; ++e) {
+    const T* ve = v + e * vs;
+    T* me = mb + e * ms;
+    for (index_t k = k0; k < k0 + kn; k += mr) {
+      const int rows = static_cast<int>(std::min<index_t>(mr, Kg - k));
+      const ukernel_fn<T> fn = rows == mr ? uk.fn : uk.rows[rows - 1];
+      const T* ue = ug + k / mr * a2 * u_point_stride(mr, Cg, sizeof(T)) + e * u_point_stride(rows, Cg, sizeof(T));
+      for (int j = 0; j < nb; j += nr)
+        fn(Cg, ue, ve + j * Cg, me + (k - k0) * kTileBlock + j, kTileBlock, 1, T(1), T(0), rows,
+           std::min(nr, nb - j));
+    }
+  }
+}
+
+// ---- The few-tiles schedule (transposed products).
+
+// V^T of channel c of group g for the chunk's tiles (tiles t0 + u of `tiles`): point e, tile t at
+// vt[e*vt_point_stride + (t/MR)*MR*Cg + c*rows + t%MR], rows = MR or the tail panel's height.
+template <typename T, int M>
+void input_channel_t(const ConvShape& sh, const ChunkTiles& ct, const T* x, index_t g, index_t c, index_t t0,
+                     index_t tiles, int mr, T* vt) {
+  constexpr int L = Vec<T>::lanes;
+  constexpr int A = WinogradMatrices<M>::alpha;
+  const index_t Cg = sh.cg(), vs = vt_point_stride(tiles, Cg, sizeof(T));
+  alignas(64) T vb[A * A][kTileBlock];
+  const int nb = ct.nb;
+  transform_channel<T, M>(sh, ct, x, g, c, static_cast<int>(round_up(nb, L)), vb);
+  for (int u = 0; u < nb;) {
+    const index_t t = t0 + u, p0 = t / mr * mr, rows = std::min<index_t>(mr, tiles - p0);
+    const int run = static_cast<int>(std::min<index_t>(p0 + rows - t, nb - u));
+    T* dst = vt + p0 * Cg + c * rows + (t - p0);
+    for (int e = 0; e < A * A; ++e)
+      for (int i = 0; i < run; ++i) dst[e * vs + i] = vb[e][u + i];
+    u += run;
+  }
+}
+
+// U^T for output channels [k0, k0 + kn) (kn <= kTileBlock) and input channels [cs, cs + kc) of group g
+// as the micro-kernel's B panels: point e, channel j, input channel cs + c at
+// ut[e*point_stride(kc) + (j/NR)*NR*kc + c*NR + j%NR], zero for j >= kn.
+// Input channels go kFilterC (one vector's lanes) at a time: per block of L filter rows, their 9*L
+// contiguous weights are L x L transposed in registers, so the rows (pages apart) are read in runs.
+template <typename T, int M>
+void filter_block_t(const ConvShape& sh, const T* w, index_t g, index_t k0, index_t kn, index_t cs, index_t kc, int nr,
+                    T* ut) {
+  using V = typename Vec<T>::type;
+  constexpr int L = Vec<T>::lanes;
+  constexpr int A = WinogradMatrices<M>::alpha;
+  const index_t Kg = sh.kg(), Cg = sh.cg(), us = point_stride(kc, sizeof(T));
+  const int jn = static_cast<int>(round_up(kn, std::max(L, nr)));
+  constexpr int kFilterC = L;
+  const T* wk = w + ((g * Kg + k0) * Cg + cs) * 9;  // w[k0 + j][cs + c][ab] at wk[(j*Cg + c)*9 + ab]
+  alignas(64) T gb[kFilterC][9][kTileBlock];
+  // Point e, channel j, c0 + cc at ub[e][(j/NR)*kFilterC*NR + cc*NR + j%NR]; rows a line more than 4 KiB apart.
+  alignas(64) T ub[A * A][kFilterC * kTileBlock + L];
+  for (int cc = 0; cc < kFilterC; ++cc)
+    for (int j = static_cast<int>(kn); j < jn; ++j)
+      for (int ab = 0; ab < 9; ++ab) gb[cc][ab][j] = T(0);
+  for (index_t c0 = 0; c0 < kc; c0 += kFilterC) {
+    const int cb = static_cast<int>(std::min<index_t>(kFilterC, kc - c0));
+    index_t j = 0;
+    if (cb == kFilterC)
+      for (; j + L <= kn; j += L)
+        for (int q = 0; q < 9; ++q) {  // weights f = q*L + i of the block: channel c0 + f/9, position f%9
+          V r[L];
+#pragma GCC unroll 16
+          for (int jj = 0; jj < L; ++jj) r[jj] = vload<V>(wk + ((j + jj) * Cg + c0) * 9 + q * L);
+          transpose_lanes<T>(r);
+#pragma GCC unroll 16
+          for (int i = 0; i < L; ++i) vstore(&gb[(q * L + i) / 9][(q * L + i) % 9][j], r[i]);
+        }
+    for (; j < kn; ++j) {
+      const T* src = wk + (j * Cg + c0) * 9;
+      for (int cc = 0; cc < cb; ++cc)
+        for (int ab = 0; ab < 9; ++ab) gb[cc][ab][j] = src[cc * 9 + ab];
+    }
+    for (int cc = 0; cc < cb; ++cc)
+      for (int j = 0; j < jn; j += L) {
+        V gv[9], uv[A * A];
+        for (int ab = 0; ab < 9; ++ab) gv[ab] = vload<V>(&gb[cc][ab][j]);
+        filter_tile<T, M>(gv, uv);
+        if (nr >= L) {
+          const int o = (j / nr) * kFilterC * nr + cc * nr + j % nr;
+          for (int e = 0; e < A * A; ++e) vstore(&ub[e][o], uv[e]);
+        } else {
+          alignas(64) T lanes[L];
+          for (int e = 0; e < A * A; ++e) {
+            vstore(lanes, uv[e]);
+            for (int l = 0; l < L; ++l) ub[e][((j + l) / nr) * kFilterC * nr + cc * nr + (j + l) % nr] = lanes[l];
+          }
+        }
+      }
+    // Per point and panel, cb*NR contiguous elements (a whole number of vectors when cb = kFilterC).
+    const int run = cb * nr;
+    for (int e = 0; e < A * A; ++e)
+      for (int jp = 0; jp * nr < jn; ++jp) {
+        const T* src = &ub[e][jp * kFilterC * nr];
+        T* dst = ut + e * us + jp * nr * kc + c0 * nr;
+        int i = 0;
+        for (; i + L <= run; i += L) vstore(dst + i, vload<V>(src + i));
+        for (; i < run; ++i) dst[i] = src[i];
+      }
+  }
+}
+
+// M^T for tiles [ta, tb) (ta, tb multiples of MR, or tb = tiles) and channels [k0, k0 + kn), the part
+// of the sum over input channels [cs, cs + kc) (beta 0 for the first part, 1 after):
+// mt[e*ms + (t - ta)*kTileBlock + j] (+)= sum_c V^T[e][t][cs + c] U^T[e][c][j].
+template <typename T>
+void products_t(const UKernel<T>& uk, index_t Cg, int a2, index_t tiles, const T* vt, const T* ut, index_t ta,
+                index_t tb, index_t kn, index_t cs, index_t kc, T beta, index_t ms, T* mt) {
+  const int mr = uk.mr, nr = uk.nr;
+  const index_t vs = vt_point_stride(tiles, Cg, sizeof(T)), us = point_stride(kc, sizeof(T));
+  for (int e = 0; e < a2; ++e)
+    for (index_t t = ta; t < tb; t += mr) {
+      const int rows = static_cast<int>(std::min<index_t>(mr, tiles - t));
+      const ukernel_fn<T> fn = rows == mr ? uk.fn : uk.rows[rows - 1];
+      // The tile panel at t has `rows` rows; its depth block [cs, cs + kc) starts at + cs*rows.
+      for (index_t j = 0; j < kn; j += nr)
+        fn(kc, vt + e * vs + t * Cg + cs * rows, ut + e * us + j * kc, mt + e * ms + (t - ta) * kTileBlock + j,
+           kTileBlock, 1, T(1), beta, rows, static_cast<int>(std::min<index_t>(nr, kn - j)));
+    }
+}
+
+// y for tiles [ta, tb) and output channels [k0, k0 + kn) of group g from M^T (+ bias); vectorized
+// over channels.
+template <typename T, int M>
+void output_block_t(const ConvShape& sh, const Tiling& tl, const T* mt, index_t ms, const T* bias, index_t g,
+                    index_t k0, index_t kn, index_t ta, index_t tb, T* y) {
+  using V = typename Vec<T>::type;
+  constexpr int L = Vec<T>::lanes;
+  constexpr int A = WinogradMatrices<M>::alpha;
+  const index_t P = sh.p, Q = sh.q, Kg = sh.kg(), per_image = tl.th * tl.tw;
+  alignas(64) T ob[M * M][L];
+  alignas(64) T bb[kTileBlock];
+  for (index_t j = 0; j < kn; ++j) bb[j] = bias ? bias[g * Kg + k0 + j] : T(0);
+  for (index_t t = ta; t < tb; ++t) {
+    const index_t n = t / per_image, r = t % per_image, p0 = (r / tl.tw) * M, q0 = (r % tl.tw) * M;
+    const int mi = static_cast<int>(std::min<index_t>(M, P - p0)), mj = static_cast<int>(std::min<index_t>(M, Q - q0));
+    for (index_t j0 = 0; j0 < kn; j0 += L) {
+      V mv[A * A], o[M * M];
+      const V bv = vload<V>(bb + j0);
+#pragma GCC unroll 36
+      for (int e = 0; e < A * A; ++e) mv[e] = vload<V>(mt + e * ms + (t - ta) * kTileBlock + j0);
+      output_tile<T, M>(mv, o);
+#pragma GCC unroll 16
+      for (int e = 0; e < M * M; ++e) vstore(ob[e], o[e] + bv);
+      const int nl = static_cast<int>(std::min<index_t>(L, kn - j0));
+      for (int l = 0; l < nl; ++l) {
+        T* y0 = y + (n * sh.k + g * Kg + k0 + j0 + l) * P * Q + p0 * Q + q0;
+        for (int i = 0; i < mi; ++i)
+          for (int jj = 0; jj < mj; ++jj) y0[i * Q + jj] = ob[i * M + jj][l];
+      }
+    }
+  }
+}
+
+template <typename T, int M>
+void winograd_few_tiles(const ConvShape& sh, const Plan& pl, const Tiling& tl, const UKernel<T>& uk, const T* x,
+                        const T* w, const T* bias, T* y, T* base) {
+  constexpr int A = WinogradMatrices<M>::alpha;
+  constexpr int A2 = A * A;
+  const index_t Kg = sh.kg(), Cg = sh.cg(), tiles = tl.tiles;
+  const index_t vt_group = A2 * vt_point_stride(tiles, Cg, sizeof(T));
+  T* const vt = base;
+  T* const thread_bufs = vt + pl.u_elems;
+  const index_t kblocks = ceil_div(Kg, kTileBlock);
+  // Tile ranges per channel block, so that there are work items for every thread.
+  const index_t tsplit = std::max<index_t>(1, std::min(ceil_div(pl.nt, sh.g * kblocks), ceil_div(tiles, kKStep)));
+  const index_t tpart = round_up(ceil_div(tiles, tsplit), kKStep);
+  const index_t ms = point_stride(round_up(tiles, kKStep), sizeof(T));
+  const index_t items = sh.g * kblocks * tsplit;
+  const int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(pl.nt, std::max(items, sh.g * Cg))));
+  const index_t tblocks = ceil_div(tiles, kTileBlock);
+  const index_t kcb = ut_depth(sh, M, sizeof(T));
+#pragma omp parallel num_threads(nt)
+  {
+#ifdef _OPENMP
+    const int tid = omp_get_thread_num();
+#else
+    const int tid = 0;
+#endif
+    T* const ut = thread_bufs + tid * (pl.v_elems + pl.m_elems);
+    T* const mt = ut + pl.v_elems;
+    ChunkTiles ct;
+#pragma omp for schedule(dynamic, 1)
+    for (index_t item = 0; item < sh.g * Cg * tblocks; ++item) {
+      const index_t gc = item / tblocks, t0 = (item % tblocks) * kTileBlock;
+      chunk_tiles<M>(sh, tl, t0, static_cast<int>(std::min(kTileBlock, tiles - t0)), &ct);
+      input_channel_t<T, M>(sh, ct, x, gc / Cg, gc % Cg, t0, tiles, uk.mr, vt + gc / Cg * vt_group);
+    }  // barrier: V^T complete
+#pragma omp for schedule(dynamic, 1)
+    for (index_t item = 0; item < items; ++item) {
+      const index_t g = item / (kblocks * tsplit), b = item / tsplit % kblocks, s = item % tsplit;
+      const index_t k0 = b * kTileBlock, kn = std::min(kTileBlock, Kg - k0);
+      const index_t ta = s * tpart, tb = std::min(tiles, ta + tpart);
+      if (ta >= tb) continue;
+      for (index_t cs = 0; cs < Cg; cs += kcb) {
+        const index_t kc = std::min(kcb, Cg - cs);
+        filter_block_t<T, M>(sh, w, g, k0, kn, cs, kc, uk.nr, ut);
+        products_t<T>(uk, Cg, A2, tiles, vt + g * vt_group, ut, ta, tb, kn, cs, kc, cs == 0 ? T(0) : T(1), ms, mt);
+      }
+      output_block_t<T, M>(sh, tl, mt, ms, bias, g, k0, kn, ta, tb, y);
     }
   }
 }
@@ -195,52 +664,92 @@ void output_transform(const ConvShape& sh, const Tiling& tl, const T* mm, const 
 }  // namespace
 
 index_t winograd_tile_chunk(const ConvShape& sh, int m, index_t max_workspace_elems) {
-  const index_t a2 = static_cast<index_t>(m + 2) * (m + 2);
-  const index_t tiles = sh.n * ceil_div(sh.p, m) * ceil_div(sh.q, m);
-  const index_t u = sh.g * a2 * sh.kg() * sh.cg();
-  const index_t per_tile = a2 * (sh.cg() + sh.kg());
-  const index_t room = max_workspace_elems - u;
-  if (tiles == 0) return 1;
-  if (room < per_tile) return 1;  // at least one tile; workspace_elems() reports what that needs
-  return std::min<index_t>(tiles, room / per_tile);
+  (void)max_workspace_elems;  // the chunk is one tile block; buffers depend on the threads, not on it
+  const index_t tiles = tiling(sh, m).tiles;
+  return std::max<index_t>(1, std::min(tiles, kTileBlock));
 }
 
-index_t winograd_workspace_elems(const ConvShape& sh, int m, index_t tc) {
-  const index_t a2 = static_cast<index_t>(m + 2) * (m + 2);
-  return sh.g * a2 * sh.kg() * sh.cg() + a2 * (sh.cg() + sh.kg()) * tc;
+index_t winograd_workspace_elems(const ConvShape& sh, int m, index_t tc, index_t elem_size) {
+  return make_plan(sh, m, tc, elem_size).total;
 }
 
 template <typename T, int M>
 void conv2d_fwd_winograd_impl(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y, T* ws, index_t tc) {
   constexpr int A = WinogradMatrices<M>::alpha;
-  const Tiling tl = tiling<M>(sh);
+  constexpr int A2 = A * A;
+  const Tiling tl = tiling(sh, M);
   const index_t Kg = sh.kg(), Cg = sh.cg();
-  T* u = ws;
-  T* v = u + sh.g * A * A * Kg * Cg;
-  T* mm = v + A * A * Cg * tc;
-  filter_transform<T, M>(sh, w, u);
-  for (index_t g = 0; g < sh.g; ++g) {
-    const T* ug = u + g * A * A * Kg * Cg;
-    for (index_t t0 = 0; t0 < tl.tiles; t0 += tc) {
-      const index_t n_t = std::min(tc, tl.tiles - t0);
-      input_transform<T, M>(sh, tl, x, g, t0, n_t, v);
-      for (int e = 0; e < A * A; ++e) {
-        GemmArgs<T> a;
-        a.m = Kg;
-        a.n = n_t;
-        a.k = Cg;
-        a.a = ug + e * Kg * Cg;
-        a.rs_a = Cg;
-        a.cs_a = 1;
-        a.b = v + e * Cg * n_t;
-        a.rs_b = n_t;
-        a.cs_b = 1;
-        a.c = mm + e * Kg * n_t;
-        a.rs_c = n_t;
-        a.cs_c = 1;
-        gemm<T>(a);
+  if (tl.tiles == 0 || sh.k == 0) return;
+  const Plan pl = make_plan(sh, M, tc, sizeof(T));
+  const UKernel<T> uk = select_ukernel<T>(active_isa());
+  const int mr = uk.mr;
+  const index_t ug_elems = u_group_elems(Kg, Cg, mr, A2, sizeof(T));
+  // Buffers: packed U, then per thread V and an M block, each 64-byte aligned.
+  T* base = ws;
+  while (reinterpret_cast<std::uintptr_t>(base) % kAlign) ++base;
+  if (pl.few_tiles) return winograd_few_tiles<T, M>(sh, pl, tl, uk, x, w, bias, y, base);
+  T* const u = base;
+  T* const thread_bufs = u + pl.u_elems;
+  const index_t chunks = ceil_div(tl.tiles, pl.tc);
+  const index_t items = sh.g * chunks;  // (group, chunk)
+  const index_t kpanels = ceil_div(Kg, mr);
+  const int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(pl.nt, std::max(items, sh.g * kpanels))));
+  // Fewer chunks than threads, or too few to balance: share each chunk (split channels, then
+  // output-channel blocks). Chunks that divide evenly among the threads stay private.
+  const bool shared = nt > 1 && (items < nt || (items < 2 * nt && items % nt != 0));
+  // Output-channel blocks when sharing a chunk: at least one per thread, on A panel boundaries.
+  const index_t kb_shared = std::min(pl.kb, round_up(ceil_div(Kg, nt), mr));
+
+#pragma omp parallel num_threads(nt)
+  {
+#ifdef _OPENMP
+    const int tid = omp_get_thread_num();
+#else
+    const int tid = 0;
+#endif
+    T* const v_own = thread_bufs + tid * (pl.v_elems + pl.m_elems);
+    T* const mb = v_own + pl.v_elems;
+    ChunkTiles ct;
+
+    // U: one work item per (group, A panel of output channels).
+#pragma omp for schedule(dynamic, 1)
+    for (index_t item = 0; item < sh.g * kpanels; ++item) {
+      const index_t g = item / kpanels, k0 = (item % kpanels) * mr;
+      filter_panel<T, M>(sh, w, g, k0, static_cast<int>(std::min<index_t>(mr, Kg - k0)),
+                         u + g * ug_elems + k0 / mr * A2 * u_point_stride(mr, Cg, sizeof(T)));
+    }  // barrier: U complete
+
+    if (!shared) {
+#pragma omp for schedule(dynamic, 1)
+      for (index_t item = 0; item < items; ++item) {
+        const index_t g = item / chunks, t0 = (item % chunks) * pl.tc;
+        const int nb = static_cast<int>(std::min(pl.tc, tl.tiles - t0));
+        const T* ug = u + g * ug_elems;
+        chunk_tiles<M>(sh, tl, t0, nb, &ct);
+        for (index_t c = 0; c < Cg; ++c) input_channel<T, M>(sh, ct, x, g, c, uk.nr, v_own);
+        for (index_t k0 = 0; k0 < Kg; k0 += pl.kb) {
+          const index_t kn = std::min(pl.kb, Kg - k0);
+          products<T>(uk, Kg, Cg, A2, ug, v_own, k0, kn, nb, mb);
+          output_block<T, M>(sh, ct, mb, bias, g, k0, kn, y);
+        }
       }
-      output_transform<T, M>(sh, tl, mm, bias, g, t0, n_t, y);
+    } else {
+      T* const v = thread_bufs;  // thread 0's V, shared
+      const index_t kblocks = ceil_div(Kg, kb_shared);
+      for (index_t item = 0; item < items; ++item) {
+        const index_t g = item / chunks, t0 = (item % chunks) * pl.tc;
+        const int nb = static_cast<int>(std::min(pl.tc, tl.tiles - t0));
+        const T* ug = u + g * ug_elems;
+        chunk_tiles<M>(sh, tl, t0, nb, &ct);
+#pragma omp for schedule(static)
+        for (index_t c = 0; c < Cg; ++c) input_channel<T, M>(sh, ct, x, g, c, uk.nr, v);
+#pragma omp for schedule(dynamic, 1)
+        for (index_t b = 0; b < kblocks; ++b) {
+          const index_t k0 = b * kb_shared, kn = std::min(kb_shared, Kg - k0);
+          products<T>(uk, Kg, Cg, A2, ug, v, k0, kn, nb, mb);
+          output_block<T, M>(sh, ct, mb, bias, g, k0, kn, y);
+        }  // barrier: V is free for the next chunk
+      }
     }
   }
 }

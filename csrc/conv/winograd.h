@@ -5,10 +5,12 @@
 
 namespace dnnkit {
 
-// Tiles per chunk for a workspace of at most max_workspace_elems elements (at least 1).
+// Tiles per chunk (1 to 64): the unit of work a thread transforms and multiplies in its own buffers.
 index_t winograd_tile_chunk(const ConvShape& sh, int m, index_t max_workspace_elems);
-// Workspace elements for tile chunk tc: transformed filters, plus V and M for tc tiles.
-index_t winograd_workspace_elems(const ConvShape& sh, int m, index_t tc);
+// Workspace elements (of elem_size bytes) for tile chunk tc on get_num_threads() threads: the packed
+// transformed filters and per thread one chunk's V and one M block (or, at most 32 tiles, the
+// transformed input and per thread a block of transformed filters and of M), with alignment slack.
+index_t winograd_workspace_elems(const ConvShape& sh, int m, index_t tc, index_t elem_size);
 
 template <typename T>
 void conv2d_fwd_winograd(const ConvShape& sh, int m, const T* x, const T* w, const T* bias, T* y, T* ws, index_t tc);

@@ -4,9 +4,12 @@ im2col_gemm (fwd, bwd_filter) / gemm_col2im (bwd_data): lower to dnnkit's blocke
     buffer of (C/G*R*S) x chunk elements, chunk output pixels at a time so the workspace stays under a
     bound; 1x1 stride-1 unpadded convolutions use the input directly, with no workspace. The forward
     pass puts several images side by side in one GEMM when an image's output plane is small.
-winograd_f2x2_3x3 / winograd_f4x4_3x3 (fwd): F(m x m, 3 x 3) for 3x3 stride-1 dense filters: filter,
-    input and output transforms in C++ around alpha^2 transform-domain GEMMs on dnnkit's GEMM, tiles
-    processed in workspace-bounded chunks. F(4x4) is less accurate (tolerance 1e-4 in float32).
+winograd_f2x2_3x3 / winograd_f4x4_3x3 (fwd): F(m x m, 3 x 3) for 3x3 stride-1 dense filters, in one
+    parallel region: the filters transformed once per call into the GEMM micro-kernel's packed layout,
+    then chunks of 64 tiles, each transformed, multiplied (alpha^2 products on the micro-kernel) and
+    transformed back by one thread in its own cache-sized buffers; at most 32 tiles, a transposed
+    schedule that keeps the transformed input resident instead. Workspace: the packed filters and one
+    chunk's buffers per thread. F(4x4) is less accurate (tolerance 1e-4 in float32).
 fft (fwd): real 2-D FFTs of the padded input and of the dilated, zero-padded filter (scipy.fft,
     multithreaded), the per-frequency channel reduction in dnnkit's kernel, one inverse FFT per output
     channel; images in chunks so memory stays bounded. Meant for large filters; a stride above 1 is
@@ -111,7 +114,7 @@ class _Winograd(_CpuConv):
         return int(_cpu.winograd_tile_chunk(shape_tuple(p), self.m, bound // p.itemsize))
 
     def workspace_bytes(self, p) -> int:
-        return int(_cpu.winograd_workspace_elems(shape_tuple(p), self.m, self.chunk(p))) * p.itemsize
+        return int(_cpu.winograd_workspace_elems(shape_tuple(p), self.m, self.chunk(p), p.itemsize)) * p.itemsize
 
 
 class WinogradF2x2(_Winograd):

@@ -26,7 +26,12 @@ from .._config import get_num_threads
 _FLOPS_PER_CYCLE = {"avx512": 64, "avx2": 32, "ref": 4}  # float32 FMA throughput per core, nominal
 _GHZ = 2.5
 _COPY_BYTES_PER_S = 10e9  # per thread
-_TRANSFORM_S_PER_ELEMENT = 2.8e-9  # per thread: one Winograd transform output element (measured 1.4 ns on 2)
+# Winograd, fitted to bench/conv.py's ResNet-50 3x3 layers (RESULTS.md, cache-resident schedule):
+_TRANSFORM_S_PER_ELEMENT = 1.2e-9  # per thread: one input or output transform element
+_FILTER_S_PER_ELEMENT = 3.0e-9  # per thread: one element of U, transformed, stored and read back
+_FILTER_FEW_S_PER_ELEMENT = 1.2e-9  # the same in the few-tiles schedule (U^T built in L2, never stored)
+_WINOGRAD_GEMM_EFFICIENCY = 0.7  # the transform-domain products on the micro-kernel, operands in L2
+_WINOGRAD_FEW_TILES = 32
 
 
 MIN_SAMPLES = 2
@@ -76,12 +81,16 @@ def _conv_fwd(p, name):
             t += 2 * n * c * p.kh * p.kw * pq * p.itemsize / (_copy_bytes_per_s() * threads)
         return t
     if name in ("winograd_f4x4_3x3", "winograd_f2x2_3x3"):
+        # csrc/conv/winograd.cpp: chunks of 64 tiles as the micro-kernel's columns (the last one padded),
+        # or, at most 32 tiles (and no more than Kg), tiles as exact rows and channels padded to 64.
         m = 4 if name == "winograd_f4x4_3x3" else 2
         a2 = (m + 2) ** 2
         tiles = n * math.ceil(p.oh / m) * math.ceil(p.ow / m)
-        t = 2 * a2 * kg * cg * tiles * g / (peak * gemm_efficiency(kg, tiles, cg))
+        few = tiles <= _WINOGRAD_FEW_TILES and tiles <= kg
+        rows, cols = (math.ceil(tiles / 6) * 6, math.ceil(kg / 64) * 64) if few else (kg, math.ceil(tiles / 64) * 64)
+        t = 2 * a2 * rows * cols * cg * g / (peak * _WINOGRAD_GEMM_EFFICIENCY)
         t += (cg + kg) * g * tiles * a2 * _TRANSFORM_S_PER_ELEMENT / threads
-        t += k * cg * a2 * p.itemsize * 2 / (_copy_bytes_per_s() * threads)  # filter transform
+        t += k * cg * a2 * (_FILTER_FEW_S_PER_ELEMENT if few else _FILTER_S_PER_ELEMENT) / threads
         return t
     if name == "fft":
         hf, wf = p.ih + 2 * p.ph, p.iw + 2 * p.pw
