@@ -93,26 +93,6 @@ void col2im(const ConvShape& sh, const T* col, index_t j0, index_t j1, T* dx) {
   }
 }
 
-template <typename T>
-GemmArgs<T> mat(index_t m, index_t n, index_t k, const T* a, index_t rs_a, index_t cs_a, const T* b, index_t rs_b,
-                index_t cs_b, T* c, index_t rs_c, T beta) {
-  GemmArgs<T> g;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a;
-  g.rs_a = rs_a;
-  g.cs_a = cs_a;
-  g.b = b;
-  g.rs_b = rs_b;
-  g.cs_b = cs_b;
-  g.c = c;
-  g.rs_c = rs_c;
-  g.cs_c = 1;
-  g.beta = beta;
-  return g;
-}
-
 }  // namespace
 
 template <typename T>
@@ -127,7 +107,7 @@ void conv2d_fwd_im2col(const ConvShape& sh, const T* x, const T* w, const T* bia
       for (index_t g = 0; g < sh.g; ++g) {
         for (index_t i = 0; i < nn; ++i)
           im2col(sh, x + ((n0 + i) * sh.c + g * sh.cg()) * HW, 0, PQ, col + i * PQ, J);
-        GemmArgs<T> a = mat<T>(Kg, J, CRS, w + g * Kg * CRS, CRS, 1, col, J, 1, yt, J, T(0));
+        GemmArgs<T> a = strided_gemm_args<T>(Kg, J, CRS, w + g * Kg * CRS, CRS, 1, col, J, 1, yt, J, T(0));
         a.bias = bias ? bias + g * Kg : nullptr;
         a.bias_per_row = true;
         gemm<T>(a);
@@ -152,7 +132,7 @@ void conv2d_fwd_im2col(const ConvShape& sh, const T* x, const T* w, const T* bia
           b = col;
           ldb = J;
         }
-        GemmArgs<T> a = mat<T>(Kg, J, CRS, wg, CRS, 1, b, ldb, 1, yg + j0, PQ, T(0));
+        GemmArgs<T> a = strided_gemm_args<T>(Kg, J, CRS, wg, CRS, 1, b, ldb, 1, yg + j0, PQ, T(0));
         a.bias = bias ? bias + g * Kg : nullptr;
         a.bias_per_row = true;
         gemm<T>(a);
@@ -169,13 +149,13 @@ void conv2d_bwd_data_col2im(const ConvShape& sh, const T* w, const T* dy, T* dx,
       const T* dyg = dy + (n * sh.k + g * Kg) * PQ;
       T* dxg = dx + (n * sh.c + g * sh.cg()) * HW;
       if (sh.is_pointwise()) {  // dX_g (Cg x HW) = W_g^T (Cg x Kg) @ dY_g (Kg x PQ), PQ == HW
-        gemm<T>(mat<T>(sh.cg(), PQ, Kg, wg, 1, CRS, dyg, PQ, 1, dxg, HW, T(0)));
+        gemm<T>(strided_gemm_args<T>(sh.cg(), PQ, Kg, wg, 1, CRS, dyg, PQ, 1, dxg, HW, T(0)));
         continue;
       }
       std::fill(dxg, dxg + sh.cg() * HW, T(0));
       for (index_t j0 = 0; j0 < PQ; j0 += chunk) {
         const index_t J = std::min(chunk, PQ - j0);
-        gemm<T>(mat<T>(CRS, J, Kg, wg, 1, CRS, dyg + j0, PQ, 1, col, J, T(0)));
+        gemm<T>(strided_gemm_args<T>(CRS, J, Kg, wg, 1, CRS, dyg + j0, PQ, 1, col, J, T(0)));
         col2im(sh, col, j0, j0 + J, dxg);
       }
     }
@@ -200,7 +180,7 @@ void conv2d_bwd_filter_im2col(const ConvShape& sh, const T* x, const T* dy, T* d
           ldb = J;
         }
         // dW_g (Kg x CRS) (+)= dY (Kg x J) @ col^T (J x CRS); col^T(j, crs) = b[crs*ldb + j]
-        gemm<T>(mat<T>(Kg, CRS, J, dyg + j0, PQ, 1, b, 1, ldb, dwg, CRS, beta));
+        gemm<T>(strided_gemm_args<T>(Kg, CRS, J, dyg + j0, PQ, 1, b, 1, ldb, dwg, CRS, beta));
         beta = T(1);
       }
     }

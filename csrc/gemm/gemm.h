@@ -25,6 +25,28 @@ struct GemmArgs {
   Activation act = Activation::identity;
 };
 
+// The arguments of C (m x n, row stride ldc, unit column stride) := beta * C + A B for A and B given by
+// their strides: the common call of the kernels built on the GEMM.
+template <typename T>
+GemmArgs<T> strided_gemm_args(index_t m, index_t n, index_t k, const T* a, index_t rs_a, index_t cs_a, const T* b,
+                              index_t rs_b, index_t cs_b, T* c, index_t ldc, T beta) {
+  GemmArgs<T> g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.rs_a = rs_a;
+  g.cs_a = cs_a;
+  g.b = b;
+  g.rs_b = rs_b;
+  g.cs_b = cs_b;
+  g.c = c;
+  g.rs_c = ldc;
+  g.cs_c = 1;
+  g.beta = beta;
+  return g;
+}
+
 // Runs on `nthreads` OpenMP threads (<= 0: get_num_threads()) with the active ISA's micro-kernel.
 // Throws std::bad_alloc if the packing buffers cannot be allocated; never throws from inside a
 // parallel region.

@@ -105,21 +105,7 @@ void gemm_a_wt(index_t m, index_t n, index_t k, const T* a, index_t lda, const T
 template <typename T>
 void gemm_strided(index_t m, index_t n, index_t k, const T* a, index_t rs_a, index_t cs_a, const T* b,
                   index_t rs_b, index_t cs_b, T* c, index_t ldc, T beta) {
-  GemmArgs<T> g;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a;
-  g.rs_a = rs_a;
-  g.cs_a = cs_a;
-  g.b = b;
-  g.rs_b = rs_b;
-  g.cs_b = cs_b;
-  g.c = c;
-  g.rs_c = ldc;
-  g.cs_c = 1;
-  g.beta = beta;
-  gemm<T>(g);
+  gemm<T>(strided_gemm_args<T>(m, n, k, a, rs_a, cs_a, b, rs_b, cs_b, c, ldc, beta));
 }
 
 // ------------------------------------------------------------------------------------ post-GEMM (forward)
