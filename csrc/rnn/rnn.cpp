@@ -80,20 +80,7 @@ int thread_id() {
 template <typename T>
 void gemm_a_wt(index_t m, index_t n, index_t k, const T* a, index_t lda, const T* w, T* c, index_t ldc,
                const T* bias, T beta) {
-  GemmArgs<T> g;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a;
-  g.rs_a = lda;
-  g.cs_a = 1;
-  g.b = w;
-  g.rs_b = 1;
-  g.cs_b = k;
-  g.c = c;
-  g.rs_c = ldc;
-  g.cs_c = 1;
-  g.beta = beta;
+  GemmArgs<T> g = strided_gemm_args<T>(m, n, k, a, lda, 1, w, 1, k, c, ldc, beta);
   g.bias = bias;
   if (m <= kSmallBatch && k > 0)
     gemm_small_m<T>(g);
