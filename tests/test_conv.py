@@ -421,6 +421,7 @@ WINOGRAD_EDGE_SHAPES = [
     (1, 5, 7, 18, 16, 1, 1),     # 72 tiles: a chunk and a short one (threads share the chunks)
     (3, 6, 30, 20, 22, 3, 2),    # many chunks per group, a partial last chunk, padding 2
     (1, 7, 13, 4, 5, 1, 0),      # valid padding, a 2x3 output
+    (1, 4, 100, 40, 40, 1, 1),   # chunked, with more output channels than one M block (blocks on MR panels)
 ]
 
 

@@ -55,9 +55,9 @@ struct WinogradMatrices<4> {
 // Tiles per chunk: one block of tile lanes, a multiple of every micro-kernel's NR (8, 16, 32, 64), so
 // a chunk's V is whole B panels whatever the ISA.
 constexpr index_t kTileBlock = 64;
-// Output channels per M block are a multiple of this (every micro-kernel's MR divides it), so blocks
-// start on A panel boundaries.
-constexpr index_t kKStep = 12;
+// Output channels per M block are a multiple of this (every micro-kernel's MR divides it: 4, 6 and 14),
+// so blocks start on A panel boundaries.
+constexpr index_t kKStep = 84;
 // Bytes of one M block (alpha^2 x kb x kTileBlock): a part of L2 beside the chunk's V.
 constexpr index_t kMBlockBytes = 512 << 10;
 // Bytes of one thread's U^T block in the few-tiles schedule (alpha^2 x depth x kTileBlock).

@@ -10,21 +10,22 @@
 namespace dnnkit {
 namespace {
 
-// Loop structure (BLIS names):
-//   jc: n in blocks of NC        -> pack B block (KC x NC), shared by all threads
+// Loop structure (BLIS's, with the roles of A and B exchanged, as BLIS runs a row-major C):
+//   ic: m in blocks of MC        -> pack the A block (MC x KC, in L3), shared by all threads
 //   pc: k in blocks of KC
-//   ic: m in blocks of mc        -> pack A block (mc x KC)
-//   jr: NR-wide micro-panels of B
-//   ir: MR-tall micro-panels of A -> micro-kernel; epilogue on the tile after the last pc block
+//   jc: n in blocks of NC        -> pack a B block (KC x NC, in L2)
+//   ir: MR-tall micro-panels of A   (one A micro-panel in L1)
+//   jr: NR-wide micro-panels of B   -> micro-kernel; epilogue after the last pc block
 //
-// Threads split the ic loop when m has enough rows (each thread packs its own A block), otherwise
-// they share one packed A block and split the jr loop. The B block is packed cooperatively.
+// Threads split n when it has enough panels: each thread packs its own B blocks into its own buffer,
+// in its own L2, and runs the whole shared A block against them. Otherwise (few columns, many rows: the
+// im2col GEMMs of early convolution layers) they share one B block and split the A micro-panels.
 
 struct Plan {
   index_t mc, kc, nc;
   int mr, nr;
   int nthreads;
-  bool split_m;  // true: threads split the ic loop; false: they split the jr loop
+  bool split_n;  // true: each thread packs and runs its own B blocks; false: threads split the ir loop
 };
 
 template <typename T>
@@ -34,45 +35,59 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   p.mr = uk.mr;
   p.nr = uk.nr;
   // Balance the last KC block: split k into equal-ish blocks rather than a full block and a sliver.
-  index_t nkb = ceil_div(std::max<index_t>(k, 1), blk.kc);
+  const index_t nkb = ceil_div(std::max<index_t>(k, 1), blk.kc);
   p.kc = round_up(ceil_div(std::max<index_t>(k, 1), nkb), 8);
-  p.nc = std::min<index_t>(blk.nc, round_up(n, uk.nr));
-  int nt = std::max(1, nthreads);
+  const index_t nmb = ceil_div(std::max<index_t>(m, 1), blk.mc);
+  p.mc = round_up(ceil_div(std::max<index_t>(m, 1), nmb), uk.mr);
+  const index_t panels_m = ceil_div(m, uk.mr), panels_n = ceil_div(n, uk.nr);
   // Never more threads than there is work for: a thread needs at least one MR x NR tile.
-  index_t tiles = ceil_div(m, uk.mr) * ceil_div(std::min(n, p.nc), uk.nr);
-  nt = static_cast<int>(std::min<index_t>(nt, std::max<index_t>(tiles, 1)));
+  int nt = std::max(1, nthreads);
+  nt = static_cast<int>(std::min<index_t>(nt, std::max<index_t>(panels_m * panels_n, 1)));
   p.nthreads = nt;
-  // Split m only when every thread gets a full MC block: below that, splitting n lets each thread pack
-  // and consume only its own B panels (no B traffic between cores) and keeps the A block shared.
-  p.split_m = m >= static_cast<index_t>(nt) * blk.mc;
-  if (p.split_m) {
-    // Equal blocks per thread: the number of ic blocks is a multiple of nt.
-    index_t nb = round_up(ceil_div(m, blk.mc), nt);
-    p.mc = round_up(ceil_div(m, nb), uk.mr);
-  } else {
-    p.mc = std::min<index_t>(blk.mc, round_up(m, uk.mr));
-  }
+  // Splitting n keeps each B block in one core's L2 and reuses each A micro-panel over all of it; it
+  // needs a few panels per thread. Below that, splitting m reuses each A micro-panel over more columns.
+  p.split_n = nt == 1 || panels_n >= 4 * nt || panels_n >= panels_m;
+  // Equal NC blocks, each a multiple of NR; when threads split n, a multiple of nt of them.
+  index_t njb = ceil_div(std::max<index_t>(n, 1), blk.nc);
+  if (p.split_n) njb = round_up(njb, nt);
+  p.nc = round_up(ceil_div(std::max<index_t>(n, 1), njb), uk.nr);
   return p;
 }
 
+// The micro-panels of one packed A block (mc rows: full MR-row panels, then a tail panel of exactly the
+// remaining rows, stride m_t, run by the exact-height kernel) against the B panels [jr_begin, jr_end).
+// A micro-panel outermost: it stays in L1 while the B block streams from L2.
 template <typename T>
 void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const T* bp, index_t ic, index_t mc,
-                  index_t jc, index_t nc, index_t kc, T beta, bool last, index_t jr_begin, index_t jr_end) {
+                  index_t ir_begin, index_t ir_end, index_t jc, index_t nc, index_t kc, T beta, bool last) {
   const int mr = uk.mr, nr = uk.nr;
-  const index_t n_ir = ceil_div(mc, mr);
-  for (index_t jr = jr_begin; jr < jr_end; ++jr) {
-    const index_t j = jc + jr * nr;
-    const int n_t = static_cast<int>(std::min<index_t>(nr, jc + nc - j));
-    const T* b_panel = bp + jr * nr * kc;
-    for (index_t ir = 0; ir < n_ir; ++ir) {
-      const index_t i = ic + ir * mr;
-      const int m_t = static_cast<int>(std::min<index_t>(mr, ic + mc - i));
+  const index_t n_jr = ceil_div(nc, nr);
+  const bool epilogue = last && (g.bias || g.act != Activation::identity);
+  for (index_t ir = ir_begin; ir < ir_end; ++ir) {
+    const index_t i = ic + ir * mr;
+    const int m_t = static_cast<int>(std::min<index_t>(mr, ic + mc - i));
+    const ukernel_fn<T> fn = m_t == mr ? uk.fn : uk.rows[m_t - 1];
+    const T* a_panel = ap + ir * mr * kc;
+    for (index_t jr = 0; jr < n_jr; ++jr) {
+      const index_t j = jc + jr * nr;
+      const int n_t = static_cast<int>(std::min<index_t>(nr, jc + nc - j));
       T* c = g.c + i * g.rs_c + j * g.cs_c;
-      uk.fn(kc, ap + ir * mr * kc, b_panel, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t);
-      if (last && (g.bias || g.act != Activation::identity))
+      fn(kc, a_panel, bp + jr * nr * kc, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t);
+      if (epilogue)
         apply_epilogue<T>(c, g.rs_c, g.cs_c, m_t, n_t, g.bias ? g.bias + (g.bias_per_row ? i : j) : nullptr, g.act,
                           g.bias_per_row);
     }
+  }
+}
+
+// Packs the B block of columns [jc, jc + nc), rows [pc, pc + kc), panels [jr0, jr1) of it.
+template <typename T>
+void pack_b_block(const GemmArgs<T>& g, int nr, index_t pc, index_t kc, index_t jc, index_t nc, index_t jr0,
+                  index_t jr1, T* bp) {
+  for (index_t jr = jr0; jr < jr1; ++jr) {
+    const index_t j = jc + jr * nr;
+    pack_b_panel<T>(kc, std::min<index_t>(nr, jc + nc - j), g.b + pc * g.rs_b + j * g.cs_b, g.rs_b, g.cs_b, nr,
+                    bp + jr * nr * kc);
   }
 }
 
@@ -94,8 +109,8 @@ index_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
   if (m == 0 || n == 0 || k == 0) return 0;
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   const Plan p = make_plan<T>(m, n, k, nthreads > 0 ? nthreads : get_num_threads(), uk);
-  const index_t a_elems = round_up(p.mc, p.mr) * p.kc * (p.split_m ? p.nthreads : 1);
-  const index_t b_elems = round_up(p.nc, p.nr) * p.kc;
+  const index_t a_elems = round_up(p.mc, p.mr) * p.kc;
+  const index_t b_elems = p.nc * p.kc * (p.split_n ? p.nthreads : 1);
   return (a_elems + b_elems) * static_cast<index_t>(sizeof(T));
 }
 
@@ -108,11 +123,11 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
   }
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   const Plan p = make_plan<T>(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), uk);
-  const index_t a_block = round_up(p.mc, p.mr) * p.kc;
+  const index_t b_block = p.nc * p.kc;
   // Allocated before the parallel region: an exception must not cross it.
-  AlignedBuffer<T> abuf(static_cast<std::size_t>(a_block * (p.split_m ? p.nthreads : 1)));
-  AlignedBuffer<T> bbuf(static_cast<std::size_t>(round_up(p.nc, p.nr) * p.kc));
-  T* const bp = bbuf.data();
+  AlignedBuffer<T> abuf(static_cast<std::size_t>(round_up(p.mc, p.mr) * p.kc));
+  AlignedBuffer<T> bbuf(static_cast<std::size_t>(b_block * (p.split_n ? p.nthreads : 1)));
+  T* const ap = abuf.data();
 
 #pragma omp parallel num_threads(p.nthreads) if (p.nthreads > 1)
   {
@@ -123,51 +138,44 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
     const int tid = 0;
     const int nt = 1;
 #endif
-    for (index_t jc = 0; jc < g.n; jc += p.nc) {
-      const index_t nc = std::min(p.nc, g.n - jc);
-      const index_t n_jr = ceil_div(nc, p.nr);
+    for (index_t ic = 0; ic < g.m; ic += p.mc) {
+      const index_t mc = std::min(p.mc, g.m - ic);
+      const index_t n_ir = ceil_div(mc, p.mr);
       for (index_t pc = 0; pc < g.k; pc += p.kc) {
         const index_t kc = std::min(p.kc, g.k - pc);
         const T beta = pc == 0 ? g.beta : T(1);
         const bool last = pc + kc >= g.k;
-        // Pack the B block, NR-column micro-panels split across threads.
+        // Pack the A block, micro-panels split across threads; a tail panel has its exact height.
 #pragma omp for schedule(static)
-        for (index_t jr = 0; jr < n_jr; ++jr) {
-          const index_t j = jc + jr * p.nr;
-          pack_b_panel<T>(kc, std::min<index_t>(p.nr, jc + nc - j), g.b + pc * g.rs_b + j * g.cs_b, g.rs_b,
-                          g.cs_b, p.nr, bp + jr * p.nr * kc);
-        }  // implicit barrier: B block complete
-        if (p.split_m) {
-          T* ap = abuf.data() + tid * a_block;
-          const index_t n_ic = ceil_div(g.m, p.mc);
-          for (index_t ib = tid; ib < n_ic; ib += nt) {
-            const index_t ic = ib * p.mc;
-            const index_t mc = std::min(p.mc, g.m - ic);
-            for (index_t ir = 0; ir < ceil_div(mc, p.mr); ++ir) {
-              const index_t i = ic + ir * p.mr;
-              pack_a_panel<T>(std::min<index_t>(p.mr, ic + mc - i), kc, g.a + i * g.rs_a + pc * g.cs_a, g.rs_a,
-                              g.cs_a, p.mr, ap + ir * p.mr * kc);
-            }
-            macro_kernel<T>(g, uk, ap, bp, ic, mc, jc, nc, kc, beta, last, 0, n_jr);
+        for (index_t ir = 0; ir < n_ir; ++ir) {
+          const index_t i = ic + ir * p.mr;
+          const int m_t = static_cast<int>(std::min<index_t>(p.mr, ic + mc - i));
+          pack_a_panel<T>(m_t, kc, g.a + i * g.rs_a + pc * g.cs_a, g.rs_a, g.cs_a, m_t, ap + ir * p.mr * kc);
+        }  // implicit barrier: A block complete
+        if (p.split_n) {
+          T* bp = bbuf.data() + tid * b_block;
+          const index_t n_jc = ceil_div(g.n, p.nc);
+          for (index_t jb = tid; jb < n_jc; jb += nt) {
+            const index_t jc = jb * p.nc;
+            const index_t nc = std::min(p.nc, g.n - jc);
+            pack_b_block<T>(g, p.nr, pc, kc, jc, nc, 0, ceil_div(nc, p.nr), bp);
+            macro_kernel<T>(g, uk, ap, bp, ic, mc, 0, n_ir, jc, nc, kc, beta, last);
           }
-#pragma omp barrier
         } else {
-          T* ap = abuf.data();
-          for (index_t ic = 0; ic < g.m; ic += p.mc) {
-            const index_t mc = std::min(p.mc, g.m - ic);
-            const index_t n_ir = ceil_div(mc, p.mr);
+          T* bp = bbuf.data();
+          const index_t chunk = ceil_div(n_ir, nt);
+          const index_t ir0 = std::min(n_ir, tid * chunk), ir1 = std::min(n_ir, ir0 + chunk);
+          for (index_t jc = 0; jc < g.n; jc += p.nc) {
+            const index_t nc = std::min(p.nc, g.n - jc);
+            const index_t n_jr = ceil_div(nc, p.nr);
 #pragma omp for schedule(static)
-            for (index_t ir = 0; ir < n_ir; ++ir) {
-              const index_t i = ic + ir * p.mr;
-              pack_a_panel<T>(std::min<index_t>(p.mr, ic + mc - i), kc, g.a + i * g.rs_a + pc * g.cs_a, g.rs_a,
-                              g.cs_a, p.mr, ap + ir * p.mr * kc);
-            }  // implicit barrier: A block complete
-            const index_t chunk = ceil_div(n_jr, nt);
-            const index_t jr0 = std::min(n_jr, tid * chunk), jr1 = std::min(n_jr, jr0 + chunk);
-            macro_kernel<T>(g, uk, ap, bp, ic, mc, jc, nc, kc, beta, last, jr0, jr1);
+            for (index_t jr = 0; jr < n_jr; ++jr) pack_b_block<T>(g, p.nr, pc, kc, jc, nc, jr, jr + 1, bp);
+            // implicit barrier: B block complete
+            macro_kernel<T>(g, uk, ap, bp, ic, mc, ir0, ir1, jc, nc, kc, beta, last);
 #pragma omp barrier
           }
         }
+#pragma omp barrier
       }
     }
   }
