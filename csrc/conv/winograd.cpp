@@ -61,7 +61,7 @@ constexpr index_t kKStep = 84;
 // Bytes of one M block (alpha^2 x kb x kTileBlock): a part of L2 beside the chunk's V.
 constexpr index_t kMBlockBytes = 512 << 10;
 // Bytes of one thread's U^T block in the few-tiles schedule (alpha^2 x depth x kTileBlock).
-constexpr index_t kUtBlockBytes = 512 << 10;
+constexpr index_t kUtBlockBytes = 1024 << 10;
 
 // One 64-byte vector of T (GCC vector extension: AVX-512 with -march=native, narrower otherwise).
 template <typename T>
@@ -624,7 +624,7 @@ void winograd_few_tiles(const ConvShape& sh, const Plan& pl, const Tiling& tl, c
   // Tile ranges per channel block, so that there are work items for every thread.
   const index_t tsplit = std::max<index_t>(1, std::min(ceil_div(pl.nt, sh.g * kblocks), ceil_div(tiles, kKStep)));
   const index_t tpart = round_up(ceil_div(tiles, tsplit), kKStep);
-  const index_t ms = point_stride(round_up(tiles, kKStep), sizeof(T));
+  const index_t ms = point_stride(std::min(tpart, tiles), sizeof(T));  // rows t - ta < min(tpart, tiles)
   const index_t items = sh.g * kblocks * tsplit;
   const int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(pl.nt, std::max(items, sh.g * Cg))));
   const index_t tblocks = ceil_div(tiles, kTileBlock);

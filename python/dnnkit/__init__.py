@@ -2,7 +2,7 @@
 autotuner. NumPy arrays in and out on the CPU."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from . import _cpu
 from ._config import (
