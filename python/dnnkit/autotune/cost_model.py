@@ -15,6 +15,7 @@ their supports() rules); dispatch then keeps the registry's order.
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -29,7 +30,7 @@ _COPY_BYTES_PER_S = 10e9  # per thread
 # Winograd, fitted to bench/conv.py's ResNet-50 3x3 layers (RESULTS.md, cache-resident schedule):
 _TRANSFORM_S_PER_ELEMENT = 1.2e-9  # per thread: one input or output transform element
 _FILTER_S_PER_ELEMENT = 3.0e-9  # per thread: one element of U, transformed, stored and read back
-_FILTER_FEW_S_PER_ELEMENT = 1.2e-9  # the same in the few-tiles schedule (U^T built in L2, never stored)
+_FILTER_FEW_S_PER_ELEMENT = 0.6e-9  # the same in the few-tiles schedule (U^T built in L2, never stored)
 _WINOGRAD_GEMM_EFFICIENCY = 0.7  # the transform-domain products on the micro-kernel, operands in L2
 _WINOGRAD_FEW_TILES = 32
 
@@ -55,11 +56,21 @@ def _copy_bytes_per_s() -> float:
     return measured["copy_bytes_per_s"] if measured else _COPY_BYTES_PER_S
 
 
+@functools.lru_cache(maxsize=None)
+def _micro_rows(isa: str, itemsize: int) -> int:
+    return _cpu.ukernel_info(isa, itemsize)[1]
+
+
+def micro_rows(itemsize: int = 4) -> int:
+    """MR of the active ISA's GEMM micro-kernel for this element size."""
+    return _micro_rows(_cpu.active_isa(), itemsize)
+
+
 def gemm_efficiency(m: int, n: int, k: int) -> float:
     """Fraction of peak the blocked GEMM reaches: lower for narrow N, short K and few rows."""
     if min(m, n, k) <= 0:
         return 1.0
-    rows_used = min(1.0, m / 6)  # a 6-row micro-tile computes 6 rows whatever m is
+    rows_used = min(1.0, m / micro_rows())  # fewer rows than MR stream B for less work
     return 0.62 * min(1.0, n / 384) ** 0.5 * min(1.0, k / 256) ** 0.35 * min(1.0, m / 64) ** 0.3 * rows_used
 
 
@@ -87,7 +98,8 @@ def _conv_fwd(p, name):
         a2 = (m + 2) ** 2
         tiles = n * math.ceil(p.oh / m) * math.ceil(p.ow / m)
         few = tiles <= _WINOGRAD_FEW_TILES and tiles <= kg
-        rows, cols = (math.ceil(tiles / 6) * 6, math.ceil(kg / 64) * 64) if few else (kg, math.ceil(tiles / 64) * 64)
+        mr = micro_rows(p.itemsize)
+        rows, cols = (math.ceil(tiles / mr) * mr, math.ceil(kg / 64) * 64) if few else (kg, math.ceil(tiles / 64) * 64)
         t = 2 * a2 * rows * cols * cg * g / (peak * _WINOGRAD_GEMM_EFFICIENCY)
         t += (cg + kg) * g * tiles * a2 * _TRANSFORM_S_PER_ELEMENT / threads
         t += k * cg * a2 * (_FILTER_FEW_S_PER_ELEMENT if few else _FILTER_S_PER_ELEMENT) / threads
