@@ -588,6 +588,11 @@ PYBIND11_MODULE(_cpu, m) {
   m.def("rnn_reserve_elems", [](const py::tuple& shape) { return rnn_reserve_elems(rnn_shape(shape)); },
         py::arg("shape"), "Elements of the reserve rnn_forward fills for rnn_backward.");
 
+  m.def("rnn_uses_wavefront",
+        [](const py::tuple& shape, int itemsize) { return rnn_uses_wavefront(rnn_shape(shape), itemsize); },
+        py::arg("shape"), py::arg("itemsize"),
+        "Whether rnn_forward pipelines the layers (one thread per layer, chunks of steps) for this shape.");
+
   m.def("rnn_math_test", [](int fn, const py::array& x, py::array& y) {
     if (fn < 0 || fn > 2) throw py::value_error("rnn_math_test: fn must be 0 (exp), 1 (sigmoid) or 2 (tanh)");
     auto run = [&](auto tag) {

@@ -584,3 +584,53 @@ def test_rnn_workspace_limit_is_reported_by_name():
     dnnkit.set_workspace_limit(0)
     with pytest.raises(ValueError, match=r"^lstm: .*over the limit"):
         dnnkit.lstm(x, None, None, w)
+
+
+# ------------------------------------------------------------------------------------------ wavefront
+WAVE_CASES = [
+    # (mode, T, B, I, H, layers, initial): chunk boundaries (16 chunks), layers > threads, h0 or not
+    ("lstm", 2, 1, 3, 5, 2, True),
+    ("lstm", 17, 5, 7, 33, 3, False),
+    ("gru", 33, 2, 4, 40, 2, True),
+    ("rnn_tanh", 20, 3, 6, 9, 4, True),
+    ("rnn_relu", 5, 1, 2, 3, 2, False),
+]
+
+
+@pytest.mark.parametrize("case", WAVE_CASES, ids=lambda c: f"{c[0]}-T{c[1]}-L{c[5]}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_wavefront_pipeline_matches_layer_by_layer(case, dtype, monkeypatch):
+    """The pipelined multi-layer forward (one thread per layer, chunks of steps) gives exactly the
+    layer-by-layer driver's outputs, states and saved activations, so backward agrees too."""
+    mode, T, B, I, H, layers, initial = case
+    c = SeqCase(mode=mode, T=T, B=B, I=I, H=H, layers=layers, bidirectional=False, bias=True, initial=initial,
+                batch_first=False, unbatched=False, as_dict=False, dtype=dtype, threads=2, seed=T * 31 + H)
+    x, h0, c0, weights = make_seq(c)
+    shape = (["lstm", "gru", "rnn_tanh", "rnn_relu"].index(mode), T, B, I, H, layers, 1)
+    previous = dnnkit.get_num_threads()
+    dnnkit.set_num_threads(2)
+    try:
+        runs = {}
+        for flag in ("0", "1"):
+            monkeypatch.setenv("DNNKIT_RNN_WAVEFRONT", flag)
+            assert dnnkit._cpu.rnn_uses_wavefront(shape, np.dtype(dtype).itemsize) == (flag == "1")
+            out, state, reserve = run_forward(c, x, h0, c0, weights, train=True)
+            gy = np.random.default_rng(1).standard_normal(out.shape).astype(dtype)
+            if mode == "lstm":
+                grads = dnnkit.lstm_backward(gy, None, None, reserve)
+                state = state[0], state[1]
+            else:
+                grads = dnnkit.gru_backward(gy, None, reserve) if mode == "gru" else dnnkit.rnn_backward(gy, None, reserve)
+                state = (state,)
+            runs[flag] = (out, state, grads)
+    finally:
+        dnnkit.set_num_threads(previous)
+    (o0, s0, g0), (o1, s1, g1) = runs["0"], runs["1"]
+    assert np.array_equal(o0, o1)
+    for a, b in zip(s0, s1):
+        assert np.array_equal(a, b)
+    flat = lambda g: [a for v in g for a in (v if isinstance(v, (list, tuple)) else [v]) if a is not None]
+    for a, b in zip(flat(g0), flat(g1)):
+        assert np.array_equal(a, b)
+    eo, eh, _ = rnn_sequence_ref(mode, x, h0, c0, weights, layers, False)
+    assert rel_l2(o1, eo) <= tol(dtype, FWD_TOL32)

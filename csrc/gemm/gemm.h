@@ -93,7 +93,7 @@ void pack_a_rows(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t
 // One thread, no allocation (callable inside a parallel region): for the column panels [jp0, jp1) of b,
 //   C(i, j) := beta * C(i, j) + sum_p A(i, p) B(p, j),   0 <= i < m,  jp0*NR <= j < min(n, jp1*NR),
 // with A packed by pack_a_rows and C row-major (row stride ldc; c points at C(0, 0)). beta == 0: C is
-// not read. k is blocked by the ISA's KC.
+// not read. k is blocked as gemm() blocks it, so each element is summed in the same order as there.
 template <typename T>
 void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, index_t jp1, T beta, T* c,
                    index_t ldc);

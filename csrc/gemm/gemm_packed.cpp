@@ -56,7 +56,10 @@ void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, ind
   }
   const index_t m_full = m / mr * mr;
   const int m_tail = static_cast<int>(m - m_full);
-  const index_t kc_max = blocking_for<T>(active_isa()).kc;
+  // k blocks as gemm() cuts them (equal blocks of at most KC, multiples of 8), so that both sum every
+  // element in the same order.
+  const index_t kc_table = blocking_for<T>(active_isa()).kc;
+  const index_t kc_max = round_up(ceil_div(k, ceil_div(k, kc_table)), 8);
   for (index_t jp = jp0; jp < jp1; ++jp) {
     const index_t j = jp * nr;
     const int n_t = static_cast<int>(std::min<index_t>(nr, n - j));

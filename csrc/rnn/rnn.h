@@ -63,6 +63,11 @@ struct RnnWeightGrads {
 index_t rnn_reserve_elems_per_dir(const RnnShape& s);
 index_t rnn_reserve_elems(const RnnShape& s);
 
+// Whether rnn_forward runs the layers as a wavefront pipeline (one thread per layer, chunks of steps)
+// rather than one layer after another with the threads sharing each step: for unidirectional
+// multi-layer RNNs whose recurrent weights are small. DNNKIT_RNN_WAVEFRONT=0/1 overrides the rule.
+bool rnn_uses_wavefront(const RnnShape& s, index_t elem_size);
+
 // Forward. x, the y[l] (L arrays; the last is the output) and the reserve are C-contiguous. h0 and c0
 // may be null (zeros); h_n and c_n may be null (not written); reserve null: inference (nothing saved).
 // Runs on get_num_threads() threads; throws std::bad_alloc before any parallel region.
