@@ -29,8 +29,9 @@ GATES = {"lstm": 4, "gru": 3}
 # (mode, H, B, T, layers)
 FULL = [(m, h, b, 50, 1) for m in ("lstm", "gru") for h in (256, 512, 1024) for b in (1, 16, 64)] + [
     (m, 512, b, t, l) for m in ("lstm", "gru") for (b, t, l) in ((16, 25, 1), (16, 100, 1), (16, 50, 2), (64, 50, 2))
-]
-QUICK = [(m, h, b, 25, 1) for m in ("lstm", "gru") for h in (256, 512) for b in (1, 64)] + [("lstm", 512, 16, 25, 2)]
+] + [(m, 128, b, 100, 2) for m in ("lstm", "gru") for b in (1, 16)]  # the wavefront pipeline
+QUICK = [(m, h, b, 25, 1) for m in ("lstm", "gru") for h in (256, 512) for b in (1, 64)] + [
+    ("lstm", 512, 16, 25, 2), ("lstm", 128, 16, 50, 2)]
 CELLS_FULL = [(m, h, b) for m in ("lstm", "gru") for h in (256, 512, 1024) for b in (1, 16, 64)]
 CELLS_QUICK = [(m, h, b) for m in ("lstm", "gru") for h in (256, 1024) for b in (1, 64)]
 CELL_STEPS = 25
