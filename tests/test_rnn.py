@@ -634,3 +634,114 @@ def test_wavefront_pipeline_matches_layer_by_layer(case, dtype, monkeypatch):
         assert np.array_equal(a, b)
     eo, eh, _ = rnn_sequence_ref(mode, x, h0, c0, weights, layers, False)
     assert rel_l2(o1, eo) <= tol(dtype, FWD_TOL32)
+
+
+# -------------------------------------------------------------------------------------------- dropout
+def test_backward_reference_with_dropout_masks_matches_finite_differences():
+    """The references with dropout masks between layers: the backward is the forward's derivative."""
+    for mode in MODES:
+        c = SeqCase(mode, 3, 2, 2, 2, 3, True, True, False, False, True, False, np.float64, 1, seed=11)
+        x, h0, c0, weights = make_seq(c)
+        rng = np.random.default_rng(2)
+        masks = [(rng.random((3, 2, 4)) >= 0.4) / 0.6 for _ in range(2)]
+        out, h_n, c_n = rnn_sequence_ref(mode, x, h0, c0, weights, 3, True, dropout_masks=masks)
+        go, gh = rng.standard_normal(out.shape), rng.standard_normal(h_n.shape)
+        gx, gh0, _, gw = rnn_sequence_backward_ref(mode, x, h0, c0, weights, go, gh, None, 3, True,
+                                                  dropout_masks=masks)
+
+        def loss():
+            o, hn, _ = rnn_sequence_ref(mode, x, h0, c0, weights, 3, True, dropout_masks=masks)
+            return np.sum(go * o) + np.sum(gh * hn)
+
+        for a, g in [(x, gx), (h0, gh0), (weights[0], gw[0]), (weights[4], gw[4]), (weights[9], gw[9])]:
+            numeric = np.zeros_like(a)
+            for idx in np.ndindex(a.shape):
+                keep = a[idx]
+                a[idx] = keep + 1e-6
+                plus = loss()
+                a[idx] = keep - 1e-6
+                minus = loss()
+                a[idx] = keep
+                numeric[idx] = (plus - minus) / 2e-6
+            assert rel_l2(g, numeric) <= 1e-6
+
+
+@given(c=seq_cases(), p=st.sampled_from([0.0, 0.25, 0.5, 1.0]), data=st.data())
+@settings(max_examples=40)
+def test_sequence_dropout_matches_reference(isa, c, p, data):
+    """Training with dropout between layers: the output and every gradient match the float64 references
+    run with the masks the forward drew (RnnReserve.dropout_masks), which keep about 1 - p of the
+    elements and scale them by 1/(1-p); the same generator seed draws the same masks."""
+    dnnkit.set_num_threads(c.threads)
+    x, h0, c0, weights = make_seq(c)
+    ux, uh0, uc0, uw = to_user(c, x, h0, c0, weights)
+    seed = data.draw(st.integers(0, 2**32 - 1), label="generator seed")
+    kw = dict(num_layers=c.layers, bidirectional=c.bidirectional, batch_first=c.batch_first, train=True, dropout=p,
+              generator=seed)
+    fwd = {"lstm": lambda: dnnkit.lstm(ux, uh0, uc0, uw, **kw), "gru": lambda: dnnkit.gru(ux, uh0, uw, **kw)}.get(
+        c.mode, lambda: dnnkit.rnn(ux, uh0, uw, nonlinearity=c.mode[4:], **kw))
+    out, state, reserve = fwd()
+    masks = reserve.dropout_masks
+    assert len(masks) == (c.layers - 1 if p > 0 else 0)
+    for m in masks:
+        assert m.shape == (c.T, c.B, c.D * c.H) and m.dtype == c.dtype
+        assert set(np.unique(m)) <= ({0.0} if p == 1 else {0.0, np.float64(c.dtype(1 / (1 - p)))})
+    again = fwd()[2].dropout_masks
+    assert all(np.array_equal(a, b) for a, b in zip(masks, again))
+    h_n = state[0] if c.mode == "lstm" else state
+    eo, eh, _ = rnn_sequence_ref(c.mode, x, h0, c0, weights, c.layers, c.bidirectional, dropout_masks=masks or None)
+    out_tm, h_tm = from_user(c, out, h_n)
+    t = tol(c.dtype, FWD_TOL32)
+    assert rel_l2(out_tm, eo) <= t and rel_l2(h_tm, eh) <= t
+
+    rng = np.random.default_rng(c.seed + 3)
+    go = rng.standard_normal((c.T, c.B, c.D * c.H)).astype(c.dtype)
+    gh = rng.standard_normal((c.layers * c.D, c.B, c.H)).astype(c.dtype)
+    u_go = go[:, 0] if c.unbatched else (go.transpose(1, 0, 2) if c.batch_first else go)
+    dx, dh0, dc0, dw = run_backward(c, u_go, gh[:, 0] if c.unbatched else gh, None, reserve)
+    ex, eh0, ec0, ew = rnn_sequence_backward_ref(c.mode, x, h0, c0, weights, go, gh, None, c.layers, c.bidirectional,
+                                                 dropout_masks=masks or None)
+    if c.unbatched:
+        dx, dh0 = dx[:, None], dh0[:, None]
+        dc0 = None if dc0 is None else dc0[:, None]
+    elif c.batch_first:
+        dx = dx.transpose(1, 0, 2)
+    t = tol(c.dtype, BWD_TOL32)
+    assert rel_l2(dx, ex) <= t and rel_l2(dh0, eh0) <= t
+    if c.mode == "lstm":
+        assert rel_l2(dc0, ec0) <= t
+    if c.as_dict:
+        dw = [dw[k] for k in param_names(c)]
+    assert len(dw) == len(weights)
+    for g, e in zip(dw, ew):
+        assert rel_l2(g, e) <= t
+
+
+def test_dropout_keeps_the_expected_fraction_and_is_off_in_inference():
+    rng = np.random.default_rng(5)
+    T, B, H = 20, 8, 32
+    w = [0.2 * rng.standard_normal(s).astype(np.float32) for s in [(4 * H, H), (4 * H, H), (4 * H,), (4 * H,)] * 2]
+    x = rng.standard_normal((T, B, H)).astype(np.float32)
+    _, _, r = dnnkit.lstm(x, None, None, w, num_layers=2, train=True, dropout=0.3, generator=np.random.default_rng(0))
+    (mask,) = r.dropout_masks
+    assert abs(np.mean(mask > 0) - 0.7) < 0.03
+    assert r.reserve_bytes == (2 * 5 * T * B * H + T * B * H) * 4
+    plain = dnnkit.lstm(x, None, None, w, num_layers=2)
+    inference = dnnkit.lstm(x, None, None, w, num_layers=2, dropout=0.3)  # dropout only acts in training
+    assert np.array_equal(plain[0], inference[0])
+    trained = dnnkit.lstm(x, None, None, w, num_layers=2, train=True, dropout=0.0)
+    assert np.array_equal(plain[0], trained[0]) and trained[2].dropout_masks == []
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(dropout=-0.1), ValueError, "lstm: dropout must be a probability in [0, 1]"),
+    (dict(dropout=1.5), ValueError, "lstm: dropout must be a probability in [0, 1]"),
+    (dict(dropout="0.2"), TypeError, "lstm: dropout must be a number"),
+    (dict(dropout=True), TypeError, "lstm: dropout must be a number"),
+    (dict(dropout=0.2, train=True, generator="seed"), TypeError, "lstm: generator must be None"),
+])
+def test_bad_dropout_arguments(kw, exc, msg):
+    w = [np.zeros(s, np.float32) for s in [(8, 2), (8, 2), (8,), (8,)] * 2]
+    with pytest.raises(exc) as e:
+        dnnkit.lstm(np.zeros((3, 1, 2), np.float32), None, None, w, num_layers=2, **kw)
+    assert msg in str(e.value)

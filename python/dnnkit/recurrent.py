@@ -30,7 +30,12 @@ Weights: `weights` is a list in the order of the torch module's parameters (weig
 bias_ih_l0, bias_hh_l0, then the `_reverse` set, then the next layer; 2 entries per layer and direction
 without biases) or a dict keyed by those names. Shapes: weight_ih_l{k} (G*H, I_k), weight_hh_l{k}
 (G*H, H), biases (G*H,), with G = 4 (LSTM, gates i, f, g, o), 3 (GRU, r, z, n) or 1, I_0 = input size
-and I_k = D*H above. Not supported: LSTM projections (proj_size) and dropout between layers.
+and I_k = D*H above. Not supported: LSTM projections (proj_size).
+
+Dropout (lstm/gru/rnn with dropout=p and train=True): the output of every layer but the last is
+multiplied by a keep mask scaled by 1/(1-p) before the next layer reads it, as torch.nn.LSTM(dropout=p)
+in training mode; the layers then run as one-layer calls of the fused kernel, and the reserve keeps the
+masks (RnnReserve.dropout_masks) for the backward.
 """
 from __future__ import annotations
 
@@ -52,18 +57,30 @@ class RnnReserve:
     """
 
     __slots__ = ("op", "mode", "cell", "shape", "problem", "x", "h0", "c0", "weights", "names", "as_dict", "has_bias", "ys",
-                 "buffer", "batch_first", "unbatched")
+                 "buffer", "batch_first", "unbatched", "stack", "masks")
 
     def __init__(self, **kw):
+        self.stack = self.masks = None  # a stack of one-layer reserves, and the dropout masks between them
         for k, v in kw.items():
             setattr(self, k, v)
 
     @property
+    def dropout_masks(self) -> list:
+        """The scaled keep masks (0 or 1/(1-p), shape (T, B, D*H)) applied to the output of each layer
+        but the last in a training forward with dropout; empty without dropout."""
+        return list(self.masks or [])
+
+    @property
     def reserve_bytes(self) -> int:
+        if self.stack:
+            return int(sum(r.reserve_bytes for r in self.stack) + sum(m.nbytes for m in self.masks))
         return int(self.buffer.nbytes)
 
     @property
     def nbytes(self) -> int:
+        if self.stack:
+            inputs = sum(r.x.nbytes for r in self.stack[1:])  # the masked layer inputs
+            return int(sum(r.nbytes for r in self.stack) + sum(m.nbytes for m in self.masks) + inputs)
         return int(self.buffer.nbytes + sum(y.nbytes for y in self.ys))
 
     def __repr__(self) -> str:
@@ -174,9 +191,65 @@ def _state(op, name, h, shape, dtype):
     return np.ascontiguousarray(a)
 
 
+def _dropout(op, p) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{op}: dropout must be a number in [0, 1], got {type(p).__name__}")
+    if not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"{op}: dropout must be a probability in [0, 1], got {p}")
+    return float(p)
+
+
+def _generator(op, generator) -> np.random.Generator:
+    if isinstance(generator, np.random.Generator):
+        return generator
+    if generator is None or (isinstance(generator, (int, np.integer)) and not isinstance(generator, bool)):
+        return np.random.default_rng(generator)
+    raise TypeError(f"{op}: generator must be None, an int seed or a numpy.random.Generator, "
+                    f"got {type(generator).__name__}")
+
+
 # ---------------------------------------------------------------------------------------------- sequences
-def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train):
+def _sequence_dropout(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias):
+    """A training forward with dropout between layers: the layers run one at a time (each a one-layer
+    call of the fused kernel), the output of each but the last multiplied by a fresh keep mask scaled by
+    1/(1-p) (all zeros when p = 1), as torch.nn.LSTM(dropout=p) does in training mode. Returns
+    (out, h_n, c_n, the one-layer reserves, the masks)."""
+    T, B, I, H, L, D = dims
+    dtype = xt.dtype
+    h_n = _empty(op, (L * D, B, H), dtype)
+    c_n = _empty(op, (L * D, B, H), dtype) if mode == "lstm" else None
+    stack, masks = [], []
+    inp = xt
+    for layer in range(L):
+        k0, k1 = layer * D, (layer + 1) * D
+        il = I if layer == 0 else D * H
+        shape = (_CELL_CODES[mode], T, B, il, H, 1, D)
+        out = _empty(op, (T, B, D * H), dtype)
+        buffer = _empty(op, (_cpu.rnn_reserve_elems(shape),), dtype)
+        w = flat[4 * k0:4 * k1]
+        h0_l = None if h0 is None else h0[k0:k1]
+        c0_l = None if c0 is None else c0[k0:k1]
+        p = _problem(mode, T, B, il, H, 1, D, has_bias, "fwd", dtype)
+        _choose(op, p, "auto").run(p, inp, h0_l, c0_l, w, out=[out], h_n=h_n[k0:k1],
+                                   c_n=None if c_n is None else c_n[k0:k1], reserve=buffer)
+        stack.append(RnnReserve(op=op, mode=mode, cell=False, shape=shape, problem=p, x=inp, h0=h0_l, c0=c0_l,
+                                weights=w, names=None, as_dict=False, has_bias=has_bias, ys=[out], buffer=buffer,
+                                batch_first=False, unbatched=False))
+        if layer == L - 1:
+            return out, h_n, c_n, stack, masks
+        if p_drop < 1.0:
+            mask = (rng.random(out.shape, dtype=dtype) >= p_drop).astype(dtype)
+            mask *= dtype.type(1.0 / (1.0 - p_drop))
+        else:
+            mask = np.zeros(out.shape, dtype)
+        masks.append(mask)
+        inp = out * mask
+
+
+def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout=0.0,
+              generator=None):
     num_layers = _layers(op, num_layers)
+    p_drop = _dropout(op, dropout)
     dirs = 2 if _flag(op, "bidirectional", bidirectional) else 1
     batch_first = _flag(op, "batch_first", batch_first)
     train = _flag(op, "train", train)
@@ -193,18 +266,24 @@ def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_fir
     c0 = _state(op, "c0", c0, state_shape, x.dtype) if mode == "lstm" else None
     xt = np.ascontiguousarray(xt)
     shape = (_CELL_CODES[mode], T, B, I, H, num_layers, dirs)
-    out = _empty(op, (T, B, dirs * H), x.dtype)
-    if train:
-        ys = [_empty(op, (T, B, dirs * H), x.dtype) for _ in range(num_layers - 1)] + [out]
-        buffer = _empty(op, (_cpu.rnn_reserve_elems(shape),), x.dtype)
-    else:
-        tmp = [_empty(op, (T, B, dirs * H), x.dtype) for _ in range(min(num_layers - 1, 2))]
-        ys = [tmp[layer % 2] for layer in range(num_layers - 1)] + [out]
-        buffer = None
-    h_n = _empty(op, (num_layers * dirs, B, H), x.dtype)
-    c_n = _empty(op, (num_layers * dirs, B, H), x.dtype) if mode == "lstm" else None
     p = _problem(mode, T, B, I, H, num_layers, dirs, has_bias, "fwd", x.dtype)
-    _choose(op, p, "auto").run(p, xt, h0, c0, flat, out=ys, h_n=h_n, c_n=c_n, reserve=buffer)
+    stack = masks = None
+    if train and p_drop > 0.0 and num_layers > 1:
+        out, h_n, c_n, stack, masks = _sequence_dropout(op, mode, xt, h0, c0, flat, p_drop, _generator(op, generator),
+                                                        (T, B, I, H, num_layers, dirs), has_bias)
+        ys, buffer = [r.ys[0] for r in stack], None
+    else:
+        out = _empty(op, (T, B, dirs * H), x.dtype)
+        if train:
+            ys = [_empty(op, (T, B, dirs * H), x.dtype) for _ in range(num_layers - 1)] + [out]
+            buffer = _empty(op, (_cpu.rnn_reserve_elems(shape),), x.dtype)
+        else:
+            tmp = [_empty(op, (T, B, dirs * H), x.dtype) for _ in range(min(num_layers - 1, 2))]
+            ys = [tmp[layer % 2] for layer in range(num_layers - 1)] + [out]
+            buffer = None
+        h_n = _empty(op, (num_layers * dirs, B, H), x.dtype)
+        c_n = _empty(op, (num_layers * dirs, B, H), x.dtype) if mode == "lstm" else None
+        _choose(op, p, "auto").run(p, xt, h0, c0, flat, out=ys, h_n=h_n, c_n=c_n, reserve=buffer)
     if unbatched:
         output, h_n = out[:, 0, :], h_n[:, 0, :]
         c_n = None if c_n is None else c_n[:, 0, :]
@@ -215,32 +294,40 @@ def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_fir
         return output, state
     reserve = RnnReserve(op=op, mode=mode, cell=False, shape=shape, problem=p, x=xt, h0=h0, c0=c0, weights=flat,
                          names=names, as_dict=as_dict, has_bias=has_bias, ys=ys, buffer=buffer,
-                         batch_first=batch_first, unbatched=unbatched)
+                         batch_first=batch_first, unbatched=unbatched, stack=stack, masks=masks)
     return output, state, reserve
 
 
-def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False):
+def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False, dropout=0.0,
+         generator=None):
     """torch.nn.LSTM's forward: returns (output, (h_n, c_n)), and a reserve for lstm_backward when train.
 
     x: (T, B, I), or (B, T, I) with batch_first, or (T, I) unbatched; h0, c0: (num_layers*D, B, H) or
     None (zeros); weights: see the module docstring. output: (T, B, D*H) (batch_first: (B, T, D*H));
     h_n, c_n: (num_layers*D, B, H). D = 2 when bidirectional (forward and reverse halves of output's
-    last dimension, in that order)."""
-    return _sequence("lstm", "lstm", x, h0, c0, weights, num_layers, bidirectional, batch_first, train)
+    last dimension, in that order). dropout: as torch.nn.LSTM's, applied to the output of every layer
+    but the last when train is true (ignored otherwise); the masks come from `generator` (None, an int
+    seed or a numpy.random.Generator) and are kept in the reserve (RnnReserve.dropout_masks)."""
+    return _sequence("lstm", "lstm", x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
+                     generator)
 
 
-def gru(x, h0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False):
-    """torch.nn.GRU's forward: returns (output, h_n), and a reserve for gru_backward when train."""
-    return _sequence("gru", "gru", x, h0, None, weights, num_layers, bidirectional, batch_first, train)
+def gru(x, h0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False, dropout=0.0,
+        generator=None):
+    """torch.nn.GRU's forward: returns (output, h_n), and a reserve for gru_backward when train. dropout
+    and generator as for lstm."""
+    return _sequence("gru", "gru", x, h0, None, weights, num_layers, bidirectional, batch_first, train, dropout,
+                     generator)
 
 
-def rnn(x, h0, weights, *, nonlinearity="tanh", num_layers=1, bidirectional=False, batch_first=False, train=False):
+def rnn(x, h0, weights, *, nonlinearity="tanh", num_layers=1, bidirectional=False, batch_first=False, train=False,
+        dropout=0.0, generator=None):
     """torch.nn.RNN's forward (nonlinearity 'tanh' or 'relu'): returns (output, h_n), and a reserve for
-    rnn_backward when train."""
+    rnn_backward when train. dropout and generator as for lstm."""
     if nonlinearity not in ("tanh", "relu"):
         raise ValueError(f"rnn: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
     return _sequence("rnn", "rnn_" + nonlinearity, x, h0, None, weights, num_layers, bidirectional, batch_first,
-                     train)
+                     train, dropout, generator)
 
 
 def _reserve(op, reserve, modes, cell):
@@ -266,6 +353,8 @@ def _grad(op, name, g, shape, dtype):
 
 def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n):
     """The kernel on C-contiguous gradients in its own layout: (dx (T, B, I), dh0, dc0, flat grads)."""
+    if r.stack:
+        return _run_backward_stack(op, r, dy, dh_n, dc_n)
     _, T, B, I, H, L, D = r.shape
     dtype = r.x.dtype
     dx = _empty(op, (T, B, I), dtype)
@@ -276,6 +365,27 @@ def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n):
     p = _problem(fp.mode, fp.seq, fp.batch, fp.input, fp.hidden, fp.layers, fp.dirs, fp.bias, "bwd", dtype)
     _choose(op, p, "auto").run(p, r.x, r.h0, r.c0, r.weights, r.ys, r.buffer, dy, dh_n, dc_n,
                                out=(dx, dh0, dc0, grads))
+    return dx, dh0, dc0, grads
+
+
+def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n):
+    """Backward of a forward with dropout: the one-layer reserves from the top down, the gradient that
+    reaches each layer's output multiplied by the mask its output went through."""
+    _, T, B, I, H, L, D = r.shape
+    dtype = r.x.dtype
+    dh0 = _empty(op, (L * D, B, H), dtype)
+    dc0 = _empty(op, (L * D, B, H), dtype) if r.mode == "lstm" else None
+    grads = []
+    for layer in reversed(range(L)):
+        k0, k1 = layer * D, (layer + 1) * D
+        dh = None if dh_n is None else dh_n[k0:k1]
+        dc = None if dc_n is None else dc_n[k0:k1]
+        dx, dh0[k0:k1], dc0_l, g = _run_backward(op, r.stack[layer], dy, dh, dc)
+        if dc0 is not None:
+            dc0[k0:k1] = dc0_l
+        grads = g + grads
+        if layer > 0:
+            dy = dx * r.masks[layer - 1]
     return dx, dh0, dc0, grads
 
 

@@ -326,10 +326,12 @@ def _rnn_weights_ref(weights, num_layers, dirs):
     return out
 
 
-def rnn_sequence_ref(mode, x, h0, c0, weights, num_layers=1, bidirectional=False):
+def rnn_sequence_ref(mode, x, h0, c0, weights, num_layers=1, bidirectional=False, dropout_masks=None):
     """(output (T, B, D*H), h_n (L*D, B, H), c_n or None) of torch.nn.LSTM/GRU/RNN in float64.
 
-    mode: 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'; x (T, B, I); h0, c0 (L*D, B, H) or None (zeros)."""
+    mode: 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'; x (T, B, I); h0, c0 (L*D, B, H) or None (zeros).
+    dropout_masks: None, or num_layers - 1 arrays (T, B, D*H) multiplied into the output of every layer
+    but the last before the next layer reads it (dropout's scaled keep masks)."""
     D = 2 if bidirectional else 1
     params = _rnn_weights_ref(weights, num_layers, D)
     layer_in = _f64(x)
@@ -348,15 +350,15 @@ def rnn_sequence_ref(mode, x, h0, c0, weights, num_layers=1, bidirectional=False
                 c = c if c2 is None else c2
                 out[t, :, d * H:(d + 1) * H] = h
             h_n[k], c_n[k] = h, c
-        layer_in = out
+        layer_in = out if dropout_masks is None or layer == num_layers - 1 else out * _f64(dropout_masks[layer])
     return layer_in, h_n, (c_n if mode == "lstm" else None)
 
 
 def rnn_sequence_backward_ref(mode, x, h0, c0, weights, grad_output, grad_h_n=None, grad_c_n=None, num_layers=1,
-                              bidirectional=False):
+                              bidirectional=False, dropout_masks=None):
     """Backward through time of rnn_sequence_ref in float64, for L = sum(grad_output * output) +
     sum(grad_h_n * h_n) + sum(grad_c_n * c_n). Returns (grad_x, grad_h0, grad_c0 or None, grad_weights)
-    with grad_weights a list in the order of `weights`."""
+    with grad_weights a list in the order of `weights`. dropout_masks as for rnn_sequence_ref."""
     D = 2 if bidirectional else 1
     params = _rnn_weights_ref(weights, num_layers, D)
     has_bias = params[0][2] is not None
@@ -382,7 +384,7 @@ def rnn_sequence_backward_ref(mode, x, h0, c0, weights, grad_output, grad_h_n=No
                 h, c = h2, (c if c2 is None else c2)
                 out[t, :, d * H:(d + 1) * H] = h
             tapes.append(tape)
-        layer_in = out
+        layer_in = out if dropout_masks is None or layer == num_layers - 1 else out * _f64(dropout_masks[layer])
     grad_out = _f64(grad_output)
     gh_n = np.zeros_like(h0) if grad_h_n is None else _f64(grad_h_n)
     gc_n = np.zeros_like(c0) if grad_c_n is None else _f64(grad_c_n)
@@ -429,6 +431,6 @@ def rnn_sequence_backward_ref(mode, x, h0, c0, weights, grad_output, grad_h_n=No
                 dh = dah @ w_hh + dh_direct
             grad_h0[k], grad_c0[k] = dh, dc
             grads[k] = [dw_ih, dw_hh] + ([db_ih, db_hh] if has_bias else [])
-        grad_out = grad_in
+        grad_out = grad_in if dropout_masks is None or layer == 0 else grad_in * _f64(dropout_masks[layer - 1])
     flat = [g for per in grads for g in per]
     return grad_out, grad_h0, (grad_c0 if mode == "lstm" else None), flat
