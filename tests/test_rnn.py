@@ -745,3 +745,35 @@ def test_bad_dropout_arguments(kw, exc, msg):
     with pytest.raises(exc) as e:
         dnnkit.lstm(np.zeros((3, 1, 2), np.float32), None, None, w, num_layers=2, **kw)
     assert msg in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------ recompute
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layers,bidirectional,dropout", [(1, False, 0.0), (3, False, 0.0), (2, True, 0.0),
+                                                          (3, True, 0.4)])
+def test_recompute_gives_the_gradients_of_the_saving_forward(mode, layers, bidirectional, dropout):
+    """recompute=True saves no gate activations (reserve_bytes counts only dropout masks) and its
+    backward, which recomputes them layer by layer, returns what the saving path returns."""
+    c = SeqCase(mode, 7, 3, 5, 6, layers, bidirectional, True, False, False, True, False, np.float32, 2, seed=21)
+    x, h0, c0, weights = make_seq(c)
+    kw = dict(num_layers=layers, bidirectional=bidirectional, train=True, dropout=dropout, generator=3)
+    fwd = {"lstm": lambda **k: dnnkit.lstm(x, h0, c0, weights, **kw, **k),
+           "gru": lambda **k: dnnkit.gru(x, h0, weights, **kw, **k)}.get(
+        mode, lambda **k: dnnkit.rnn(x, h0, weights, nonlinearity=mode[4:], **kw, **k))
+    go = np.random.default_rng(4).standard_normal((7, 3, c.D * 6)).astype(np.float32)
+    results = []
+    for recompute in (False, True):
+        out, state, reserve = fwd(recompute=recompute)
+        masks = reserve.dropout_masks
+        expect_bytes = sum(m.nbytes for m in masks)
+        if recompute:
+            assert reserve.reserve_bytes == expect_bytes
+        else:
+            assert reserve.reserve_bytes > expect_bytes or mode.startswith("rnn_")
+        results.append((out, run_backward(c, go, None, None, reserve)))
+    (o0, g0), (o1, g1) = results
+    assert np.array_equal(o0, o1)
+    flat = lambda g: [a for v in g for a in (v if isinstance(v, list) else [v]) if a is not None]
+    for a, b in zip(flat(g0), flat(g1)):
+        assert a.shape == b.shape
+        assert rel_l2(b, a) <= 1e-6

@@ -74,14 +74,14 @@ class RnnReserve:
     def reserve_bytes(self) -> int:
         if self.stack:
             return int(sum(r.reserve_bytes for r in self.stack) + sum(m.nbytes for m in self.masks))
-        return int(self.buffer.nbytes)
+        return 0 if self.buffer is None else int(self.buffer.nbytes)
 
     @property
     def nbytes(self) -> int:
         if self.stack:
-            inputs = sum(r.x.nbytes for r in self.stack[1:])  # the masked layer inputs
-            return int(sum(r.nbytes for r in self.stack) + sum(m.nbytes for m in self.masks) + inputs)
-        return int(self.buffer.nbytes + sum(y.nbytes for y in self.ys))
+            masked = sum(r.x.nbytes for r in self.stack[1:]) if self.masks else 0  # the masked layer inputs
+            return int(sum(r.nbytes for r in self.stack) + sum(m.nbytes for m in self.masks) + masked)
+        return int(self.reserve_bytes + sum(y.nbytes for y in self.ys))
 
     def __repr__(self) -> str:
         _, T, B, I, H, L, D = self.shape
@@ -209,11 +209,12 @@ def _generator(op, generator) -> np.random.Generator:
 
 
 # ---------------------------------------------------------------------------------------------- sequences
-def _sequence_dropout(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias):
-    """A training forward with dropout between layers: the layers run one at a time (each a one-layer
-    call of the fused kernel), the output of each but the last multiplied by a fresh keep mask scaled by
-    1/(1-p) (all zeros when p = 1), as torch.nn.LSTM(dropout=p) does in training mode. Returns
-    (out, h_n, c_n, the one-layer reserves, the masks)."""
+def _sequence_stack(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias, recompute):
+    """A training forward as a stack of one-layer calls of the fused kernel, for dropout between layers
+    and for recompute. With dropout (p_drop > 0) the output of each layer but the last is multiplied by a
+    fresh keep mask scaled by 1/(1-p) (all zeros when p = 1), as torch.nn.LSTM(dropout=p) does in training
+    mode. With recompute, no gate activations are saved: the backward recomputes them one layer at a time.
+    Returns (out, h_n, c_n, the one-layer reserves, the masks)."""
     T, B, I, H, L, D = dims
     dtype = xt.dtype
     h_n = _empty(op, (L * D, B, H), dtype)
@@ -225,7 +226,7 @@ def _sequence_dropout(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias):
         il = I if layer == 0 else D * H
         shape = (_CELL_CODES[mode], T, B, il, H, 1, D)
         out = _empty(op, (T, B, D * H), dtype)
-        buffer = _empty(op, (_cpu.rnn_reserve_elems(shape),), dtype)
+        buffer = None if recompute else _empty(op, (_cpu.rnn_reserve_elems(shape),), dtype)
         w = flat[4 * k0:4 * k1]
         h0_l = None if h0 is None else h0[k0:k1]
         c0_l = None if c0 is None else c0[k0:k1]
@@ -237,6 +238,9 @@ def _sequence_dropout(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias):
                                 batch_first=False, unbatched=False))
         if layer == L - 1:
             return out, h_n, c_n, stack, masks
+        if p_drop == 0.0:
+            inp = out
+            continue
         if p_drop < 1.0:
             mask = (rng.random(out.shape, dtype=dtype) >= p_drop).astype(dtype)
             mask *= dtype.type(1.0 / (1.0 - p_drop))
@@ -247,9 +251,10 @@ def _sequence_dropout(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias):
 
 
 def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout=0.0,
-              generator=None):
+              generator=None, recompute=False):
     num_layers = _layers(op, num_layers)
     p_drop = _dropout(op, dropout)
+    recompute = _flag(op, "recompute", recompute)
     dirs = 2 if _flag(op, "bidirectional", bidirectional) else 1
     batch_first = _flag(op, "batch_first", batch_first)
     train = _flag(op, "train", train)
@@ -268,9 +273,10 @@ def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_fir
     shape = (_CELL_CODES[mode], T, B, I, H, num_layers, dirs)
     p = _problem(mode, T, B, I, H, num_layers, dirs, has_bias, "fwd", x.dtype)
     stack = masks = None
-    if train and p_drop > 0.0 and num_layers > 1:
-        out, h_n, c_n, stack, masks = _sequence_dropout(op, mode, xt, h0, c0, flat, p_drop, _generator(op, generator),
-                                                        (T, B, I, H, num_layers, dirs), has_bias)
+    if train and ((p_drop > 0.0 and num_layers > 1) or recompute):
+        rng = _generator(op, generator) if p_drop > 0.0 and num_layers > 1 else None
+        out, h_n, c_n, stack, masks = _sequence_stack(op, mode, xt, h0, c0, flat, p_drop if rng else 0.0, rng,
+                                                      (T, B, I, H, num_layers, dirs), has_bias, recompute)
         ys, buffer = [r.ys[0] for r in stack], None
     else:
         out = _empty(op, (T, B, dirs * H), x.dtype)
@@ -299,7 +305,7 @@ def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_fir
 
 
 def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False, dropout=0.0,
-         generator=None):
+         generator=None, recompute=False):
     """torch.nn.LSTM's forward: returns (output, (h_n, c_n)), and a reserve for lstm_backward when train.
 
     x: (T, B, I), or (B, T, I) with batch_first, or (T, I) unbatched; h0, c0: (num_layers*D, B, H) or
@@ -307,27 +313,29 @@ def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=F
     h_n, c_n: (num_layers*D, B, H). D = 2 when bidirectional (forward and reverse halves of output's
     last dimension, in that order). dropout: as torch.nn.LSTM's, applied to the output of every layer
     but the last when train is true (ignored otherwise); the masks come from `generator` (None, an int
-    seed or a numpy.random.Generator) and are kept in the reserve (RnnReserve.dropout_masks)."""
+    seed or a numpy.random.Generator) and are kept in the reserve (RnnReserve.dropout_masks).
+    recompute (with train): save no gate activations; lstm_backward recomputes them one layer at a time
+    (memory: one layer-direction's activations at the peak instead of all of them; time: one more forward)."""
     return _sequence("lstm", "lstm", x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
-                     generator)
+                     generator, recompute)
 
 
 def gru(x, h0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False, dropout=0.0,
-        generator=None):
-    """torch.nn.GRU's forward: returns (output, h_n), and a reserve for gru_backward when train. dropout
-    and generator as for lstm."""
+        generator=None, recompute=False):
+    """torch.nn.GRU's forward: returns (output, h_n), and a reserve for gru_backward when train. dropout,
+    generator and recompute as for lstm."""
     return _sequence("gru", "gru", x, h0, None, weights, num_layers, bidirectional, batch_first, train, dropout,
-                     generator)
+                     generator, recompute)
 
 
 def rnn(x, h0, weights, *, nonlinearity="tanh", num_layers=1, bidirectional=False, batch_first=False, train=False,
-        dropout=0.0, generator=None):
+        dropout=0.0, generator=None, recompute=False):
     """torch.nn.RNN's forward (nonlinearity 'tanh' or 'relu'): returns (output, h_n), and a reserve for
-    rnn_backward when train. dropout and generator as for lstm."""
+    rnn_backward when train. dropout, generator and recompute as for lstm."""
     if nonlinearity not in ("tanh", "relu"):
         raise ValueError(f"rnn: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
     return _sequence("rnn", "rnn_" + nonlinearity, x, h0, None, weights, num_layers, bidirectional, batch_first,
-                     train, dropout, generator)
+                     train, dropout, generator, recompute)
 
 
 def _reserve(op, reserve, modes, cell):
@@ -368,6 +376,21 @@ def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n):
     return dx, dh0, dc0, grads
 
 
+def _recompute(op, r: RnnReserve) -> RnnReserve:
+    """A one-layer reserve with its gate activations, recomputed by running the layer's forward again on
+    the input it had (the same arithmetic, so the same values as a forward that saved them)."""
+    _, T, B, I, H, _, D = r.shape
+    dtype = r.x.dtype
+    buffer = _empty(op, (_cpu.rnn_reserve_elems(r.shape),), dtype)
+    out = _empty(op, (T, B, D * H), dtype)
+    p = r.problem
+    _choose(op, p, "auto").run(p, r.x, r.h0, r.c0, r.weights, out=[out], h_n=_empty(op, (D, B, H), dtype),
+                               c_n=_empty(op, (D, B, H), dtype) if r.mode == "lstm" else None, reserve=buffer)
+    return RnnReserve(op=r.op, mode=r.mode, cell=False, shape=r.shape, problem=p, x=r.x, h0=r.h0, c0=r.c0,
+                      weights=r.weights, names=None, as_dict=False, has_bias=r.has_bias, ys=[out], buffer=buffer,
+                      batch_first=False, unbatched=False)
+
+
 def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n):
     """Backward of a forward with dropout: the one-layer reserves from the top down, the gradient that
     reaches each layer's output multiplied by the mask its output went through."""
@@ -380,12 +403,15 @@ def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n):
         k0, k1 = layer * D, (layer + 1) * D
         dh = None if dh_n is None else dh_n[k0:k1]
         dc = None if dc_n is None else dc_n[k0:k1]
-        dx, dh0[k0:k1], dc0_l, g = _run_backward(op, r.stack[layer], dy, dh, dc)
+        sub = r.stack[layer]
+        if sub.buffer is None:
+            sub = _recompute(op, sub)
+        dx, dh0[k0:k1], dc0_l, g = _run_backward(op, sub, dy, dh, dc)
         if dc0 is not None:
             dc0[k0:k1] = dc0_l
         grads = g + grads
         if layer > 0:
-            dy = dx * r.masks[layer - 1]
+            dy = dx * r.masks[layer - 1] if r.masks else dx
     return dx, dh0, dc0, grads
 
 
