@@ -146,14 +146,19 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
         const index_t kc = std::min(p.kc, g.k - pc);
         const T beta = pc == 0 ? g.beta : T(1);
         const bool last = pc + kc >= g.k;
-        // Pack the A block, micro-panels split across threads; a tail panel has its exact height.
-#pragma omp for schedule(static)
-        for (index_t ir = 0; ir < n_ir; ++ir) {
-          const index_t i = ic + ir * p.mr;
-          const int m_t = static_cast<int>(std::min<index_t>(p.mr, ic + mc - i));
-          pack_a_panel<T>(m_t, kc, g.a + i * g.rs_a + pc * g.cs_a, g.rs_a, g.cs_a, m_t, ap + ir * p.mr * kc);
-        }  // implicit barrier: A block complete
+        // Pack micro-panels [ir0, ir1) of the A block; a tail panel has its exact height.
+        auto pack_a = [&](index_t ir0, index_t ir1) {
+          for (index_t ir = ir0; ir < ir1; ++ir) {
+            const index_t i = ic + ir * p.mr;
+            const int m_t = static_cast<int>(std::min<index_t>(p.mr, ic + mc - i));
+            pack_a_panel<T>(m_t, kc, g.a + i * g.rs_a + pc * g.cs_a, g.rs_a, g.cs_a, m_t, ap + ir * p.mr * kc);
+          }
+        };
         if (p.split_n) {
+          // Every thread reads the whole A block: pack it together.
+#pragma omp for schedule(static)
+          for (index_t ir = 0; ir < n_ir; ++ir) pack_a(ir, ir + 1);
+          // implicit barrier: A block complete
           T* bp = bbuf.data() + tid * b_block;
           const index_t n_jc = ceil_div(g.n, p.nc);
           for (index_t jb = tid; jb < n_jc; jb += nt) {
@@ -163,9 +168,11 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
             macro_kernel<T>(g, uk, ap, bp, ic, mc, 0, n_ir, jc, nc, kc, beta, last);
           }
         } else {
+          // Each thread packs and runs only its own A micro-panels: no barrier for A.
           T* bp = bbuf.data();
           const index_t chunk = ceil_div(n_ir, nt);
           const index_t ir0 = std::min(n_ir, tid * chunk), ir1 = std::min(n_ir, ir0 + chunk);
+          pack_a(ir0, ir1);
           for (index_t jc = 0; jc < g.n; jc += p.nc) {
             const index_t nc = std::min(p.nc, g.n - jc);
             const index_t n_jr = ceil_div(nc, p.nr);
@@ -176,7 +183,9 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
 #pragma omp barrier
           }
         }
+        if (p.split_n) {
 #pragma omp barrier
+        }  // the shared A block is free for the next pc
       }
     }
   }

@@ -1,33 +1,12 @@
 // Packing routines for the GEMM driver. Source matrices are general strided views: element (r, c) of
 // X lives at x[r*rs + c*cs], which covers row-major, transposed and non-contiguous NumPy views alike.
 #pragma once
+#include <algorithm>
 #include <cstring>
 
 #include "../common.h"
 
 namespace dnnkit {
-
-// Packs the m x k block of A into ceil(m/mr) micro-panels, each mr x k stored k-major
-// (ap[panel*mr*k + p*mr + i]); rows past m are zero.
-template <typename T>
-void pack_a_panel(index_t m, index_t k, const T* a, index_t rs, index_t cs, int mr, T* ap) {
-  // One micro-panel: m <= mr rows.
-  if (rs == 1 && m == mr) {
-    for (index_t p = 0; p < k; ++p) std::memcpy(ap + p * mr, a + p * cs, sizeof(T) * mr);
-    return;
-  }
-  if (cs == 1) {
-    for (index_t i = 0; i < m; ++i) {
-      const T* src = a + i * rs;
-      for (index_t p = 0; p < k; ++p) ap[p * mr + i] = src[p];
-    }
-  } else {
-    for (index_t p = 0; p < k; ++p)
-      for (index_t i = 0; i < m; ++i) ap[p * mr + i] = a[i * rs + p * cs];
-  }
-  for (index_t i = m; i < mr; ++i)
-    for (index_t p = 0; p < k; ++p) ap[p * mr + i] = T(0);
-}
 
 // Square transposes of W x W blocks (W = 8 floats or 4 doubles, 32 bytes a row) in vector registers,
 // written with GCC's generic vectors so that every ISA the translation unit is built for gets its own
@@ -78,6 +57,44 @@ inline void transpose_block<double>(const double* in, index_t ld_in, double* out
   r[2] = __builtin_shuffle(t[0], t[2], i4{2, 3, 6, 7});
   r[3] = __builtin_shuffle(t[1], t[3], i4{2, 3, 6, 7});
   for (int i = 0; i < 4; ++i) std::memcpy(out + i * ld_out, &r[i], sizeof(v4));
+}
+
+// Packs the m x k block of A into ceil(m/mr) micro-panels, each mr x k stored k-major
+// (ap[panel*mr*k + p*mr + i]); rows past m are zero.
+template <typename T>
+void pack_a_panel(index_t m, index_t k, const T* a, index_t rs, index_t cs, int mr, T* ap) {
+  // One micro-panel: m <= mr rows.
+  if (rs == 1 && m == mr) {
+    for (index_t p = 0; p < k; ++p) std::memcpy(ap + p * mr, a + p * cs, sizeof(T) * mr);
+    return;
+  }
+  if (cs == 1) {
+    // Row-major A: groups of W rows by W k steps transposed in registers and stored as W panel rows
+    // (a scalar scatter with stride mr writes each cache line of the panel mr times over). A group that
+    // would run past row m or past the panel's width goes through a zero-padded local block.
+    constexpr index_t W = kTransposeBlock<T>;
+    alignas(32) T in[W * W], out[W * W];
+    index_t p = 0;
+    for (; p + W <= k; p += W)
+      for (index_t i0 = 0; i0 < m; i0 += W) {
+        const index_t rows = std::min<index_t>(W, m - i0);
+        if (rows == W && i0 + W <= mr) {
+          transpose_block<T>(a + i0 * rs + p, rs, ap + p * mr + i0, mr);
+          continue;
+        }
+        for (index_t i = 0; i < W; ++i)
+          for (index_t q = 0; q < W; ++q) in[i * W + q] = i < rows ? a[(i0 + i) * rs + p + q] : T(0);
+        transpose_block<T>(in, W, out, W);
+        for (index_t q = 0; q < W; ++q) std::memcpy(ap + (p + q) * mr + i0, out + q * W, sizeof(T) * rows);
+      }
+    for (; p < k; ++p)
+      for (index_t i = 0; i < m; ++i) ap[p * mr + i] = a[i * rs + p];
+  } else {
+    for (index_t p = 0; p < k; ++p)
+      for (index_t i = 0; i < m; ++i) ap[p * mr + i] = a[i * rs + p * cs];
+  }
+  for (index_t i = m; i < mr; ++i)
+    for (index_t p = 0; p < k; ++p) ap[p * mr + i] = T(0);
 }
 
 // Packs the k x n block of B into ceil(n/nr) micro-panels, each k x nr stored k-major
