@@ -73,7 +73,7 @@ void pack_a_panel(index_t m, index_t k, const T* a, index_t rs, index_t cs, int 
     // (a scalar scatter with stride mr writes each cache line of the panel mr times over). A group that
     // would run past row m or past the panel's width goes through a zero-padded local block.
     constexpr index_t W = kTransposeBlock<T>;
-    alignas(32) T in[W * W], out[W * W];
+    alignas(32) T in[W * W] = {}, out[W * W];  // rows of `in` past the group stay zero
     index_t p = 0;
     for (; p + W <= k; p += W)
       for (index_t i0 = 0; i0 < m; i0 += W) {
@@ -82,10 +82,10 @@ void pack_a_panel(index_t m, index_t k, const T* a, index_t rs, index_t cs, int 
           transpose_block<T>(a + i0 * rs + p, rs, ap + p * mr + i0, mr);
           continue;
         }
-        for (index_t i = 0; i < W; ++i)
-          for (index_t q = 0; q < W; ++q) in[i * W + q] = i < rows ? a[(i0 + i) * rs + p + q] : T(0);
+        for (index_t i = 0; i < rows; ++i) std::memcpy(in + i * W, a + (i0 + i) * rs + p, sizeof(T) * W);
         transpose_block<T>(in, W, out, W);
-        for (index_t q = 0; q < W; ++q) std::memcpy(ap + (p + q) * mr + i0, out + q * W, sizeof(T) * rows);
+        for (index_t q = 0; q < W; ++q)
+          for (index_t i = 0; i < rows; ++i) ap[(p + q) * mr + i0 + i] = out[q * W + i];
       }
     for (; p < k; ++p)
       for (index_t i = 0; i < m; ++i) ap[p * mr + i] = a[i * rs + p];
