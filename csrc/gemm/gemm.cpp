@@ -92,6 +92,35 @@ void pack_b_block(const GemmArgs<T>& g, int nr, index_t pc, index_t kc, index_t 
   }
 }
 
+// C^T = B^T A^T: the same product with the operands' roles exchanged (no data moves, only strides).
+template <typename T>
+GemmArgs<T> transposed(const GemmArgs<T>& g) {
+  GemmArgs<T> t = g;
+  t.m = g.n;
+  t.n = g.m;
+  t.a = g.b;
+  t.rs_a = g.cs_b;
+  t.cs_a = g.rs_b;
+  t.b = g.a;
+  t.rs_b = g.cs_a;
+  t.cs_b = g.rs_a;
+  t.rs_c = g.cs_c;
+  t.cs_c = g.rs_c;
+  t.bias_per_row = !g.bias_per_row;
+  return t;
+}
+
+// Few columns that fill the last NR-wide panel badly (49 output pixels of a 7x7 convolution at batch 1
+// compute 64 columns) and many more rows: solve C^T = B^T A^T instead, where those columns become rows,
+// which the exact-height kernels compute without padding. C is then written through its strides.
+template <typename T>
+bool transposing_helps(index_t m, index_t n, const UKernel<T>& uk) {
+  if (n >= 4 * uk.nr || m <= 2 * n) return false;
+  const double fill_n = double(n) / double(round_up(n, uk.nr));
+  const double fill_m = double(m) / double(round_up(m, uk.nr));
+  return fill_m > fill_n + 0.1;
+}
+
 // k == 0: the product is empty, C := beta*C (C unread when beta == 0), then the epilogue.
 template <typename T>
 void scale_c(const GemmArgs<T>& g) {
@@ -109,6 +138,7 @@ template <typename T>
 index_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
   if (m == 0 || n == 0 || k == 0) return 0;
   const UKernel<T> uk = select_ukernel<T>(active_isa());
+  if (transposing_helps<T>(m, n, uk)) return gemm_workspace_bytes<T>(n, m, k, nthreads);
   const Plan p = make_plan<T>(m, n, k, nthreads > 0 ? nthreads : get_num_threads(), uk);
   const index_t a_elems = round_up(p.mc, p.mr) * p.kc;
   const index_t b_elems = p.nc * p.kc * (p.split_n ? p.nthreads : 1);
@@ -123,6 +153,7 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
     return;
   }
   const UKernel<T> uk = select_ukernel<T>(active_isa());
+  if (transposing_helps<T>(g.m, g.n, uk)) return gemm<T>(transposed(g), nthreads);
   const Plan p = make_plan<T>(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), uk);
   const index_t b_block = p.nc * p.kc;
   // Allocated before the parallel region: an exception must not cross it.

@@ -66,10 +66,25 @@ def micro_rows(itemsize: int = 4) -> int:
     return _micro_rows(_cpu.active_isa(), itemsize)
 
 
+@functools.lru_cache(maxsize=None)
+def _micro_cols(isa: str, itemsize: int) -> int:
+    return _cpu.ukernel_info(isa, itemsize)[2]
+
+
+def _transposes(m: int, n: int) -> bool:
+    """csrc/gemm/gemm.cpp's transposing_helps: few, badly filled columns and many more rows."""
+    nr = _micro_cols(_cpu.active_isa(), 4)
+    if n >= 4 * nr or m <= 2 * n:
+        return False
+    return m / (math.ceil(m / nr) * nr) > n / (math.ceil(n / nr) * nr) + 0.1
+
+
 def gemm_efficiency(m: int, n: int, k: int) -> float:
     """Fraction of peak the blocked GEMM reaches: lower for narrow N, short K and few rows."""
     if min(m, n, k) <= 0:
         return 1.0
+    if _transposes(m, n):
+        return 0.75 * gemm_efficiency(n, m, k)  # solved as C^T = B^T A^T, C written through its strides
     rows_used = min(1.0, m / micro_rows())  # fewer rows than MR stream B for less work
     return 0.62 * min(1.0, n / 384) ** 0.5 * min(1.0, k / 256) ** 0.35 * min(1.0, m / 64) ** 0.3 * rows_used
 
