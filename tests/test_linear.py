@@ -167,3 +167,28 @@ def test_linear_backward_finite_differences(isa, activation, x_shape):
     for which, name in enumerate(("grad_input", "grad_weight", "grad_bias")):
         err = rel_l2(grads[which], numeric_grad(which))
         assert err <= 1e-6, f"{name}: relative L2 error {err:.3g} against finite differences"
+
+
+def test_repeated_calls_reuse_the_dispatch_and_still_check_their_inputs():
+    """A repeated call signature skips validation and dispatch: its results are the first call's, and
+    arrays that differ in shape, dtype, bias or activation still go through every check."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((7, 5)).astype(np.float32)
+    b = rng.standard_normal(7).astype(np.float32)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    first = dnnkit.linear(x, w, b, activation="relu")
+    again = dnnkit.linear(x, w, b, activation="relu")
+    assert np.array_equal(first, again) and again is not first
+    x2 = np.asfortranarray(rng.standard_normal((3, 5)).astype(np.float32))  # same signature, other strides
+    assert rel_l2(dnnkit.linear(x2, w, b, activation="relu"), linear_ref(x2, w, b, "relu")) <= 1e-5
+    assert dnnkit.linear(x[0], w).shape == (7,) and dnnkit.linear(x[0], w).shape == (7,)
+    with pytest.raises(ValueError, match="linear: bias must have 7 elements"):
+        dnnkit.linear(x, w, b[:6], activation="relu")
+    with pytest.raises(TypeError, match="linear: .*dtype"):
+        dnnkit.linear(x.astype(np.float64), w, b, activation="relu")
+    with pytest.raises(ValueError, match="linear: activation"):
+        dnnkit.linear(x, w, b, activation="swish")
+    with pytest.raises(ValueError, match="linear: input has 4 features"):
+        dnnkit.linear(x[:, :4], w, b, activation="relu")
+    y, z = dnnkit.linear(x, w, b, activation="relu", return_preactivation=True)
+    assert np.array_equal(y, first) and rel_l2(z, linear_ref(x, w, b)) <= 1e-5

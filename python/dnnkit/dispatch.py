@@ -46,10 +46,16 @@ def candidates(p, workspace_limit: int | None = None) -> list[tuple[Algorithm, s
 _decisions: dict = {}
 
 
+def dispatch_state() -> tuple:
+    """What a dispatch decision depends on besides the problem, the algo argument and the workspace
+    limit: the registry, the tuning mode and the tuning cache's generation."""
+    return algos.version(), get_tuning(), cache.generation()
+
+
 def choose(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) -> Algorithm:
     """The algorithm that runs p. Raises ValueError naming the operator when none can."""
     limit = get_workspace_limit() if workspace_limit is None else workspace_limit
-    key = (p, algo, limit, algos.version(), get_tuning(), cache.generation())
+    key = (p, algo, limit) + dispatch_state()
     hit = _decisions.get(key)
     if hit is not None:
         return hit
