@@ -171,6 +171,45 @@ void rnn_fwd(bool relu, index_t j0, index_t j1, const T* __restrict xp, const T*
   }
 }
 
+// One forward step after its GEMMs, for the B batch rows and hidden units [j0, j1). Row r of each operand:
+// xp + r*GH (input projections, bias included); gh + r*GH (W_hh h_{t-1}, or null when h_{t-1} = 0);
+// hprev + r*ldh (h_{t-1}, or null); cprev + r*H (c_{t-1}, or null); h + r*ldy (h_t, written); c + r*H
+// (c_t, written; may be cprev); save + r*GH and aux + r*H (saved gates and GRU's W_hn h + b_hn, or null).
+struct StepRows {
+  RnnCell cell;
+  index_t B, H;
+  index_t j0, j1;
+};
+
+template <typename T>
+void forward_rows(const StepRows& s, const T* xp, const T* gh, const T* bhn, const T* hprev, index_t ldh,
+                  const T* cprev, T* c, T* h, index_t ldy, T* save, T* aux, const T* zeros) {
+  const index_t H = s.H, GH = rnn_gates(s.cell) * H;
+  for (index_t r = 0; r < s.B; ++r) {
+    const T* xr = xp + r * GH;
+    const T* gr = gh ? gh + r * GH : zeros;
+    T* hr = h + r * ldy;
+    T* sr = save ? save + r * GH : nullptr;
+    if (s.cell == RnnCell::lstm) {
+      lstm_fwd<T>(H, s.j0, s.j1, xr, gr, cprev ? cprev + r * H : zeros, c + r * H, hr, sr);
+    } else if (s.cell == RnnCell::gru) {
+      gru_fwd<T>(H, s.j0, s.j1, xr, gr, bhn, hprev ? hprev + r * ldh : zeros, hr, sr, aux ? aux + r * H : nullptr);
+    } else {
+      rnn_fwd<T>(s.cell == RnnCell::rnn_relu, s.j0, s.j1, xr, gr, hr);
+    }
+  }
+}
+
+// h_n and c_n (rows of H at h_n, c_n; either may be null) from the last step's h (row stride ldy) and c
+// (row stride H), hidden units [j0, j1).
+template <typename T>
+void final_states(const StepRows& s, const T* h, index_t ldy, const T* c, T* h_n, T* c_n) {
+  for (index_t r = 0; r < s.B; ++r) {
+    if (h_n) std::copy(h + r * ldy + s.j0, h + r * ldy + s.j1, h_n + r * s.H + s.j0);
+    if (c_n && s.cell == RnnCell::lstm) std::copy(c + r * s.H + s.j0, c + r * s.H + s.j1, c_n + r * s.H + s.j0);
+  }
+}
+
 // ----------------------------------------------------------------------------------- post-GEMM (backward)
 // dh = dy + dhr is the gradient reaching h_t (from the output and from step t+1). Each kernel writes
 // dg, the gradient of the gates' pre-activations (G blocks of H).
@@ -309,7 +348,7 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
   const index_t Tn = s.seq, B = s.batch, H = s.hidden;
   const int G = rnn_gates(s.cell), L = s.layers;
   const index_t GH = G * H;
-  const bool lstm = s.cell == RnnCell::lstm, gru = s.cell == RnnCell::gru, relu = s.cell == RnnCell::rnn_relu;
+  const bool lstm = s.cell == RnnCell::lstm, gru = s.cell == RnnCell::gru;
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   const index_t per_dir = rnn_reserve_elems_per_dir(s);
   const index_t C = ceil_div(Tn, kWaveChunks), chunks = ceil_div(Tn, C);
@@ -340,6 +379,7 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
 
   // Layer l, steps [t0, t1) on one thread: the input projections, the steps, and after the last chunk
   // the final states. What it reads of layer l - 1 was written in an earlier round.
+  const StepRows step{s.cell, B, H, 0, H};
   auto run_chunk = [&](int l, index_t t0, index_t t1) {
     WaveLayer<T>& b = lay[l];
     const index_t Il = s.input_of(l);
@@ -369,34 +409,14 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
         for (int q = 0; q < G; ++q)
           gemm_packed_b<T>(B, b.ap.data(), b.whh[q], 0, b.whh[q].panels(), T(0), b.gh.data() + q * H, GH);
       }
-      for (index_t r = 0; r < B; ++r) {
-        const T* xp = b.xp.data() + ((t - t0) * B + r) * GH;
-        const T* gh = hprev ? b.gh.data() + r * GH : zeros.data();
-        T* h = yl + (t * B + r) * H;
-        const index_t row = t * B + r;
-        if (lstm) {
-          const T* cp = t == 0 ? (c0 ? c0 + (l * B + r) * H : zeros.data())
-                               : (aux ? aux + ((t - 1) * B + r) * H : b.state.data() + r * H);
-          T* c = aux ? aux + row * H : b.state.data() + r * H;
-          lstm_fwd<T>(H, 0, H, xp, gh, cp, c, h, save ? save + row * GH : nullptr);
-        } else if (gru) {
-          const T* hp = hprev ? hprev + r * H : zeros.data();
-          gru_fwd<T>(H, 0, H, xp, gh, bhn, hp, h, save ? save + row * GH : nullptr, aux ? aux + row * H : nullptr);
-        } else {
-          rnn_fwd<T>(relu, 0, H, xp, gh, h);
-        }
-      }
+      const T* cprev = t == 0 ? (c0 ? c0 + l * B * H : nullptr) : (aux ? aux + (t - 1) * B * H : b.state.data());
+      forward_rows<T>(step, b.xp.data() + (t - t0) * B * GH, hprev ? b.gh.data() : nullptr, bhn, hprev, H, cprev,
+                      aux ? aux + t * B * H : b.state.data(), yl + t * B * H, H, save ? save + t * B * GH : nullptr,
+                      aux ? aux + t * B * H : nullptr, zeros.data());
     }
-    if (t1 == Tn) {
-      for (index_t r = 0; r < B; ++r) {
-        const index_t last = (Tn - 1) * B + r;
-        if (h_n) std::copy(yl + last * H, yl + last * H + H, h_n + (l * B + r) * H);
-        if (lstm && c_n) {
-          const T* c = aux ? aux + last * H : b.state.data() + r * H;
-          std::copy(c, c + H, c_n + (l * B + r) * H);
-        }
-      }
-    }
+    if (t1 == Tn)
+      final_states<T>(step, yl + (Tn - 1) * B * H, H, aux ? aux + (Tn - 1) * B * H : b.state.data(),
+                      h_n ? h_n + l * B * H : nullptr, c_n ? c_n + l * B * H : nullptr);
   };
 
   SpinBarrier barrier(nw);
@@ -432,7 +452,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
   if (Tn == 0 || B == 0 || H == 0) return;
   if (rnn_uses_wavefront(s, sizeof(T)))
     return rnn_forward_wavefront<T>(s, w, x, h0, c0, y, h_n, c_n, reserve, get_num_threads());
-  const bool lstm = s.cell == RnnCell::lstm, gru = s.cell == RnnCell::gru, relu = s.cell == RnnCell::rnn_relu;
+  const bool lstm = s.cell == RnnCell::lstm, gru = s.cell == RnnCell::gru;
   const bool packed = Tn > 1;  // a single step multiplies W_hh once: plain GEMM, no packing
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   const int nt = team_size(H, uk.nr, D);
@@ -476,6 +496,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
       const int tid = thread_id();
       const ThreadGroup tg = thread_group(tid, nt, D);
       const Columns own = owned_columns(H, uk.nr, tg.tid, tg.nt);
+      const StepRows step{s.cell, B, H, own.j0, own.j1};
       T* ap = apack.data() + tid * packed_a_elems(uk, B, H);
       for (int d = tg.dir_begin; d < tg.dir_end; ++d) {
         const int li = l * D + d;
@@ -492,37 +513,17 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
             for (int q = 0; q < G; ++q)
               gemm_packed_b<T>(B, ap, b.whh[q], own.c0, own.c1, T(0), b.gh.data() + q * H, GH);
           }
-          for (index_t r = 0; r < B; ++r) {
-            const T* xp = b.xp.data() + (t * B + r) * GH;
-            const T* gh = hprev ? b.gh.data() + r * GH : zeros.data();
-            T* h = yl + (t * B + r) * DH + d * H;
-            const index_t row = t * B + r;
-            if (lstm) {
-              const T* cp = st == 0 ? (c0 ? c0 + (li * B + r) * H : zeros.data())
-                                    : (aux ? aux + (tp * B + r) * H : b.state.data() + r * H);
-              T* c = aux ? aux + row * H : b.state.data() + r * H;
-              lstm_fwd<T>(H, own.j0, own.j1, xp, gh, cp, c, h, save ? save + row * GH : nullptr);
-            } else if (gru) {
-              const T* hp = hprev ? hprev + r * ldh : zeros.data();
-              gru_fwd<T>(H, own.j0, own.j1, xp, gh, bhn, hp, h, save ? save + row * GH : nullptr,
-                         aux ? aux + row * H : nullptr);
-            } else {
-              rnn_fwd<T>(relu, own.j0, own.j1, xp, gh, h);
-            }
-          }
+          const T* cprev =
+              st == 0 ? (c0 ? c0 + li * B * H : nullptr) : (aux ? aux + tp * B * H : b.state.data());
+          forward_rows<T>(step, b.xp.data() + t * B * GH, hprev ? b.gh.data() : nullptr, bhn, hprev, ldh, cprev,
+                          aux ? aux + t * B * H : b.state.data(), yl + t * B * DH + d * H, DH,
+                          save ? save + t * B * GH : nullptr, aux ? aux + t * B * H : nullptr, zeros.data());
           barriers[tg.group].wait();  // h_t complete before any thread packs it
         }
         // Final states of the owned columns.
         const index_t t_last = d == 0 ? Tn - 1 : 0;
-        for (index_t r = 0; r < B; ++r) {
-          if (h_n)
-            std::copy(yl + (t_last * B + r) * DH + d * H + own.j0, yl + (t_last * B + r) * DH + d * H + own.j1,
-                      h_n + (li * B + r) * H + own.j0);
-          if (lstm && c_n) {
-            const T* c = aux ? aux + (t_last * B + r) * H : b.state.data() + r * H;
-            std::copy(c + own.j0, c + own.j1, c_n + (li * B + r) * H + own.j0);
-          }
-        }
+        final_states<T>(step, yl + t_last * B * DH + d * H, DH, aux ? aux + t_last * B * H : b.state.data(),
+                        h_n ? h_n + li * B * H : nullptr, c_n ? c_n + li * B * H : nullptr);
       }
     }
   }
