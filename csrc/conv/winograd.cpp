@@ -343,6 +343,10 @@ void filter_panel(const ConvShape& sh, const T* w, index_t g, index_t k0, int ro
     V gv[9];
     for (int ab = 0; ab < 9; ++ab) gv[ab] = vload<V>(gb[ab]);
     if (nl == L) {
+      // Each store starts a new cache line; the next vector's lines are requested now (as in
+      // filter_block_t).
+#pragma GCC unroll 36
+      for (int e = 0; e < A * A; ++e) __builtin_prefetch(dst + e * es + f + L, 1);
       filter_tile_put<T, M>(gv, [&](int e, V v) { vstore(dst + e * es + f, v); });
     } else {
       V uv[A * A];
@@ -436,7 +440,20 @@ void input_channel(const ConvShape& sh, const ChunkTiles& ct, const T* x, index_
   alignas(64) T vb[A * A][kTileBlock];
   const int nbv = static_cast<int>(round_up(ct.nb, std::max(L, nr)));  // <= kTileBlock: L and NR divide it
   transform_channel<T, M>(sh, ct, x, g, c, nbv, vb);
-  // Into the B panels, whole panels of NR lanes.
+  // Into the B panels, whole panels of NR lanes; the next channel's lines are requested as this one's
+  // are written (each vector store is a new cache line).
+  using V = typename Vec<T>::type;
+  if (nr % L == 0) {
+    for (int e = 0; e < A * A; ++e) {
+      T* ve = v + e * vs + c * nr;
+      for (int j = 0; j < nbv; j += L) {
+        T* dst = ve + (j / nr) * nr * Cg + j % nr;
+        __builtin_prefetch(dst + nr, 1);
+        vstore(dst, vload<V>(&vb[e][j]));
+      }
+    }
+    return;
+  }
   for (int e = 0; e < A * A; ++e) {
     T* ve = v + e * vs + c * nr;
     for (int j = 0; j < nbv; j += nr) std::memcpy(ve + j * Cg, &vb[e][j], sizeof(T) * nr);
