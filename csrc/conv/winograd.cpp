@@ -698,7 +698,10 @@ void winograd_few_tiles(const ConvShape& sh, const Plan& pl, const Tiling& tl, c
     T* const ut = thread_bufs + tid * (pl.v_elems + pl.m_elems);
     T* const mt = ut + pl.v_elems;
     ChunkTiles ct;
-#pragma omp for schedule(dynamic, 1)
+    // Neighbouring channels share cache lines of V^T (a panel's rows of one channel are MR values):
+    // each thread transforms one contiguous range of channels, so only the lines at the ends of the
+    // ranges are written by two cores.
+#pragma omp for schedule(static)
     for (index_t item = 0; item < sh.g * Cg * tblocks; ++item) {
       const index_t gc = item / tblocks, t0 = (item % tblocks) * kTileBlock;
       chunk_tiles<M>(sh, tl, t0, static_cast<int>(std::min(kTileBlock, tiles - t0)), &ct);
