@@ -89,6 +89,11 @@ template <typename T>
 index_t packed_a_elems(const UKernel<T>& uk, index_t m, index_t k);
 template <typename T>
 void pack_a_rows(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap);
+// The share `part` of `parts` of pack_a_rows (micro-panels part, part + parts, ...), for threads that
+// pack one A together: together they write what pack_a_rows writes.
+template <typename T>
+void pack_a_rows_part(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap, int part,
+                      int parts);
 
 // One thread, no allocation (callable inside a parallel region): for the column panels [jp0, jp1) of b,
 //   C(i, j) := beta * C(i, j) + sum_p A(i, p) B(p, j),   0 <= i < m,  jp0*NR <= j < min(n, jp1*NR),

@@ -31,14 +31,18 @@ index_t packed_a_elems(const UKernel<T>&, index_t m, index_t k) {
 }
 
 template <typename T>
-void pack_a_rows(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap) {
+void pack_a_rows_part(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap, int part,
+                      int parts) {
   const int mr = uk.mr;
-  index_t i = 0;
-  for (; i + mr <= m; i += mr) pack_a_panel<T>(mr, k, a + i * rs, rs, cs, mr, ap + i * k);
-  if (i < m) {
-    const int mt = static_cast<int>(m - i);
-    pack_a_panel<T>(mt, k, a + i * rs, rs, cs, mt, ap + i * k);
+  for (index_t i = static_cast<index_t>(part) * mr; i < m; i += static_cast<index_t>(parts) * mr) {
+    const int rows = static_cast<int>(std::min<index_t>(mr, m - i));  // the tail panel at its exact height
+    pack_a_panel<T>(rows, k, a + i * rs, rs, cs, rows, ap + i * k);
   }
+}
+
+template <typename T>
+void pack_a_rows(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap) {
+  pack_a_rows_part<T>(uk, m, k, a, rs, cs, ap, 0, 1);
 }
 
 template <typename T>
@@ -82,6 +86,10 @@ template class PackedB<float>;
 template class PackedB<double>;
 template index_t packed_a_elems<float>(const UKernel<float>&, index_t, index_t);
 template index_t packed_a_elems<double>(const UKernel<double>&, index_t, index_t);
+template void pack_a_rows_part<float>(const UKernel<float>&, index_t, index_t, const float*, index_t, index_t, float*,
+                                      int, int);
+template void pack_a_rows_part<double>(const UKernel<double>&, index_t, index_t, const double*, index_t, index_t,
+                                       double*, int, int);
 template void pack_a_rows<float>(const UKernel<float>&, index_t, index_t, const float*, index_t, index_t, float*);
 template void pack_a_rows<double>(const UKernel<double>&, index_t, index_t, const double*, index_t, index_t,
                                   double*);

@@ -59,13 +59,36 @@ inline void transpose_block<double>(const double* in, index_t ld_in, double* out
   for (int i = 0; i < 4; ++i) std::memcpy(out + i * ld_out, &r[i], sizeof(v4));
 }
 
+// k rows of N contiguous elements (rows rs apart) to k rows of exactly N: a copy of known size, which
+// the compiler turns into vector moves (a run-time size is a call to memcpy for every row).
+template <typename T, int N>
+inline void copy_rows(index_t k, const T* src, index_t rs, T* dst) {
+  for (index_t p = 0; p < k; ++p) std::memcpy(dst + p * N, src + p * rs, sizeof(T) * N);
+}
+
+// copy_rows for the panel widths the micro-kernels use; false for any other width.
+template <typename T>
+inline bool copy_rows_fixed(index_t k, int width, const T* src, index_t rs, T* dst) {
+  switch (width) {
+    case 4: copy_rows<T, 4>(k, src, rs, dst); return true;
+    case 6: copy_rows<T, 6>(k, src, rs, dst); return true;
+    case 8: copy_rows<T, 8>(k, src, rs, dst); return true;
+    case 14: copy_rows<T, 14>(k, src, rs, dst); return true;
+    case 16: copy_rows<T, 16>(k, src, rs, dst); return true;
+    case 32: copy_rows<T, 32>(k, src, rs, dst); return true;
+    case 64: copy_rows<T, 64>(k, src, rs, dst); return true;
+    default: return false;
+  }
+}
+
 // Packs the m x k block of A into ceil(m/mr) micro-panels, each mr x k stored k-major
 // (ap[panel*mr*k + p*mr + i]); rows past m are zero.
 template <typename T>
 void pack_a_panel(index_t m, index_t k, const T* a, index_t rs, index_t cs, int mr, T* ap) {
   // One micro-panel: m <= mr rows.
   if (rs == 1 && m == mr) {
-    for (index_t p = 0; p < k; ++p) std::memcpy(ap + p * mr, a + p * cs, sizeof(T) * mr);
+    if (!copy_rows_fixed<T>(k, mr, a, cs, ap))
+      for (index_t p = 0; p < k; ++p) std::memcpy(ap + p * mr, a + p * cs, sizeof(T) * mr);
     return;
   }
   if (cs == 1) {
@@ -101,6 +124,7 @@ void pack_a_panel(index_t m, index_t k, const T* a, index_t rs, index_t cs, int 
 // (bp[panel*nr*k + p*nr + j]); columns past n are zero.
 template <typename T>
 void pack_b_panel(index_t k, index_t n, const T* b, index_t rs, index_t cs, int nr, T* bp) {
+  if (cs == 1 && n == nr && copy_rows_fixed<T>(k, nr, b, rs, bp)) return;
   if (cs == 1) {
     for (index_t p = 0; p < k; ++p) {
       std::memcpy(bp + p * nr, b + p * rs, sizeof(T) * n);

@@ -545,7 +545,8 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
   DirBuffers<T> buf[2];
   AlignedBuffer<T> zeros(static_cast<std::size_t>(std::max<index_t>(DH, 1)));
   std::fill(zeros.data(), zeros.data() + std::max<index_t>(DH, 1), T(0));
-  AlignedBuffer<T> apack(static_cast<std::size_t>(nt * packed_a_elems(uk, B, GH)));
+  // dG_t packed once a step, each thread of a direction's group packing a share of its panels.
+  AlignedBuffer<T> apack(static_cast<std::size_t>(D * packed_a_elems(uk, B, GH)));
   AlignedBuffer<T> dybuf[2];  // gradients of intermediate layer outputs, (T, B, DH), ping-pong
   for (int i = 0; i < (L > 1 ? std::min(L - 1, 2) : 0); ++i) dybuf[i].resize(static_cast<std::size_t>(TB * DH));
   for (int d = 0; d < D; ++d) {
@@ -584,7 +585,7 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
       const int tid = thread_id();
       const ThreadGroup tg = thread_group(tid, nt, D);
       const Columns own = owned_columns(H, uk.nr, tg.tid, tg.nt);
-      T* ap = apack.data() + tid * packed_a_elems(uk, B, GH);
+      T* ap = apack.data() + tg.group * packed_a_elems(uk, B, GH);
       for (int d = tg.dir_begin; d < tg.dir_end; ++d) {
         const int li = l * D + d;
         DirBuffers<T>& b = buf[d];
@@ -612,7 +613,10 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
           }
           barriers[tg.group].wait();  // dG_t complete before any thread packs it
           if (packed) {
-            pack_a_rows<T>(uk, B, GH, dgh_all + t * B * GH, GH, 1, ap);
+            // The group packs dG_t together into one buffer. It is free: every thread of the group
+            // passed the barrier above after its last step's products.
+            pack_a_rows_part<T>(uk, B, GH, dgh_all + t * B * GH, GH, 1, ap, tg.tid, tg.nt);
+            if (tg.nt > 1) barriers[tg.group].wait();  // packed dG_t complete before the products
             gemm_packed_b<T>(B, ap, b.whh[0], own.c0, own.c1, gru ? T(1) : T(0), b.state.data(), H);
           }
         }
