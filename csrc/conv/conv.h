@@ -43,7 +43,7 @@ inline index_t images_per_chunk(const ConvShape& sh, index_t chunk) {
 // Workspace elements for a chunk: the column buffer, plus (batched forward) the GEMM's output block.
 inline index_t col_elems(const ConvShape& sh, index_t chunk) {
   const index_t nb = images_per_chunk(sh, chunk);
-  if (nb > 1) return (sh.crs() + sh.kg()) * nb * sh.pq();
+  if (nb > 1) return ((sh.is_pointwise() ? 0 : sh.crs()) + sh.kg()) * nb * sh.pq();  // 1x1: the GEMM reads x
   return sh.is_pointwise() ? 0 : sh.crs() * chunk;
 }
 

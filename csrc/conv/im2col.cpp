@@ -100,14 +100,22 @@ void conv2d_fwd_im2col(const ConvShape& sh, const T* x, const T* w, const T* bia
   const index_t Kg = sh.kg(), CRS = sh.crs(), PQ = sh.pq(), HW = sh.h * sh.w;
   const index_t nb = images_per_chunk(sh, chunk);
   if (nb > 1) {
-    // nb images side by side: col (CRS x nb*PQ), one GEMM into yt (Kg x nb*PQ), then yt -> NCHW.
-    T* yt = col + CRS * nb * PQ;
+    // nb images side by side: col (CRS x nb*PQ), one GEMM into yt (Kg x nb*PQ), then yt -> NCHW. A 1x1
+    // stride-1 convolution needs no col: the GEMM packs its B straight from the nb input planes.
+    const bool pointwise = sh.is_pointwise();
+    T* yt = pointwise ? col : col + CRS * nb * PQ;
     for (index_t n0 = 0; n0 < sh.n; n0 += nb) {
       const index_t nn = std::min(nb, sh.n - n0), J = nn * PQ;
       for (index_t g = 0; g < sh.g; ++g) {
-        for (index_t i = 0; i < nn; ++i)
-          im2col(sh, x + ((n0 + i) * sh.c + g * sh.cg()) * HW, 0, PQ, col + i * PQ, J);
-        GemmArgs<T> a = strided_gemm_args<T>(Kg, J, CRS, w + g * Kg * CRS, CRS, 1, col, J, 1, yt, J, T(0));
+        const T* xg = x + (n0 * sh.c + g * sh.cg()) * HW;
+        if (!pointwise)
+          for (index_t i = 0; i < nn; ++i) im2col(sh, xg + i * sh.c * HW, 0, PQ, col + i * PQ, J);
+        GemmArgs<T> a = strided_gemm_args<T>(Kg, J, CRS, w + g * Kg * CRS, CRS, 1, pointwise ? xg : col,
+                                             pointwise ? HW : J, 1, yt, J, T(0));
+        if (pointwise) {
+          a.b_group_cols = PQ;
+          a.b_group_stride = sh.c * HW;
+        }
         a.bias = bias ? bias + g * Kg : nullptr;
         a.bias_per_row = true;
         gemm<T>(a);

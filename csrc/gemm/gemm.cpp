@@ -87,8 +87,23 @@ void pack_b_block(const GemmArgs<T>& g, int nr, index_t pc, index_t kc, index_t 
                   index_t jr1, T* bp) {
   for (index_t jr = jr0; jr < jr1; ++jr) {
     const index_t j = jc + jr * nr;
-    pack_b_panel<T>(kc, std::min<index_t>(nr, jc + nc - j), g.b + pc * g.rs_b + j * g.cs_b, g.rs_b, g.cs_b, nr,
-                    bp + jr * nr * kc);
+    const index_t n_t = std::min<index_t>(nr, jc + nc - j);
+    T* dst = bp + jr * nr * kc;
+    if (g.b_group_cols == 0) {
+      pack_b_panel<T>(kc, n_t, g.b + pc * g.rs_b + j * g.cs_b, g.rs_b, g.cs_b, nr, dst);
+      continue;
+    }
+    const index_t gc = g.b_group_cols, grp = j / gc, jj = j % gc;
+    const T* b0 = g.b + grp * g.b_group_stride + pc * g.rs_b;
+    if (jj + n_t <= gc) {  // the panel lies in one group
+      pack_b_panel<T>(kc, n_t, b0 + jj * g.cs_b, g.rs_b, g.cs_b, nr, dst);
+      continue;
+    }
+    for (index_t p = 0; p < kc; ++p)  // a panel across groups: element by element
+      for (index_t l = 0; l < nr; ++l) {
+        const index_t col = j + l;
+        dst[p * nr + l] = l < n_t ? g.b[(col / gc) * g.b_group_stride + (pc + p) * g.rs_b + (col % gc) * g.cs_b] : T(0);
+      }
   }
 }
 
@@ -153,7 +168,7 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
     return;
   }
   const UKernel<T> uk = select_ukernel<T>(active_isa());
-  if (transposing_helps<T>(g.m, g.n, uk)) return gemm<T>(transposed(g), nthreads);
+  if (g.b_group_cols == 0 && transposing_helps<T>(g.m, g.n, uk)) return gemm<T>(transposed(g), nthreads);
   const Plan p = make_plan<T>(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), uk);
   const index_t b_block = p.nc * p.kc;
   // Allocated before the parallel region: an exception must not cross it.

@@ -23,6 +23,10 @@ struct GemmArgs {
   const T* bias = nullptr;       // length n (added to every row), or length m with bias_per_row
   bool bias_per_row = false;     // true: bias[i] is added to row i (a convolution's output channels)
   Activation act = Activation::identity;
+  // B's columns in groups (images side by side): with b_group_cols > 0, column j of B is column
+  // j % b_group_cols of the group at b + (j / b_group_cols) * b_group_stride. Only the packing of B
+  // reads it (a convolution's 1x1 input planes batched into one GEMM without copying them).
+  index_t b_group_cols = 0, b_group_stride = 0;
 };
 
 // The arguments of C (m x n, row stride ldc, unit column stride) := beta * C + A B for A and B given by
