@@ -119,6 +119,7 @@ void conv2d_fwd_im2col(const ConvShape& sh, const T* x, const T* w, const T* bia
         a.bias = bias ? bias + g * Kg : nullptr;
         a.bias_per_row = true;
         gemm<T>(a);
+#pragma omp parallel for collapse(2) schedule(static) num_threads(get_num_threads()) if (Kg * J > 32768)
         for (index_t i = 0; i < nn; ++i)
           for (index_t k = 0; k < Kg; ++k)
             std::memcpy(y + ((n0 + i) * sh.k + g * Kg + k) * PQ, yt + k * J + i * PQ, sizeof(T) * PQ);
