@@ -644,7 +644,12 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
       if (h0)
         gemm_strided<T>(GH, H, B, dgh + t_first * B * GH, 1, GH, h0 + li * B * H, H, 1, dw.w_hh[li], H, T(1));
       if (dw.b_ih[li]) column_sums<T>(dgx, TB, GH, dw.b_ih[li]);
-      if (dw.b_hh[li]) column_sums<T>(dgh, TB, GH, dw.b_hh[li]);
+      if (dw.b_hh[li]) {
+        if (dgh == dgx && dw.b_ih[li])  // both biases see the same gate gradients (all but GRU)
+          std::copy(dw.b_ih[li], dw.b_ih[li] + GH, dw.b_hh[li]);
+        else
+          column_sums<T>(dgh, TB, GH, dw.b_hh[li]);
+      }
       // dX_l (TB x Il) = sum_d dGx_d (TB x GH) W_ih_d (GH x Il)
       gemm_strided<T>(TB, Il, GH, dgx, GH, 1, w.w_ih[li], Il, 1, dxl, Il, d == 0 ? T(0) : T(1));
     }
