@@ -348,14 +348,12 @@ void filter_panel(const ConvShape& sh, const T* w, index_t g, index_t k0, int ro
 #pragma GCC unroll 36
       for (int e = 0; e < A * A; ++e) __builtin_prefetch(dst + e * es + f + L, 1);
       filter_tile_put<T, M>(gv, [&](int e, V v) { vstore(dst + e * es + f, v); });
-    } else {
-      V uv[A * A];
-      filter_tile<T, M>(gv, uv);
+    } else {  // the last, partial vector: the same transform, stored lane by lane
       alignas(64) T ub[L];
-      for (int e = 0; e < A * A; ++e) {
-        vstore(ub, uv[e]);
+      filter_tile_put<T, M>(gv, [&](int e, V v) {
+        vstore(ub, v);
         std::memcpy(dst + e * es + f, ub, sizeof(T) * nl);
-      }
+      });
     }
   }
 }
@@ -604,15 +602,13 @@ void filter_block_t(const ConvShape& sh, const T* w, index_t g, index_t k0, inde
 #pragma GCC unroll 36
             for (int e = 0; e < A * A; ++e) __builtin_prefetch(dst + nr + e * us, 1);
             filter_tile_put<T, M>(gv, [&](int e, V v) { vstore(dst + e * us, v); });
-          } else {
-            V uv[A * A];
-            filter_tile<T, M>(gv, uv);
+          } else {  // panels narrower than a vector: the same transform, scattered lane by lane
             alignas(64) T lanes[L];
-            for (int e = 0; e < A * A; ++e) {
-              vstore(lanes, uv[e]);
+            filter_tile_put<T, M>(gv, [&](int e, V v) {
+              vstore(lanes, v);
               for (int l = 0; l < L; ++l)
                 ut[e * us + ((jj + l) / nr) * nr * kc + (c0 + cc) * nr + (jj + l) % nr] = lanes[l];
-            }
+            });
           }
         }
     }
