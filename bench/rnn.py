@@ -2,12 +2,13 @@
 
     python bench/rnn.py [--quick] [--threads N] [--budget SECONDS] [--filter TEXT] [--markdown]
 
-Sequences (torch.nn.LSTM / GRU, input size = hidden size): inference (torch under no_grad) and a
-training step (forward, then backward of every input, state and weight for a random grad_output);
+Sequences (torch.nn.LSTM / GRU, input size = hidden size; LSTMs with projections, "P<n>", take inputs of
+the projection's size): inference (torch under no_grad) and a training step (forward, then backward of
+every input, state and weight for a random grad_output);
 then the cells (torch.nn.LSTMCell / GRUCell) stepped over T time steps in a Python loop. For each
 problem: both medians (runs interleaved in blocks, see bench/gemm.py), the ratio torch/dnnkit (> 1:
 dnnkit faster) and dnnkit's GFLOP/s counting the GEMMs only (forward 2*T*B*G*H*(I + H) per layer and
-direction; a training step 3x that).
+direction, 2*T*B*(G*H*(I + P) + P*H) with a projection; a training step 3x that).
 """
 from __future__ import annotations
 
@@ -26,12 +27,13 @@ from gemm import interleaved_medians  # noqa: E402
 
 GATES = {"lstm": 4, "gru": 3}
 
-# (mode, H, B, T, layers)
+# (mode, H, B, T, layers[, projection size])
+PROJ = [("lstm", 1024, b, 50, l, 256) for (b, l) in ((1, 1), (16, 1), (64, 1), (16, 2))]  # LSTMP, speech-style
 FULL = [(m, h, b, 50, 1) for m in ("lstm", "gru") for h in (256, 512, 1024) for b in (1, 16, 64)] + [
     (m, 512, b, t, l) for m in ("lstm", "gru") for (b, t, l) in ((16, 25, 1), (16, 100, 1), (16, 50, 2), (64, 50, 2))
-] + [(m, 128, b, 100, 2) for m in ("lstm", "gru") for b in (1, 16)]  # the wavefront pipeline
+] + [(m, 128, b, 100, 2) for m in ("lstm", "gru") for b in (1, 16)] + PROJ  # the wavefront pipeline; LSTMP
 QUICK = [(m, h, b, 25, 1) for m in ("lstm", "gru") for h in (256, 512) for b in (1, 64)] + [
-    ("lstm", 512, 16, 25, 2), ("lstm", 128, 16, 50, 2)]
+    ("lstm", 512, 16, 25, 2), ("lstm", 128, 16, 50, 2), ("lstm", 1024, 16, 25, 1, 256)]
 CELLS_FULL = [(m, h, b) for m in ("lstm", "gru") for h in (256, 512, 1024) for b in (1, 16, 64)]
 CELLS_QUICK = [(m, h, b) for m in ("lstm", "gru") for h in (256, 1024) for b in (1, 64)]
 CELL_STEPS = 25
@@ -40,27 +42,32 @@ CELL_STEPS = 25
 BLOCK = 0.25
 
 
-def flops(mode, H, B, T, L, I=None):
-    I = H if I is None else I
+def flops(mode, H, B, T, L, I=None, P=0):
+    S = P or H  # the size of h
+    I = S if I is None else I
     total = 0
     for layer in range(L):
-        total += 2 * T * B * GATES[mode] * H * ((I if layer == 0 else H) + H)
+        total += 2 * T * B * (GATES[mode] * H * ((I if layer == 0 else S) + S) + P * H)
     return total
 
 
-def sequence_calls(torch, mode, H, B, T, L, train, rng):
-    module = (torch.nn.LSTM if mode == "lstm" else torch.nn.GRU)(H, H, num_layers=L)
+def sequence_calls(torch, mode, H, B, T, L, train, rng, P=0):
+    S = P or H  # inputs, h and the output are S wide
+    if mode == "lstm":
+        module = torch.nn.LSTM(S, H, num_layers=L, proj_size=P)
+    else:
+        module = torch.nn.GRU(H, H, num_layers=L)
     weights = [p.detach().numpy().copy() for p in module.parameters()]
-    x = rng.standard_normal((T, B, H)).astype(np.float32)
-    h0 = rng.standard_normal((L, B, H)).astype(np.float32)
-    go = rng.standard_normal((T, B, H)).astype(np.float32)
+    x = rng.standard_normal((T, B, S)).astype(np.float32)
+    h0 = rng.standard_normal((L, B, S)).astype(np.float32)
+    go = rng.standard_normal((T, B, S)).astype(np.float32)
     tx, th0, tgo = torch.from_numpy(x), torch.from_numpy(h0), torch.from_numpy(go)
-    c0 = h0.copy() if mode == "lstm" else None
+    c0 = rng.standard_normal((L, B, H)).astype(np.float32) if mode == "lstm" else None
     tstate = (th0, torch.from_numpy(c0)) if mode == "lstm" else th0
 
     if not train:
         def ours():
-            return dnnkit.lstm(x, h0, c0, weights, num_layers=L) if mode == "lstm" else \
+            return dnnkit.lstm(x, h0, c0, weights, num_layers=L, proj_size=P) if mode == "lstm" else \
                 dnnkit.gru(x, h0, weights, num_layers=L)
 
         def theirs():
@@ -72,7 +79,7 @@ def sequence_calls(torch, mode, H, B, T, L, train, rng):
 
     def ours():
         if mode == "lstm":
-            out, _, res = dnnkit.lstm(x, h0, c0, weights, num_layers=L, train=True)
+            out, _, res = dnnkit.lstm(x, h0, c0, weights, num_layers=L, train=True, proj_size=P)
             return dnnkit.lstm_backward(go, None, None, res)
         out, _, res = dnnkit.gru(x, h0, weights, num_layers=L, train=True)
         return dnnkit.gru_backward(go, None, res)
@@ -164,13 +171,14 @@ def main(argv=None):
     for train in (False, True):
         group = "training step (fwd+bwd)" if train else "sequence inference"
         header(group)
-        for mode, H, B, T, L in problems:
-            name = f"{mode} H{H} B{B} T{T} L{L}"
+        for mode, H, B, T, L, *proj in problems:
+            P = proj[0] if proj else 0
+            name = f"{mode} H{H}{f' P{P}' if P else ''} B{B} T{T} L{L}"
             if args.filter and args.filter not in name:
                 continue
-            ours, theirs = sequence_calls(torch, mode, H, B, T, L, train, rng)
+            ours, theirs = sequence_calls(torch, mode, H, B, T, L, train, rng, P)
             t_ours, t_torch = interleaved_medians([ours, theirs], budget, block=BLOCK)
-            fl = flops(mode, H, B, T, L) * (3 if train else 1)
+            fl = flops(mode, H, B, T, L, P=P) * (3 if train else 1)
             row(group + (" batch 1" if B == 1 else ""), name, t_ours, t_torch, fl)
     group = f"cell, {CELL_STEPS} steps in a Python loop"
     header(group)

@@ -237,16 +237,19 @@ void conv_run(const std::string& dir, const std::string& algo, const ConvShape& 
 // The Python layer (dnnkit.rnn) validates shapes with operator-named errors and passes C-contiguous
 // arrays of one dtype; these checks only keep direct callers from crashing the process.
 
-// (cell, T, B, I, H, L, D) with cell 0 lstm, 1 gru, 2 rnn_tanh, 3 rnn_relu.
+// (cell, T, B, I, H, L, D[, P]) with cell 0 lstm, 1 gru, 2 rnn_tanh, 3 rnn_relu; P the LSTM projection
+// size (0 or absent: none).
 RnnShape rnn_shape(const py::tuple& t) {
-  if (t.size() != 7) throw py::value_error("rnn: shape tuple must be (cell, T, B, I, H, L, D)");
-  index_t v[7];
-  for (int i = 0; i < 7; ++i) v[i] = t[i].cast<index_t>();
+  if (t.size() != 7 && t.size() != 8) throw py::value_error("rnn: shape tuple must be (cell, T, B, I, H, L, D[, P])");
+  index_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (std::size_t i = 0; i < t.size(); ++i) v[i] = t[i].cast<index_t>();
   if (v[0] < 0 || v[0] > 3) throw py::value_error("rnn: cell code must be in 0..3");
-  for (int i = 1; i < 7; ++i)
+  for (int i = 1; i < 8; ++i)
     if (v[i] < 0) throw py::value_error("rnn: shape entries must be >= 0");
   if (v[4] < 1 || v[5] < 1 || (v[6] != 1 && v[6] != 2))
     throw py::value_error("rnn: need hidden >= 1, layers >= 1 and 1 or 2 directions");
+  if (v[7] > 0 && (v[0] != 0 || v[7] >= v[4]))
+    throw py::value_error("rnn: a projection needs an LSTM and 0 < proj_size < hidden_size");
   RnnShape s;
   s.cell = static_cast<RnnCell>(v[0]);
   s.seq = v[1];
@@ -255,6 +258,7 @@ RnnShape rnn_shape(const py::tuple& t) {
   s.hidden = v[4];
   s.layers = static_cast<int>(v[5]);
   s.dirs = static_cast<int>(v[6]);
+  s.proj = v[7];
   return s;
 }
 
@@ -273,20 +277,23 @@ T* rnn_arg(const py::object& o, index_t elems, const std::string& name, bool wri
   return static_cast<T*>(const_cast<void*>(a.data()));
 }
 
-// Four entries per layer-direction: w_ih, w_hh, b_ih, b_hh (the biases both present or both None).
+// Four entries per layer-direction: w_ih, w_hh, b_ih, b_hh (the biases both present or both None), and a
+// fifth, w_hr, with a projection.
 template <typename T, typename P>
 void rnn_params(const RnnShape& s, const py::list& lst, bool writable, std::vector<P>& w_ih, std::vector<P>& w_hh,
-                std::vector<P>& b_ih, std::vector<P>& b_hh) {
-  const int n = s.layers * s.dirs;
-  if (static_cast<int>(lst.size()) != 4 * n)
-    throw py::value_error("rnn: weights must hold 4 entries per layer-direction");
+                std::vector<P>& b_ih, std::vector<P>& b_hh, std::vector<P>& w_hr) {
+  const int n = s.layers * s.dirs, per = s.proj > 0 ? 5 : 4;
+  if (static_cast<int>(lst.size()) != per * n)
+    throw py::value_error(s.proj > 0 ? "rnn: weights must hold 5 entries per layer-direction"
+                                     : "rnn: weights must hold 4 entries per layer-direction");
   const index_t GH = rnn_gates(s.cell) * s.hidden;
   for (int li = 0; li < n; ++li) {
     const std::string k = std::to_string(li);
-    w_ih.push_back(rnn_arg<T>(lst[4 * li], GH * s.input_of(li / s.dirs), "w_ih[" + k + "]", writable));
-    w_hh.push_back(rnn_arg<T>(lst[4 * li + 1], GH * s.hidden, "w_hh[" + k + "]", writable));
-    b_ih.push_back(rnn_arg<T>(lst[4 * li + 2], GH, "b_ih[" + k + "]", writable, true));
-    b_hh.push_back(rnn_arg<T>(lst[4 * li + 3], GH, "b_hh[" + k + "]", writable, true));
+    w_ih.push_back(rnn_arg<T>(lst[per * li], GH * s.input_of(li / s.dirs), "w_ih[" + k + "]", writable));
+    w_hh.push_back(rnn_arg<T>(lst[per * li + 1], GH * s.state(), "w_hh[" + k + "]", writable));
+    b_ih.push_back(rnn_arg<T>(lst[per * li + 2], GH, "b_ih[" + k + "]", writable, true));
+    b_hh.push_back(rnn_arg<T>(lst[per * li + 3], GH, "b_hh[" + k + "]", writable, true));
+    if (s.proj > 0) w_hr.push_back(rnn_arg<T>(lst[per * li + 4], s.proj * s.hidden, "w_hr[" + k + "]", writable));
   }
 }
 
@@ -295,7 +302,7 @@ std::vector<T*> rnn_layer_outputs(const RnnShape& s, const py::list& ys) {
   if (static_cast<int>(ys.size()) != s.layers) throw py::value_error("rnn: need one output array per layer");
   std::vector<T*> out;
   for (int l = 0; l < s.layers; ++l)
-    out.push_back(rnn_arg<T>(ys[l], s.seq * s.batch * s.dirs * s.hidden, "y[" + std::to_string(l) + "]", true));
+    out.push_back(rnn_arg<T>(ys[l], s.seq * s.batch * s.dirs * s.state(), "y[" + std::to_string(l) + "]", true));
   return out;
 }
 
@@ -303,18 +310,18 @@ template <typename T>
 void rnn_forward_impl(const RnnShape& s, const py::object& x, const py::object& h0, const py::object& c0,
                       const py::list& weights, const py::list& ys, const py::object& h_n, const py::object& c_n,
                       const py::object& reserve) {
-  const index_t state = s.layers * s.dirs * s.batch * s.hidden;
+  const index_t state = s.layers * s.dirs * s.batch * s.hidden, hstate = s.layers * s.dirs * s.batch * s.state();
   const bool lstm = s.cell == RnnCell::lstm;
   RnnWeights<T> w;
-  rnn_params<T, const T*>(s, weights, false, w.w_ih, w.w_hh, w.b_ih, w.b_hh);
+  rnn_params<T, const T*>(s, weights, false, w.w_ih, w.w_hh, w.b_ih, w.b_hh, w.w_hr);
   for (std::size_t i = 0; i < w.b_ih.size(); ++i)
     if ((w.b_ih[i] == nullptr) != (w.b_hh[i] == nullptr))
       throw py::value_error("rnn: b_ih and b_hh must both be given or both be None");
   const T* xp = rnn_arg<T>(x, s.seq * s.batch * s.input, "x", false);
-  const T* h0p = rnn_arg<T>(h0, state, "h0", false, true);
+  const T* h0p = rnn_arg<T>(h0, hstate, "h0", false, true);
   const T* c0p = lstm ? rnn_arg<T>(c0, state, "c0", false, true) : nullptr;
   std::vector<T*> y = rnn_layer_outputs<T>(s, ys);
-  T* hn = rnn_arg<T>(h_n, state, "h_n", true, true);
+  T* hn = rnn_arg<T>(h_n, hstate, "h_n", true, true);
   T* cn = lstm ? rnn_arg<T>(c_n, state, "c_n", true, true) : nullptr;
   T* res = rnn_arg<T>(reserve, rnn_reserve_elems(s), "reserve", true, true);
   py::gil_scoped_release nogil;
@@ -326,27 +333,27 @@ void rnn_backward_impl(const RnnShape& s, const py::object& x, const py::object&
                        const py::list& weights, const py::list& ys, const py::object& reserve, const py::object& dy,
                        const py::object& dh_n, const py::object& dc_n, const py::object& dx, const py::object& dh0,
                        const py::object& dc0, const py::list& grads) {
-  const index_t state = s.layers * s.dirs * s.batch * s.hidden;
+  const index_t state = s.layers * s.dirs * s.batch * s.hidden, hstate = s.layers * s.dirs * s.batch * s.state();
   const bool lstm = s.cell == RnnCell::lstm;
   RnnWeights<T> w;
-  rnn_params<T, const T*>(s, weights, false, w.w_ih, w.w_hh, w.b_ih, w.b_hh);
+  rnn_params<T, const T*>(s, weights, false, w.w_ih, w.w_hh, w.b_ih, w.b_hh, w.w_hr);
   RnnWeightGrads<T> g;
-  rnn_params<T, T*>(s, grads, true, g.w_ih, g.w_hh, g.b_ih, g.b_hh);
+  rnn_params<T, T*>(s, grads, true, g.w_ih, g.w_hh, g.b_ih, g.b_hh, g.w_hr);
   for (std::size_t i = 0; i < w.b_ih.size(); ++i)
     if ((w.b_ih[i] == nullptr) != (w.b_hh[i] == nullptr) || (g.b_ih[i] == nullptr) != (w.b_ih[i] == nullptr) ||
         (g.b_hh[i] == nullptr) != (w.b_hh[i] == nullptr))
       throw py::value_error("rnn: bias gradients must be given exactly for the biases the forward had");
   const T* xp = rnn_arg<T>(x, s.seq * s.batch * s.input, "x", false);
-  const T* h0p = rnn_arg<T>(h0, state, "h0", false, true);
+  const T* h0p = rnn_arg<T>(h0, hstate, "h0", false, true);
   const T* c0p = lstm ? rnn_arg<T>(c0, state, "c0", false, true) : nullptr;
   std::vector<T*> y = rnn_layer_outputs<T>(s, ys);
   std::vector<const T*> yc(y.begin(), y.end());
   const T* res = rnn_arg<T>(reserve, rnn_reserve_elems(s), "reserve", false);
-  const T* dyp = rnn_arg<T>(dy, s.seq * s.batch * s.dirs * s.hidden, "dy", false, true);
-  const T* dhn = rnn_arg<T>(dh_n, state, "dh_n", false, true);
+  const T* dyp = rnn_arg<T>(dy, s.seq * s.batch * s.dirs * s.state(), "dy", false, true);
+  const T* dhn = rnn_arg<T>(dh_n, hstate, "dh_n", false, true);
   const T* dcn = lstm ? rnn_arg<T>(dc_n, state, "dc_n", false, true) : nullptr;
   T* dxp = rnn_arg<T>(dx, s.seq * s.batch * s.input, "dx", true);
-  T* dh0p = rnn_arg<T>(dh0, state, "dh0", true, true);
+  T* dh0p = rnn_arg<T>(dh0, hstate, "dh0", true, true);
   T* dc0p = lstm ? rnn_arg<T>(dc0, state, "dc0", true, true) : nullptr;
   py::gil_scoped_release nogil;
   rnn_backward<T>(s, w, xp, h0p, c0p, yc.data(), res, dyp, dhn, dcn, dxp, dh0p, dc0p, g);

@@ -279,6 +279,10 @@ struct DirBuffers {
   AlignedBuffer<T> dstate;   // (B, H) dc (LSTM, backward)
   AlignedBuffer<T> dg, dgh;  // (T*B, GH) gate gradients (backward; dgh for GRU only)
   PackedB<T> whh[4];         // W_hh packed: per gate W_hh_q^T (forward), W_hh whole (backward)
+  // LSTM projection: W_hr packed (W_hr^T forward, W_hr backward); m_t in inference, dm_t in backward
+  // (B, H); backward's dh_t of every step (T*B, P), which dW_hr reads.
+  PackedB<T> whr;
+  AlignedBuffer<T> m, dh;
 };
 
 // Hidden units [j0, j1) owned by rank `tid` of `nt` threads: contiguous blocks of NR columns.
@@ -305,7 +309,7 @@ int team_size(index_t H, int nr, int dirs) {
 index_t rnn_reserve_elems_per_dir(const RnnShape& s) {
   const index_t tbh = s.seq * s.batch * s.hidden;
   switch (s.cell) {
-    case RnnCell::lstm: return tbh * 5;
+    case RnnCell::lstm: return tbh * (s.proj > 0 ? 6 : 5);
     case RnnCell::gru: return tbh * 4;
     default: return 0;
   }
@@ -437,7 +441,7 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
 
 bool rnn_uses_wavefront(const RnnShape& s, index_t elem_size) {
   const bool possible = s.dirs == 1 && s.layers >= 2 && s.seq >= 2 && s.batch > 0 && s.hidden > 0 &&
-                        get_num_threads() >= 2;
+                        s.proj == 0 && get_num_threads() >= 2;
   if (!possible) return false;
   if (const char* e = std::getenv("DNNKIT_RNN_WAVEFRONT")) return e[0] == '1';
   return rnn_gates(s.cell) * s.hidden * s.hidden * elem_size <= kWaveMaxWhhBytes;
@@ -446,9 +450,10 @@ bool rnn_uses_wavefront(const RnnShape& s, index_t elem_size) {
 template <typename T>
 void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0, T* const* y,
                  T* h_n, T* c_n, T* reserve) {
-  const index_t Tn = s.seq, B = s.batch, H = s.hidden;
+  const index_t Tn = s.seq, B = s.batch, H = s.hidden, S = s.state();
   const int G = rnn_gates(s.cell), D = s.dirs;
-  const index_t GH = G * H, DH = D * H;
+  const index_t GH = G * H, DS = D * S;
+  const bool proj = s.proj > 0;
   if (Tn == 0 || B == 0 || H == 0) return;
   if (rnn_uses_wavefront(s, sizeof(T)))
     return rnn_forward_wavefront<T>(s, w, x, h0, c0, y, h_n, c_n, reserve, get_num_threads());
@@ -457,16 +462,18 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   const int nt = team_size(H, uk.nr, D);
   const index_t per_dir = rnn_reserve_elems_per_dir(s);
+  const index_t a_elems = packed_a_elems(uk, B, std::max(H, S));  // h_{t-1} (B x S), m_t (B x H)
 
   DirBuffers<T> buf[2];
   AlignedBuffer<T> zeros(static_cast<std::size_t>(GH));  // a zero row: h_{-1}, c_{-1} or W_hh h_{-1}
   std::fill(zeros.data(), zeros.data() + GH, T(0));
-  AlignedBuffer<T> apack(static_cast<std::size_t>(nt * packed_a_elems(uk, B, H)));
+  AlignedBuffer<T> apack(static_cast<std::size_t>(nt * a_elems));
   for (int d = 0; d < D; ++d) {
     buf[d].xp.resize(static_cast<std::size_t>(Tn * B * GH));
     buf[d].gh.resize(static_cast<std::size_t>(B * GH));
     buf[d].bias.resize(static_cast<std::size_t>(GH + H));
     if (lstm && !reserve) buf[d].state.resize(static_cast<std::size_t>(B * H));
+    if (proj && !reserve) buf[d].m.resize(static_cast<std::size_t>(B * H));
   }
 
   for (int l = 0; l < s.layers; ++l) {
@@ -483,11 +490,13 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
       for (index_t j = 0; j < H; ++j) bias[GH + j] = gru && bhh ? bhh[2 * H + j] : T(0);
       gemm_a_wt<T>(Tn * B, GH, Il, xl, Il, w.w_ih[li], b.xp.data(), GH, bias, T(0));
       if (packed) {
-        // Gate q's B operand: B_q(p, j) = W_hh[q*H + j, p] (H x H, read down the columns of W_hh).
-        for (int q = 0; q < G; ++q) b.whh[q].pack(H, H, w.w_hh[li] + q * H * H, 1, H);
+        // Gate q's B operand: B_q(p, j) = W_hh[q*H + j, p] (S x H, read down the columns of W_hh).
+        for (int q = 0; q < G; ++q) b.whh[q].pack(S, H, w.w_hh[li] + q * H * S, 1, S);
       } else if (h0) {
-        gemm_a_wt<T>(B, GH, H, h0 + li * B * H, H, w.w_hh[li], b.gh.data(), GH, nullptr, T(0));
+        gemm_a_wt<T>(B, GH, S, h0 + li * B * S, S, w.w_hh[li], b.gh.data(), GH, nullptr, T(0));
       }
+      // The projection's B operand: B(p, j) = W_hr[j, p] (H x P).
+      if (proj) b.whr.pack(H, S, w.w_hr[li], 1, H);
     }
 
     SpinBarrier barriers[2] = {SpinBarrier(thread_group(0, nt, D).nt), SpinBarrier(thread_group(nt - 1, nt, D).nt)};
@@ -496,34 +505,49 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
       const int tid = thread_id();
       const ThreadGroup tg = thread_group(tid, nt, D);
       const Columns own = owned_columns(H, uk.nr, tg.tid, tg.nt);
+      const Columns own_s = proj ? owned_columns(S, uk.nr, tg.tid, tg.nt) : own;  // columns of h_t
       const StepRows step{s.cell, B, H, own.j0, own.j1};
-      T* ap = apack.data() + tid * packed_a_elems(uk, B, H);
+      T* ap = apack.data() + tid * a_elems;
       for (int d = tg.dir_begin; d < tg.dir_end; ++d) {
         const int li = l * D + d;
         DirBuffers<T>& b = buf[d];
         T* save = reserve ? reserve + li * per_dir : nullptr;  // (T, B, GH) gates
         T* aux = reserve ? save + Tn * B * GH : nullptr;       // (T, B, H) c_t or W_hn h + b_hn
+        T* msave = reserve && proj ? aux + Tn * B * H : nullptr;  // (T, B, H) m_t (projection)
         const T* bhn = b.bias.data() + GH;
         for (index_t st = 0; st < Tn; ++st) {
           const index_t t = d == 0 ? st : Tn - 1 - st, tp = d == 0 ? t - 1 : t + 1;
-          const T* hprev = st == 0 ? (h0 ? h0 + li * B * H : nullptr) : yl + tp * B * DH + d * H;
-          const index_t ldh = st == 0 ? H : DH;
+          const T* hprev = st == 0 ? (h0 ? h0 + li * B * S : nullptr) : yl + tp * B * DS + d * S;
+          const index_t ldh = st == 0 ? S : DS;
           if (hprev && packed) {
-            pack_a_rows<T>(uk, B, H, hprev, ldh, 1, ap);
+            pack_a_rows<T>(uk, B, S, hprev, ldh, 1, ap);
             for (int q = 0; q < G; ++q)
               gemm_packed_b<T>(B, ap, b.whh[q], own.c0, own.c1, T(0), b.gh.data() + q * H, GH);
           }
           const T* cprev =
               st == 0 ? (c0 ? c0 + li * B * H : nullptr) : (aux ? aux + tp * B * H : b.state.data());
+          T* h_t = yl + t * B * DS + d * S;
+          // With a projection the post-GEMM writes m_t (row stride H), and h_t = m_t W_hr^T follows.
+          T* m_t = proj ? (msave ? msave + t * B * H : b.m.data()) : nullptr;
           forward_rows<T>(step, b.xp.data() + t * B * GH, hprev ? b.gh.data() : nullptr, bhn, hprev, ldh, cprev,
-                          aux ? aux + t * B * H : b.state.data(), yl + t * B * DH + d * H, DH,
+                          aux ? aux + t * B * H : b.state.data(), proj ? m_t : h_t, proj ? H : DS,
                           save ? save + t * B * GH : nullptr, aux ? aux + t * B * H : nullptr, zeros.data());
+          if (proj) {
+            barriers[tg.group].wait();  // m_t complete before any thread packs it
+            pack_a_rows<T>(uk, B, H, m_t, H, 1, ap);
+            gemm_packed_b<T>(B, ap, b.whr, own_s.c0, own_s.c1, T(0), h_t, DS);
+          }
           barriers[tg.group].wait();  // h_t complete before any thread packs it
         }
-        // Final states of the owned columns.
+        // Final states of the owned columns: h_n (S wide) and c_n (H wide).
         const index_t t_last = d == 0 ? Tn - 1 : 0;
-        final_states<T>(step, yl + t_last * B * DH + d * H, DH, aux ? aux + t_last * B * H : b.state.data(),
-                        h_n ? h_n + li * B * H : nullptr, c_n ? c_n + li * B * H : nullptr);
+        const T* h_last = yl + t_last * B * DS + d * S;
+        const T* c_last = aux ? aux + t_last * B * H : b.state.data();
+        for (index_t r = 0; r < B; ++r) {
+          if (h_n) std::copy(h_last + r * DS + own_s.j0, h_last + r * DS + own_s.j1, h_n + (li * B + r) * S + own_s.j0);
+          if (c_n && lstm)
+            std::copy(c_last + r * H + own.j0, c_last + r * H + own.j1, c_n + (li * B + r) * H + own.j0);
+        }
       }
     }
   }
@@ -533,27 +557,36 @@ template <typename T>
 void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0,
                   const T* const* y, const T* reserve, const T* dy, const T* dh_n, const T* dc_n, T* dx, T* dh0,
                   T* dc0, const RnnWeightGrads<T>& dw) {
-  const index_t Tn = s.seq, B = s.batch, H = s.hidden, TB = s.seq * s.batch;
+  const index_t Tn = s.seq, B = s.batch, H = s.hidden, S = s.state(), TB = s.seq * s.batch;
   const int G = rnn_gates(s.cell), D = s.dirs, L = s.layers;
-  const index_t GH = G * H, DH = D * H;
+  const index_t GH = G * H, DS = D * S;
   const bool lstm = s.cell == RnnCell::lstm, gru = s.cell == RnnCell::gru, relu = s.cell == RnnCell::rnn_relu;
+  const bool proj = s.proj > 0;
   const bool packed = Tn > 1;
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   const int nt = team_size(H, uk.nr, D);
   const index_t per_dir = rnn_reserve_elems_per_dir(s);
 
   DirBuffers<T> buf[2];
-  AlignedBuffer<T> zeros(static_cast<std::size_t>(std::max<index_t>(DH, 1)));
-  std::fill(zeros.data(), zeros.data() + std::max<index_t>(DH, 1), T(0));
+  const index_t zlen = std::max<index_t>(D * std::max(H, S), 1);
+  AlignedBuffer<T> zeros(static_cast<std::size_t>(zlen));
+  std::fill(zeros.data(), zeros.data() + zlen, T(0));
   // dG_t packed once a step, each thread of a direction's group packing a share of its panels.
   AlignedBuffer<T> apack(static_cast<std::size_t>(D * packed_a_elems(uk, B, GH)));
-  AlignedBuffer<T> dybuf[2];  // gradients of intermediate layer outputs, (T, B, DH), ping-pong
-  for (int i = 0; i < (L > 1 ? std::min(L - 1, 2) : 0); ++i) dybuf[i].resize(static_cast<std::size_t>(TB * DH));
+  // With a projection, each thread packs dh_t (B x P) itself for dm_t = dh_t W_hr.
+  const index_t p_elems = proj ? packed_a_elems(uk, B, S) : 0;
+  AlignedBuffer<T> ppack(static_cast<std::size_t>(nt * p_elems));
+  AlignedBuffer<T> dybuf[2];  // gradients of intermediate layer outputs, (T, B, DS), ping-pong
+  for (int i = 0; i < (L > 1 ? std::min(L - 1, 2) : 0); ++i) dybuf[i].resize(static_cast<std::size_t>(TB * DS));
   for (int d = 0; d < D; ++d) {
-    buf[d].state.resize(static_cast<std::size_t>(std::max<index_t>(B * H, 1)));
+    buf[d].state.resize(static_cast<std::size_t>(std::max<index_t>(B * S, 1)));
     if (lstm) buf[d].dstate.resize(static_cast<std::size_t>(std::max<index_t>(B * H, 1)));
     buf[d].dg.resize(static_cast<std::size_t>(std::max<index_t>(TB * GH, 1)));
     if (gru) buf[d].dgh.resize(static_cast<std::size_t>(std::max<index_t>(TB * GH, 1)));
+    if (proj) {
+      buf[d].m.resize(static_cast<std::size_t>(std::max<index_t>(B * H, 1)));
+      buf[d].dh.resize(static_cast<std::size_t>(std::max<index_t>(TB * S, 1)));
+    }
   }
 
   for (int l = L - 1; l >= 0; --l) {
@@ -566,17 +599,19 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
       const int li = l * D + d;
       DirBuffers<T>& b = buf[d];
       if (dh_n)
-        std::copy(dh_n + li * B * H, dh_n + (li + 1) * B * H, b.state.data());
+        std::copy(dh_n + li * B * S, dh_n + (li + 1) * B * S, b.state.data());
       else
-        std::fill(b.state.data(), b.state.data() + B * H, T(0));
+        std::fill(b.state.data(), b.state.data() + B * S, T(0));
       if (lstm) {
         if (dc_n)
           std::copy(dc_n + li * B * H, dc_n + (li + 1) * B * H, b.dstate.data());
         else
           std::fill(b.dstate.data(), b.dstate.data() + B * H, T(0));
       }
-      // dh_{t-1} (B x H) = dG_t (B x GH) W_hh (GH x H): W_hh is already k-major.
-      if (packed) b.whh[0].pack(GH, H, w.w_hh[li], H, 1);
+      // dh_{t-1} (B x S) = dG_t (B x GH) W_hh (GH x S): W_hh is already k-major.
+      if (packed) b.whh[0].pack(GH, S, w.w_hh[li], S, 1);
+      // dm_t (B x H) = dh_t (B x P) W_hr (P x H).
+      if (proj) b.whr.pack(S, H, w.w_hr[li], H, 1);
     }
 
     SpinBarrier barriers[2] = {SpinBarrier(thread_group(0, nt, D).nt), SpinBarrier(thread_group(nt - 1, nt, D).nt)};
@@ -585,7 +620,9 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
       const int tid = thread_id();
       const ThreadGroup tg = thread_group(tid, nt, D);
       const Columns own = owned_columns(H, uk.nr, tg.tid, tg.nt);
+      const Columns own_s = proj ? owned_columns(S, uk.nr, tg.tid, tg.nt) : own;  // columns of dh
       T* ap = apack.data() + tg.group * packed_a_elems(uk, B, GH);
+      T* pp = ppack.data() + tid * p_elems;
       for (int d = tg.dir_begin; d < tg.dir_end; ++d) {
         const int li = l * D + d;
         DirBuffers<T>& b = buf[d];
@@ -594,21 +631,36 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
         T* dgh_all = gru ? b.dgh.data() : b.dg.data();
         for (index_t st = Tn - 1; st >= 0; --st) {
           const index_t t = d == 0 ? st : Tn - 1 - st, tp = d == 0 ? t - 1 : t + 1;
+          if (proj) {
+            // dh_t = dy_t + (the gradient from step t+1), owned P columns, kept for dW_hr; then, once all
+            // of it is there, dm_t = dh_t W_hr: the gradient the cell's output m_t receives.
+            T* dh_t = b.dh.data() + t * B * S;
+            for (index_t r = 0; r < B; ++r) {
+              const T* dyr = dyl ? dyl + (t * B + r) * DS + d * S : zeros.data();
+              const T* dhr = b.state.data() + r * S;
+              for (index_t j = own_s.j0; j < own_s.j1; ++j) dh_t[r * S + j] = dyr[j] + dhr[j];
+            }
+            barriers[tg.group].wait();  // dh_t complete before any thread packs it
+            pack_a_rows<T>(uk, B, S, dh_t, S, 1, pp);
+            gemm_packed_b<T>(B, pp, b.whr, own.c0, own.c1, T(0), b.m.data(), H);
+          }
           for (index_t r = 0; r < B; ++r) {
             const index_t row = t * B + r;
-            const T* dyr = dyl ? dyl + row * DH + d * H : zeros.data();
-            T* dhr = b.state.data() + r * H;
+            // With a projection the cell sees dm_t (in place of dy + dhr, whose sum is already in it).
+            const T* dyr = proj ? b.m.data() + r * H : (dyl ? dyl + row * DS + d * S : zeros.data());
+            const T* dhr = proj ? zeros.data() : b.state.data() + r * S;
             T* dg = b.dg.data() + row * GH;
             if (lstm) {
               const T* cp = st == 0 ? (c0 ? c0 + (li * B + r) * H : zeros.data()) : aux + (tp * B + r) * H;
               lstm_bwd<T>(H, own.j0, own.j1, dyr, dhr, save + row * GH, aux + row * H, cp,
                           b.dstate.data() + r * H, dg);
             } else if (gru) {
-              const T* hp = st == 0 ? (h0 ? h0 + (li * B + r) * H : zeros.data()) : yl + (tp * B + r) * DH + d * H;
-              gru_bwd<T>(H, own.j0, own.j1, dyr, dhr, save + row * GH, aux + row * H, hp, dg,
+              T* dhw = b.state.data() + r * S;
+              const T* hp = st == 0 ? (h0 ? h0 + (li * B + r) * H : zeros.data()) : yl + (tp * B + r) * DS + d * H;
+              gru_bwd<T>(H, own.j0, own.j1, dyr, dhw, save + row * GH, aux + row * H, hp, dg,
                          b.dgh.data() + row * GH);
             } else {
-              rnn_bwd<T>(relu, own.j0, own.j1, dyr, dhr, yl + row * DH + d * H, dg);
+              rnn_bwd<T>(relu, own.j0, own.j1, dyr, dhr, yl + row * DS + d * H, dg);
             }
           }
           barriers[tg.group].wait();  // dG_t complete before any thread packs it
@@ -617,7 +669,7 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
             // passed the barrier above after its last step's products.
             pack_a_rows_part<T>(uk, B, GH, dgh_all + t * B * GH, GH, 1, ap, tg.tid, tg.nt);
             if (tg.nt > 1) barriers[tg.group].wait();  // packed dG_t complete before the products
-            gemm_packed_b<T>(B, ap, b.whh[0], own.c0, own.c1, gru ? T(1) : T(0), b.state.data(), H);
+            gemm_packed_b<T>(B, ap, b.whh[0], own_s.c0, own_s.c1, gru ? T(1) : T(0), b.state.data(), S);
           }
         }
       }
@@ -630,19 +682,23 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
       const T* dgh = gru ? b.dgh.data() : b.dg.data();
       const index_t t_first = d == 0 ? 0 : Tn - 1;  // the step that read h0
       if (!packed)  // one step: dh0 = dG_0 W_hh, unpacked
-        gemm_strided<T>(B, H, GH, dgh, GH, 1, w.w_hh[li], H, 1, b.state.data(), H, gru ? T(1) : T(0));
-      if (dh0) std::copy(b.state.data(), b.state.data() + B * H, dh0 + li * B * H);
+        gemm_strided<T>(B, S, GH, dgh, GH, 1, w.w_hh[li], S, 1, b.state.data(), S, gru ? T(1) : T(0));
+      if (dh0) std::copy(b.state.data(), b.state.data() + B * S, dh0 + li * B * S);
       if (lstm && dc0) std::copy(b.dstate.data(), b.dstate.data() + B * H, dc0 + li * B * H);
       // dW_ih (GH x Il) = dGx^T (GH x TB) X_l (TB x Il)
       gemm_strided<T>(GH, Il, TB, dgx, 1, GH, xl, Il, 1, dw.w_ih[li], Il, T(0));
-      // dW_hh (GH x H) = sum over steps of dGh_t^T h_{t-1}: the steps after the first read the layer
+      // dW_hh (GH x S) = sum over steps of dGh_t^T h_{t-1}: the steps after the first read the layer
       // output one step back (forward direction) or ahead (reverse); the first reads h0.
       const index_t k_steps = (Tn - 1) * B;
       const T* dgh_later = d == 0 ? dgh + B * GH : dgh;
-      const T* h_prev = d == 0 ? yl + d * H : yl + B * DH + d * H;
-      gemm_strided<T>(GH, H, k_steps, dgh_later, 1, GH, h_prev, DH, 1, dw.w_hh[li], H, T(0));
+      const T* h_prev = d == 0 ? yl + d * S : yl + B * DS + d * S;
+      gemm_strided<T>(GH, S, k_steps, dgh_later, 1, GH, h_prev, DS, 1, dw.w_hh[li], S, T(0));
       if (h0)
-        gemm_strided<T>(GH, H, B, dgh + t_first * B * GH, 1, GH, h0 + li * B * H, H, 1, dw.w_hh[li], H, T(1));
+        gemm_strided<T>(GH, S, B, dgh + t_first * B * GH, 1, GH, h0 + li * B * S, S, 1, dw.w_hh[li], S, T(1));
+      // dW_hr (P x H) = dH^T (P x TB) M (TB x H), M the saved m_t.
+      if (proj)
+        gemm_strided<T>(S, H, TB, b.dh.data(), 1, S, reserve + li * per_dir + TB * (GH + H), H, 1, dw.w_hr[li], H,
+                        T(0));
       if (dw.b_ih[li]) column_sums<T>(dgx, TB, GH, dw.b_ih[li]);
       if (dw.b_hh[li]) {
         if (dgh == dgx && dw.b_ih[li])  // both biases see the same gate gradients (all but GRU)

@@ -3,9 +3,12 @@
 //
 // Shapes (row-major, time-major; T steps, B batch rows, I inputs, H hidden units, L layers, D = 1 or 2
 // directions, G gates: LSTM 4 (i, f, g, o), GRU 3 (r, z, n), RNN 1):
-//   x (T, B, I);  layer outputs y[l] (T, B, D*H), direction d in columns [d*H, d*H + H);
-//   h0, c0, h_n, c_n (L*D, B, H);  per layer l and direction d (index l*D + d):
-//   w_ih (G*H, I_l) with I_0 = I and I_l = D*H above;  w_hh (G*H, H);  b_ih, b_hh (G*H) or null.
+//   x (T, B, I);  layer outputs y[l] (T, B, D*S), direction d in columns [d*S, d*S + S);
+//   h0, h_n (L*D, B, S);  c0, c_n (L*D, B, H);  per layer l and direction d (index l*D + d):
+//   w_ih (G*H, I_l) with I_0 = I and I_l = D*S above;  w_hh (G*H, S);  b_ih, b_hh (G*H) or null;
+//   w_hr (P, H) for an LSTM with a projection (torch.nn.LSTM's proj_size = P).
+// S, the size of h, is H, or P with a projection: there h_t = W_hr m_t with m_t = o * tanh(c_t), the
+// step's second product (a barrier before it: it reads all of m_t; the threads own blocks of P columns).
 //
 // One layer-direction, forward (oneDNN's gemm_layer / gemm_iter / post-GEMM split):
 //   1. XP (T*B, G*H) = X W_ih^T + b: every step's input projection in one GEMM, the summed bias fused
@@ -44,22 +47,26 @@ struct RnnShape {
   RnnCell cell = RnnCell::lstm;
   index_t seq = 0, batch = 0, input = 0, hidden = 0;  // T, B, I, H
   int layers = 1, dirs = 1;                          // L, D
-  index_t input_of(int layer) const { return layer == 0 ? input : dirs * hidden; }
+  index_t proj = 0;                                  // P: LSTM projection size (0: none)
+  // S: the size of h (the recurrent state and each direction's output), P with a projection, else H.
+  index_t state() const { return proj > 0 ? proj : hidden; }
+  index_t input_of(int layer) const { return layer == 0 ? input : dirs * state(); }
 };
 
 // Per layer-direction pointers (index l*D + d); biases may be null (bias=False).
 template <typename T>
 struct RnnWeights {
-  std::vector<const T*> w_ih, w_hh, b_ih, b_hh;
+  std::vector<const T*> w_ih, w_hh, b_ih, b_hh, w_hr;  // w_hr: (P, H) with a projection, else empty
 };
 template <typename T>
 struct RnnWeightGrads {
-  std::vector<T*> w_ih, w_hh, b_ih, b_hh;  // b_* null when the forward had no biases
+  std::vector<T*> w_ih, w_hh, b_ih, b_hh, w_hr;  // b_* null when the forward had no biases
 };
 
 // Elements of the reserve (what backward reads) for one layer-direction, and for the whole problem:
-// LSTM saves the activated gates (T, B, 4H) and the cell states c_t (T, B, H); GRU the activated gates
-// (T, B, 3H) and W_hn h_{t-1} + b_hn (T, B, H); RNN nothing (h_t is in the layer output).
+// LSTM saves the activated gates (T, B, 4H) and the cell states c_t (T, B, H), and with a projection
+// also m_t = o * tanh(c_t) (T, B, H); GRU the activated gates (T, B, 3H) and W_hn h_{t-1} + b_hn
+// (T, B, H); RNN nothing (h_t is in the layer output).
 index_t rnn_reserve_elems_per_dir(const RnnShape& s);
 index_t rnn_reserve_elems(const RnnShape& s);
 
@@ -75,9 +82,9 @@ template <typename T>
 void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0, T* const* y,
                  T* h_n, T* c_n, T* reserve);
 
-// Backward through time from the forward's x, h0, c0 (null as there), y[l] and reserve. dy (T, B, D*H),
-// dh_n and dc_n (L*D, B, H) may be null (zeros). Writes dx (T, B, I), dh0, dc0 (L*D, B, H; dc0 for LSTM
-// only, may be null) and every weight and bias gradient (overwritten, not accumulated).
+// Backward through time from the forward's x, h0, c0 (null as there), y[l] and reserve. dy (T, B, D*S),
+// dh_n (L*D, B, S) and dc_n (L*D, B, H) may be null (zeros). Writes dx (T, B, I), dh0 (L*D, B, S), dc0
+// (L*D, B, H; LSTM only, may be null) and every weight and bias gradient (overwritten, not accumulated).
 template <typename T>
 void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0,
                   const T* const* y, const T* reserve, const T* dy, const T* dh_n, const T* dc_n, T* dx, T* dh0,

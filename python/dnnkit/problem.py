@@ -554,7 +554,9 @@ class RnnProblem:
     """A fused RNN over a sequence (a cell is seq = 1, one layer, one direction): torch.nn.LSTM's shapes.
 
     mode: lstm, gru, rnn_tanh or rnn_relu; seq T, batch B, input I (the first layer's features), hidden H,
-    layers L, dirs D (2: bidirectional); direction "fwd" (forward) or "bwd" (backward through time).
+    layers L, dirs D (2: bidirectional); direction "fwd" (forward) or "bwd" (backward through time);
+    proj P: an LSTM's projection size (torch.nn.LSTM's proj_size; 0: none), written dic<P> in the
+    descriptor (benchdnn's name for the size of h).
     """
 
     mode: str
@@ -568,6 +570,7 @@ class RnnProblem:
     direction: str = "fwd"
     dtype: str = "float32"
     device: str = "cpu"
+    proj: int = 0
 
     def __post_init__(self):
         if self.mode not in RNN_MODES:
@@ -578,6 +581,11 @@ class RnnProblem:
                 raise ValueError(f"RnnProblem: {name} must be an int >= {lo}, got {v!r}")
         if self.dirs > 2:
             raise ValueError(f"RnnProblem: dirs must be 1 or 2, got {self.dirs}")
+        if isinstance(self.proj, bool) or not isinstance(self.proj, int) or self.proj < 0:
+            raise ValueError(f"RnnProblem: proj must be an int >= 0, got {self.proj!r}")
+        if self.proj and (self.mode != "lstm" or self.proj >= self.hidden):
+            raise ValueError(f"RnnProblem: proj needs mode 'lstm' and proj < hidden, got mode {self.mode!r}, "
+                             f"proj {self.proj}, hidden {self.hidden}")
         if self.direction not in RNN_DIRECTIONS:
             raise ValueError(f"RnnProblem: direction must be one of {RNN_DIRECTIONS}, got {self.direction!r}")
         if self.dtype not in DTYPE_CODES:
@@ -598,18 +606,24 @@ class RnnProblem:
         return 4 if self.dtype == "float32" else 8
 
     @property
+    def state(self) -> int:
+        """The size of h (the recurrent state and each direction's output): proj, or hidden without one."""
+        return self.proj or self.hidden
+
+    @property
     def flops(self) -> int:
         """Multiply-adds of the GEMMs, times two: input and recurrent projections of every layer and
-        direction (backward: the data and weight gradients, twice the forward)."""
-        g, h = self.gates, self.hidden
+        direction, and the output projection (backward: the data and weight gradients, twice the forward)."""
+        g, h, s = self.gates, self.hidden, self.state
         total = 0
         for layer in range(self.layers):
-            inp = self.input if layer == 0 else self.dirs * h
-            total += self.dirs * 2 * self.seq * self.batch * g * h * (inp + h)
+            inp = self.input if layer == 0 else self.dirs * s
+            total += self.dirs * 2 * self.seq * self.batch * (g * h * (inp + s) + (s * h if self.proj else 0))
         return total if self.direction == "fwd" else 2 * total
 
     def descriptor(self) -> str:
         s = f"{self.mode}_l{self.layers}t{self.seq}mb{self.batch}slc{self.input}sic{self.hidden}"
+        s += f"dic{self.proj}" if self.proj else ""
         s += "_bidir" if self.dirs == 2 else ""
         s += "" if self.bias else "_nobias"
         s += f"_{DTYPE_CODES[self.dtype]}"
@@ -620,7 +634,7 @@ class RnnProblem:
 
     _RE = re.compile(
         r"^(?P<mode>lstm|gru|rnn_tanh|rnn_relu)_l(?P<l>\d+)t(?P<t>\d+)mb(?P<mb>\d+)slc(?P<slc>\d+)sic(?P<sic>\d+)"
-        r"(?P<bidir>_bidir)?(?P<nobias>_nobias)?(?:_(?P<dt>f32|f64))?(?:_(?P<dev>cpu|cuda))?$"
+        r"(?:dic(?P<dic>\d+))?(?P<bidir>_bidir)?(?P<nobias>_nobias)?(?:_(?P<dt>f32|f64))?(?:_(?P<dev>cpu|cuda))?$"
     )
 
     @classmethod
@@ -628,8 +642,8 @@ class RnnProblem:
         match = cls._RE.match(text.strip())
         if not match:
             raise ValueError(f"RnnProblem.parse: cannot parse {text!r}; expected "
-                             "<mode>_l<L>t<T>mb<B>slc<I>sic<H>[_bidir][_nobias][_f32|_f64]")
+                             "<mode>_l<L>t<T>mb<B>slc<I>sic<H>[dic<P>][_bidir][_nobias][_f32|_f64]")
         g = match.groupdict()
         return cls(g["mode"], int(g["t"]), int(g["mb"]), int(g["slc"]), int(g["sic"]), layers=int(g["l"]),
                    dirs=2 if g["bidir"] else 1, bias=not g["nobias"], direction=direction,
-                   dtype=DTYPES[g["dt"] or "f32"], device=g["dev"] or "cpu")
+                   dtype=DTYPES[g["dt"] or "f32"], device=g["dev"] or "cpu", proj=int(g["dic"] or 0))

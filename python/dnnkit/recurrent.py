@@ -2,8 +2,8 @@
 through time, with the semantics and weight shapes of torch.nn.LSTM / GRU / RNN and their cells.
 
 Forward:
-    lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False)
-        -> (output, (h_n, c_n))                       [+ reserve when train=True]
+    lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False,
+         proj_size=0) -> (output, (h_n, c_n))         [+ reserve when train=True]
     gru(x, h0, weights, ...) / rnn(x, h0, weights, *, nonlinearity="tanh", ...) -> (output, h_n) [+ reserve]
     lstm_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False) -> (h', c')  [+ reserve]
     gru_cell(x, h, ...), rnn_tanh_cell(x, h, ...), rnn_relu_cell(x, h, ...) -> h'    [+ reserve]
@@ -23,14 +23,21 @@ when the forward had no biases.
 The reserve (an RnnReserve, cuDNN's "reserve space") holds what backward reads: references to the
 forward's input, initial states, weights and layer outputs (the returned output among them), and one
 buffer of saved gate activations whose size is known from the problem (RnnReserve.reserve_bytes:
-T*B*H*(5 LSTM | 4 GRU | 0 RNN) elements per layer and direction). Arrays the forward was given or
+T*B*H*(5 LSTM | 6 LSTM with a projection | 4 GRU | 0 RNN) elements per layer and direction). Arrays
+the forward was given or
 returned must not be modified in place before the backward, as with cuDNN's y argument.
 
 Weights: `weights` is a list in the order of the torch module's parameters (weight_ih_l0, weight_hh_l0,
 bias_ih_l0, bias_hh_l0, then the `_reverse` set, then the next layer; 2 entries per layer and direction
 without biases) or a dict keyed by those names. Shapes: weight_ih_l{k} (G*H, I_k), weight_hh_l{k}
 (G*H, H), biases (G*H,), with G = 4 (LSTM, gates i, f, g, o), 3 (GRU, r, z, n) or 1, I_0 = input size
-and I_k = D*H above. Not supported: LSTM projections (proj_size).
+and I_k = D*H above.
+
+LSTM projections (lstm(..., proj_size=P), torch.nn.LSTM's proj_size, 0 < P < H): h_t = W_hr (o * tanh(c_t))
+is P wide, so the output is (T, B, D*P), h0 and h_n are (L*D, B, P) while c0 and c_n stay (L*D, B, H);
+weight_hh_l{k} is (4H, P), I_k = D*P above the first layer, and each layer-direction has one more
+weight, weight_hr_l{k} (P, H), after its biases (torch's parameter order). The projection is a second
+product in each step of the C++ time loop.
 
 Dropout (lstm/gru/rnn with dropout=p and train=True): the output of every layer but the last is
 multiplied by a keep mask scaled by 1/(1-p) before the next layer reads it, as torch.nn.LSTM(dropout=p)
@@ -66,7 +73,7 @@ class RnnReserve:
 
     @property
     def dropout_masks(self) -> list:
-        """The scaled keep masks (0 or 1/(1-p), shape (T, B, D*H)) applied to the output of each layer
+        """The scaled keep masks (0 or 1/(1-p), shape (T, B, D*S), S = H or the projection size) applied to the output of each layer
         but the last in a training forward with dropout; empty without dropout."""
         return list(self.masks or [])
 
@@ -84,34 +91,36 @@ class RnnReserve:
         return int(self.reserve_bytes + sum(y.nbytes for y in self.ys))
 
     def __repr__(self) -> str:
-        _, T, B, I, H, L, D = self.shape
-        return (f"<RnnReserve {self.op}: T={T} B={B} I={I} H={H} layers={L} directions={D} "
-                f"{self.x.dtype} {self.nbytes} bytes>")
+        _, T, B, I, H, L, D, P = self.shape
+        return (f"<RnnReserve {self.op}: T={T} B={B} I={I} H={H}{f' P={P}' if P else ''} layers={L} "
+                f"directions={D} {self.x.dtype} {self.nbytes} bytes>")
 
 
 _problems: dict = {}
 
 
-def _problem(mode, T, B, I, H, L, D, bias, direction, dtype) -> RnnProblem:
+def _problem(mode, T, B, I, H, L, D, bias, direction, dtype, P=0) -> RnnProblem:
     """One RnnProblem per distinct call signature (a dictionary hit, not a validation, per call)."""
-    key = (mode, T, B, I, H, L, D, bias, direction, dtype)
+    key = (mode, T, B, I, H, L, D, bias, direction, dtype, P)
     p = _problems.get(key)
     if p is None:
         if len(_problems) > 4096:
             _problems.clear()
         p = _problems[key] = RnnProblem(mode, T, B, I, H, layers=L, dirs=D, bias=bias, direction=direction,
-                                        dtype=_DTYPE_NAMES[np.dtype(dtype)])
+                                        dtype=_DTYPE_NAMES[np.dtype(dtype)], proj=P)
     return p
 
 
 # ------------------------------------------------------------------------------------------------ checks
-def _param_names(num_layers: int, dirs: int, bias: bool) -> list:
+def _param_names(num_layers: int, dirs: int, bias: bool, proj: bool = False) -> list:
     names = []
     for layer in range(num_layers):
         for suffix in ("", "_reverse")[:dirs]:
             names += [f"weight_ih_l{layer}{suffix}", f"weight_hh_l{layer}{suffix}"]
             if bias:
                 names += [f"bias_ih_l{layer}{suffix}", f"bias_hh_l{layer}{suffix}"]
+            if proj:
+                names.append(f"weight_hr_l{layer}{suffix}")
     return names
 
 
@@ -123,13 +132,14 @@ def _layers(op: str, num_layers) -> int:
     return int(num_layers)
 
 
-def _weights(op: str, weights, num_layers: int, dirs: int):
+def _weights(op: str, weights, num_layers: int, dirs: int, proj: bool = False):
     """(list of arrays in module order, names, as_dict, has_bias) from a list/tuple or a dict."""
     n = num_layers * dirs
-    config = f"num_layers={num_layers}, bidirectional={dirs == 2}"
+    config = f"num_layers={num_layers}, bidirectional={dirs == 2}" + (", proj_size > 0" if proj else "")
+    extra_w = 1 if proj else 0  # weight_hr per layer-direction
     if isinstance(weights, dict):
         has_bias = "bias_ih_l0" in weights or "bias_hh_l0" in weights
-        names = _param_names(num_layers, dirs, has_bias)
+        names = _param_names(num_layers, dirs, has_bias, proj)
         missing = [k for k in names if k not in weights]
         extra = [k for k in weights if k not in names]
         if missing or extra:
@@ -138,22 +148,22 @@ def _weights(op: str, weights, num_layers: int, dirs: int):
         return [weights[k] for k in names], names, True, has_bias
     if not isinstance(weights, (list, tuple)):
         raise TypeError(f"{op}: weights must be a list or a dict of arrays, got {type(weights).__name__}")
-    if len(weights) not in (4 * n, 2 * n):
-        raise ValueError(f"{op}: weights has {len(weights)} entries but {config} needs {4 * n} "
-                         f"(or {2 * n} without biases)")
-    has_bias = len(weights) == 4 * n
-    return list(weights), _param_names(num_layers, dirs, has_bias), False, has_bias
+    if len(weights) not in ((4 + extra_w) * n, (2 + extra_w) * n):
+        raise ValueError(f"{op}: weights has {len(weights)} entries but {config} needs {(4 + extra_w) * n} "
+                         f"(or {(2 + extra_w) * n} without biases)")
+    has_bias = len(weights) == (4 + extra_w) * n
+    return list(weights), _param_names(num_layers, dirs, has_bias, proj), False, has_bias
 
 
 def _weight_label(names, as_dict, index) -> str:
     return f"weights[{names[index]!r}]" if as_dict else f"weights[{index}] ({names[index]})"
 
 
-def _check_weights(op, mode, arrays, names, as_dict, has_bias, dtype, input_size, num_layers, dirs):
+def _check_weights(op, mode, arrays, names, as_dict, has_bias, dtype, input_size, num_layers, dirs, proj=0):
     """Contiguous arrays of the right shapes and dtype, as the kernel's flat list (4 per layer-direction,
-    None for absent biases); returns (flat, hidden_size)."""
+    None for absent biases, and w_hr fifth with a projection); returns (flat, hidden_size)."""
     G = _GATES[mode]
-    per = 4 if has_bias else 2
+    per = (4 if has_bias else 2) + (1 if proj else 0)
     checked = []
     for i, w in enumerate(arrays):
         label = _weight_label(names, as_dict, i)
@@ -162,21 +172,30 @@ def _check_weights(op, mode, arrays, names, as_dict, has_bias, dtype, input_size
             raise TypeError(f"{op}: {label} has dtype {a.dtype} but input has {dtype}; all arrays must share one dtype")
         checked.append(a)
     w_hh0 = checked[1]
-    if w_hh0.ndim != 2 or w_hh0.shape[0] != G * w_hh0.shape[1] or w_hh0.shape[1] < 1:
-        raise ValueError(f"{op}: {_weight_label(names, as_dict, 1)} must be 2-D of shape ({G}*hidden_size, "
-                         f"hidden_size) with hidden_size >= 1, got shape {w_hh0.shape}")
-    H = w_hh0.shape[1]
+    if proj:
+        # H from weight_hr_l0 (P, H); torch.nn.LSTM requires 0 < proj_size < hidden_size.
+        w_hr0 = checked[per - 1]
+        if w_hr0.ndim != 2 or w_hr0.shape[0] != proj or w_hr0.shape[1] <= proj:
+            raise ValueError(f"{op}: {_weight_label(names, as_dict, per - 1)} must be 2-D of shape (proj_size, "
+                             f"hidden_size) = ({proj}, hidden_size) with hidden_size > proj_size, "
+                             f"got shape {w_hr0.shape}")
+        H, S = w_hr0.shape[1], proj
+    else:
+        if w_hh0.ndim != 2 or w_hh0.shape[0] != G * w_hh0.shape[1] or w_hh0.shape[1] < 1:
+            raise ValueError(f"{op}: {_weight_label(names, as_dict, 1)} must be 2-D of shape ({G}*hidden_size, "
+                             f"hidden_size) with hidden_size >= 1, got shape {w_hh0.shape}")
+        H = S = w_hh0.shape[1]
     flat = []
     for k in range(num_layers * dirs):
-        in_k = input_size if k < dirs else dirs * H
-        expect = [(G * H, in_k), (G * H, H), (G * H,), (G * H,)]
+        in_k = input_size if k < dirs else dirs * S
+        expect = [(G * H, in_k), (G * H, S)] + ([(G * H,), (G * H,)] if has_bias else []) + ([(S, H)] if proj else [])
         group = checked[k * per:(k + 1) * per]
         for j, a in enumerate(group):
             if a.shape != expect[j]:
                 raise ValueError(f"{op}: {_weight_label(names, as_dict, k * per + j)} must have shape {expect[j]}, "
                                  f"got {a.shape}")
         group = [np.ascontiguousarray(a) for a in group]
-        flat += group if has_bias else group + [None, None]
+        flat += group[:2] + (group[2:4] if has_bias else [None, None]) + ([group[-1]] if proj else [])
     return flat, H
 
 
@@ -199,6 +218,16 @@ def _dropout(op, p) -> float:
     return float(p)
 
 
+def _proj_size(op, mode, proj_size) -> int:
+    if isinstance(proj_size, bool) or not isinstance(proj_size, (int, np.integer)):
+        raise TypeError(f"{op}: proj_size must be an int, got {type(proj_size).__name__}")
+    if proj_size < 0:
+        raise ValueError(f"{op}: proj_size must be >= 0, got {proj_size}")
+    if proj_size and mode != "lstm":
+        raise ValueError(f"{op}: proj_size is only for LSTMs")
+    return int(proj_size)
+
+
 def _generator(op, generator) -> np.random.Generator:
     if isinstance(generator, np.random.Generator):
         return generator
@@ -215,22 +244,23 @@ def _sequence_stack(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias, rec
     fresh keep mask scaled by 1/(1-p) (all zeros when p = 1), as torch.nn.LSTM(dropout=p) does in training
     mode. With recompute, no gate activations are saved: the backward recomputes them one layer at a time.
     Returns (out, h_n, c_n, the one-layer reserves, the masks)."""
-    T, B, I, H, L, D = dims
+    T, B, I, H, L, D, P = dims
+    S, per = P or H, 5 if P else 4  # the size of h; kernel weights per layer-direction
     dtype = xt.dtype
-    h_n = _empty(op, (L * D, B, H), dtype)
+    h_n = _empty(op, (L * D, B, S), dtype)
     c_n = _empty(op, (L * D, B, H), dtype) if mode == "lstm" else None
     stack, masks = [], []
     inp = xt
     for layer in range(L):
         k0, k1 = layer * D, (layer + 1) * D
-        il = I if layer == 0 else D * H
-        shape = (_CELL_CODES[mode], T, B, il, H, 1, D)
-        out = _empty(op, (T, B, D * H), dtype)
+        il = I if layer == 0 else D * S
+        shape = (_CELL_CODES[mode], T, B, il, H, 1, D, P)
+        out = _empty(op, (T, B, D * S), dtype)
         buffer = None if recompute else _empty(op, (_cpu.rnn_reserve_elems(shape),), dtype)
-        w = flat[4 * k0:4 * k1]
+        w = flat[per * k0:per * k1]
         h0_l = None if h0 is None else h0[k0:k1]
         c0_l = None if c0 is None else c0[k0:k1]
-        p = _problem(mode, T, B, il, H, 1, D, has_bias, "fwd", dtype)
+        p = _problem(mode, T, B, il, H, 1, D, has_bias, "fwd", dtype, P)
         _choose(op, p, "auto").run(p, inp, h0_l, c0_l, w, out=[out], h_n=h_n[k0:k1],
                                    c_n=None if c_n is None else c_n[k0:k1], reserve=buffer)
         stack.append(RnnReserve(op=op, mode=mode, cell=False, shape=shape, problem=p, x=inp, h0=h0_l, c0=c0_l,
@@ -251,8 +281,9 @@ def _sequence_stack(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias, rec
 
 
 def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout=0.0,
-              generator=None, recompute=False):
+              generator=None, recompute=False, proj_size=0):
     num_layers = _layers(op, num_layers)
+    P = _proj_size(op, mode, proj_size)
     p_drop = _dropout(op, dropout)
     recompute = _flag(op, "recompute", recompute)
     dirs = 2 if _flag(op, "bidirectional", bidirectional) else 1
@@ -264,30 +295,31 @@ def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_fir
     T, B, I = xt.shape
     if T < 1:
         raise ValueError(f"{op}: input must have a sequence length >= 1, got shape {x.shape}")
-    arrays, names, as_dict, has_bias = _weights(op, weights, num_layers, dirs)
-    flat, H = _check_weights(op, mode, arrays, names, as_dict, has_bias, x.dtype, I, num_layers, dirs)
-    state_shape = (num_layers * dirs, H) if unbatched else (num_layers * dirs, B, H)
-    h0 = _state(op, "h0", h0, state_shape, x.dtype)
-    c0 = _state(op, "c0", c0, state_shape, x.dtype) if mode == "lstm" else None
+    arrays, names, as_dict, has_bias = _weights(op, weights, num_layers, dirs, P > 0)
+    flat, H = _check_weights(op, mode, arrays, names, as_dict, has_bias, x.dtype, I, num_layers, dirs, P)
+    S = P or H  # the size of h
+    lead = (num_layers * dirs,) if unbatched else (num_layers * dirs, B)
+    h0 = _state(op, "h0", h0, lead + (S,), x.dtype)
+    c0 = _state(op, "c0", c0, lead + (H,), x.dtype) if mode == "lstm" else None
     xt = np.ascontiguousarray(xt)
-    shape = (_CELL_CODES[mode], T, B, I, H, num_layers, dirs)
-    p = _problem(mode, T, B, I, H, num_layers, dirs, has_bias, "fwd", x.dtype)
+    shape = (_CELL_CODES[mode], T, B, I, H, num_layers, dirs, P)
+    p = _problem(mode, T, B, I, H, num_layers, dirs, has_bias, "fwd", x.dtype, P)
     stack = masks = None
     if train and ((p_drop > 0.0 and num_layers > 1) or recompute):
         rng = _generator(op, generator) if p_drop > 0.0 and num_layers > 1 else None
         out, h_n, c_n, stack, masks = _sequence_stack(op, mode, xt, h0, c0, flat, p_drop if rng else 0.0, rng,
-                                                      (T, B, I, H, num_layers, dirs), has_bias, recompute)
+                                                      (T, B, I, H, num_layers, dirs, P), has_bias, recompute)
         ys, buffer = [r.ys[0] for r in stack], None
     else:
-        out = _empty(op, (T, B, dirs * H), x.dtype)
+        out = _empty(op, (T, B, dirs * S), x.dtype)
         if train:
-            ys = [_empty(op, (T, B, dirs * H), x.dtype) for _ in range(num_layers - 1)] + [out]
+            ys = [_empty(op, (T, B, dirs * S), x.dtype) for _ in range(num_layers - 1)] + [out]
             buffer = _empty(op, (_cpu.rnn_reserve_elems(shape),), x.dtype)
         else:
-            tmp = [_empty(op, (T, B, dirs * H), x.dtype) for _ in range(min(num_layers - 1, 2))]
+            tmp = [_empty(op, (T, B, dirs * S), x.dtype) for _ in range(min(num_layers - 1, 2))]
             ys = [tmp[layer % 2] for layer in range(num_layers - 1)] + [out]
             buffer = None
-        h_n = _empty(op, (num_layers * dirs, B, H), x.dtype)
+        h_n = _empty(op, (num_layers * dirs, B, S), x.dtype)
         c_n = _empty(op, (num_layers * dirs, B, H), x.dtype) if mode == "lstm" else None
         _choose(op, p, "auto").run(p, xt, h0, c0, flat, out=ys, h_n=h_n, c_n=c_n, reserve=buffer)
     if unbatched:
@@ -305,7 +337,7 @@ def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_fir
 
 
 def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False, dropout=0.0,
-         generator=None, recompute=False):
+         generator=None, recompute=False, proj_size=0):
     """torch.nn.LSTM's forward: returns (output, (h_n, c_n)), and a reserve for lstm_backward when train.
 
     x: (T, B, I), or (B, T, I) with batch_first, or (T, I) unbatched; h0, c0: (num_layers*D, B, H) or
@@ -315,9 +347,11 @@ def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=F
     but the last when train is true (ignored otherwise); the masks come from `generator` (None, an int
     seed or a numpy.random.Generator) and are kept in the reserve (RnnReserve.dropout_masks).
     recompute (with train): save no gate activations; lstm_backward recomputes them one layer at a time
-    (memory: one layer-direction's activations at the peak instead of all of them; time: one more forward)."""
+    (memory: one layer-direction's activations at the peak instead of all of them; time: one more forward).
+    proj_size P > 0: torch.nn.LSTM's projections, h_t = W_hr (o * tanh(c_t)); output (T, B, D*P), h0 and
+    h_n (num_layers*D, B, P), weights with weight_hr_l{k} (P, H) after each layer-direction's biases."""
     return _sequence("lstm", "lstm", x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
-                     generator, recompute)
+                     generator, recompute, proj_size)
 
 
 def gru(x, h0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False, dropout=0.0,
@@ -363,14 +397,14 @@ def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n):
     """The kernel on C-contiguous gradients in its own layout: (dx (T, B, I), dh0, dc0, flat grads)."""
     if r.stack:
         return _run_backward_stack(op, r, dy, dh_n, dc_n)
-    _, T, B, I, H, L, D = r.shape
+    _, T, B, I, H, L, D, P = r.shape
     dtype = r.x.dtype
     dx = _empty(op, (T, B, I), dtype)
-    dh0 = _empty(op, (L * D, B, H), dtype)
+    dh0 = _empty(op, (L * D, B, P or H), dtype)
     dc0 = _empty(op, (L * D, B, H), dtype) if r.mode == "lstm" else None
     grads = [None if w is None else _empty(op, w.shape, dtype) for w in r.weights]
     fp = r.problem
-    p = _problem(fp.mode, fp.seq, fp.batch, fp.input, fp.hidden, fp.layers, fp.dirs, fp.bias, "bwd", dtype)
+    p = _problem(fp.mode, fp.seq, fp.batch, fp.input, fp.hidden, fp.layers, fp.dirs, fp.bias, "bwd", dtype, fp.proj)
     _choose(op, p, "auto").run(p, r.x, r.h0, r.c0, r.weights, r.ys, r.buffer, dy, dh_n, dc_n,
                                out=(dx, dh0, dc0, grads))
     return dx, dh0, dc0, grads
@@ -379,12 +413,12 @@ def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n):
 def _recompute(op, r: RnnReserve) -> RnnReserve:
     """A one-layer reserve with its gate activations, recomputed by running the layer's forward again on
     the input it had (the same arithmetic, so the same values as a forward that saved them)."""
-    _, T, B, I, H, _, D = r.shape
+    _, T, B, I, H, _, D, P = r.shape
     dtype = r.x.dtype
     buffer = _empty(op, (_cpu.rnn_reserve_elems(r.shape),), dtype)
-    out = _empty(op, (T, B, D * H), dtype)
+    out = _empty(op, (T, B, D * (P or H)), dtype)
     p = r.problem
-    _choose(op, p, "auto").run(p, r.x, r.h0, r.c0, r.weights, out=[out], h_n=_empty(op, (D, B, H), dtype),
+    _choose(op, p, "auto").run(p, r.x, r.h0, r.c0, r.weights, out=[out], h_n=_empty(op, (D, B, P or H), dtype),
                                c_n=_empty(op, (D, B, H), dtype) if r.mode == "lstm" else None, reserve=buffer)
     return RnnReserve(op=r.op, mode=r.mode, cell=False, shape=r.shape, problem=p, x=r.x, h0=r.h0, c0=r.c0,
                       weights=r.weights, names=None, as_dict=False, has_bias=r.has_bias, ys=[out], buffer=buffer,
@@ -394,9 +428,9 @@ def _recompute(op, r: RnnReserve) -> RnnReserve:
 def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n):
     """Backward of a forward with dropout: the one-layer reserves from the top down, the gradient that
     reaches each layer's output multiplied by the mask its output went through."""
-    _, T, B, I, H, L, D = r.shape
+    _, T, B, I, H, L, D, P = r.shape
     dtype = r.x.dtype
-    dh0 = _empty(op, (L * D, B, H), dtype)
+    dh0 = _empty(op, (L * D, B, P or H), dtype)
     dc0 = _empty(op, (L * D, B, H), dtype) if r.mode == "lstm" else None
     grads = []
     for layer in reversed(range(L)):
@@ -417,19 +451,20 @@ def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n):
 
 def _backward(op, r: RnnReserve, grad_output, grad_h_n, grad_c_n):
     """Sequences: the user's gradients (in the forward's layouts) checked and brought to the kernel's."""
-    _, T, B, I, H, L, D = r.shape
+    _, T, B, I, H, L, D, P = r.shape
+    S = P or H
     dtype = r.x.dtype
     if r.unbatched:
-        out_shape, state_shape = (T, D * H), (L * D, H)
+        out_shape, lead = (T, D * S), (L * D,)
     else:
-        out_shape = (B, T, D * H) if r.batch_first else (T, B, D * H)
-        state_shape = (L * D, B, H)
+        out_shape = (B, T, D * S) if r.batch_first else (T, B, D * S)
+        lead = (L * D, B)
     dy = _grad(op, "grad_output", grad_output, out_shape, dtype)
     if dy is not None:
-        dy = dy.reshape(T, 1, D * H) if r.unbatched else (dy.transpose(1, 0, 2) if r.batch_first else dy)
+        dy = dy.reshape(T, 1, D * S) if r.unbatched else (dy.transpose(1, 0, 2) if r.batch_first else dy)
         dy = np.ascontiguousarray(dy)
-    dh_n = _grad(op, "grad_h_n", grad_h_n, state_shape, dtype)
-    dc_n = _grad(op, "grad_c_n", grad_c_n, state_shape, dtype) if r.mode == "lstm" else None
+    dh_n = _grad(op, "grad_h_n", grad_h_n, lead + (S,), dtype)
+    dc_n = _grad(op, "grad_c_n", grad_c_n, lead + (H,), dtype) if r.mode == "lstm" else None
     dh_n = None if dh_n is None else np.ascontiguousarray(dh_n)
     dc_n = None if dc_n is None else np.ascontiguousarray(dc_n)
     return _run_backward(op, r, dy, dh_n, dc_n)
@@ -443,7 +478,7 @@ def _sequence_backward(op, modes, grad_output, grad_h_n, grad_c_n, reserve):
         dc0 = None if dc0 is None else dc0[:, 0, :]
     elif r.batch_first:
         dx = dx.transpose(1, 0, 2)
-    flat = [g for g in grads if g is not None] if r.has_bias else [g for i, g in enumerate(grads) if i % 4 < 2]
+    flat = [g for g in grads if g is not None]  # the kernel's None entries are the absent biases
     weights = dict(zip(r.names, flat)) if r.as_dict else flat
     return (dx, dh0, dc0, weights) if r.mode == "lstm" else (dx, dh0, weights)
 
@@ -507,7 +542,7 @@ def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
         if c.shape != state_shape:
             raise ValueError(f"{op}: {names[1]} must have shape {state_shape}, got {c.shape}")
     x = x if x.flags.c_contiguous else np.ascontiguousarray(x)
-    shape = (_CELL_CODES[mode], 1, B, I, H, 1, 1)
+    shape = (_CELL_CODES[mode], 1, B, I, H, 1, 1, 0)
     h_out = _empty(op, (B, H), dtype)
     c_out = _empty(op, (B, H), dtype) if mode == "lstm" else None
     buffer = _empty(op, (_cpu.rnn_reserve_elems(shape),), dtype) if _flag(op, "train", train) else None
@@ -555,7 +590,7 @@ def rnn_relu_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False):
 
 def _cell_backward(op, modes, grad_h, grad_c, reserve):
     r = _reserve(op, reserve, modes, cell=True)
-    _, _, B, _, H, _, _ = r.shape
+    _, _, B, _, H, _, _, _ = r.shape
     state = (H,) if r.unbatched else (B, H)
     # h' is the step's output (grad_output of a one-step sequence); c' is the final cell state.
     dh = _grad(op, "grad_h", grad_h, state, r.x.dtype)

@@ -263,7 +263,9 @@ def rel_l2(actual, expected) -> float:
 # ------------------------------------------------------------------------------------------------- RNNs
 # Cells as torch.nn.LSTMCell / GRUCell / RNNCell: gate rows of w_ih and w_hh in the order i, f, g, o
 # (LSTM) and r, z, n (GRU). Sequences as torch.nn.LSTM / GRU / RNN, time-major x (T, B, I), weights a
-# flat list in the modules' parameter order (per layer, per direction: w_ih, w_hh[, b_ih, b_hh]).
+# flat list in the modules' parameter order (per layer, per direction: w_ih, w_hh[, b_ih, b_hh][, w_hr]).
+# An LSTM with a projection (torch's proj_size P, w_hr of shape (P, H)) has h_t = w_hr (o * tanh(c_t)):
+# h and each direction's output are P wide, c stays H wide, and w_hh is (4H, P).
 RNN_MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 _RNN_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
@@ -272,9 +274,9 @@ def _sigmoid64(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def _rnn_step_ref(mode, x, h, c, w_ih, w_hh, b_ih, b_hh):
+def _rnn_step_ref(mode, x, h, c, w_ih, w_hh, b_ih, b_hh, w_hr=None):
     """One step in float64: (h', c', saved) where saved holds what the backward needs."""
-    H = w_hh.shape[1]
+    H = w_hh.shape[0] // _RNN_GATES[mode]
     gx = x @ w_ih.T + (0.0 if b_ih is None else b_ih)  # (B, G*H)
     gh = h @ w_hh.T + (0.0 if b_hh is None else b_hh)  # (B, G*H)
     if mode == "lstm":
@@ -282,7 +284,8 @@ def _rnn_step_ref(mode, x, h, c, w_ih, w_hh, b_ih, b_hh):
         i, f = _sigmoid64(a[:, :H]), _sigmoid64(a[:, H:2 * H])
         g, o = np.tanh(a[:, 2 * H:3 * H]), _sigmoid64(a[:, 3 * H:])
         c2 = f * c + i * g
-        return o * np.tanh(c2), c2, (i, f, g, o, c2)
+        m = o * np.tanh(c2)
+        return (m if w_hr is None else m @ w_hr.T), c2, (i, f, g, o, c2, m)
     if mode == "gru":
         r = _sigmoid64(gx[:, :H] + gh[:, :H])
         z = _sigmoid64(gx[:, H:2 * H] + gh[:, H:2 * H])
@@ -314,41 +317,45 @@ def rnn_cell_ref(x, h, w_ih, w_hh, b_ih=None, b_hh=None, nonlinearity="tanh"):
 
 
 def _rnn_weights_ref(weights, num_layers, dirs):
-    """[(w_ih, w_hh, b_ih, b_hh)] per layer-direction from the flat list, in float64."""
+    """[(w_ih, w_hh, b_ih, b_hh, w_hr)] per layer-direction from the flat list, in float64: 2 or 4 entries
+    a layer-direction (without or with biases), 3 or 5 with an LSTM projection (w_hr last)."""
     n = num_layers * dirs
     per = len(weights) // n
-    if per not in (2, 4) or per * n != len(weights):
+    if per not in (2, 3, 4, 5) or per * n != len(weights):
         raise ValueError(f"rnn reference: {len(weights)} weights for {num_layers} layers x {dirs} directions")
     out = []
     for k in range(n):
         w = [_f64(v) for v in weights[k * per:(k + 1) * per]]
-        out.append((w[0], w[1], w[2], w[3]) if per == 4 else (w[0], w[1], None, None))
+        w_hr = w.pop() if per in (3, 5) else None
+        out.append((w[0], w[1], w[2], w[3], w_hr) if len(w) == 4 else (w[0], w[1], None, None, w_hr))
     return out
 
 
 def rnn_sequence_ref(mode, x, h0, c0, weights, num_layers=1, bidirectional=False, dropout_masks=None):
-    """(output (T, B, D*H), h_n (L*D, B, H), c_n or None) of torch.nn.LSTM/GRU/RNN in float64.
+    """(output (T, B, D*S), h_n (L*D, B, S), c_n (L*D, B, H) or None) of torch.nn.LSTM/GRU/RNN in float64,
+    S = H, or P with a projection.
 
-    mode: 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'; x (T, B, I); h0, c0 (L*D, B, H) or None (zeros).
-    dropout_masks: None, or num_layers - 1 arrays (T, B, D*H) multiplied into the output of every layer
-    but the last before the next layer reads it (dropout's scaled keep masks)."""
+    mode: 'lstm', 'gru', 'rnn_tanh' or 'rnn_relu'; x (T, B, I); h0 (L*D, B, S), c0 (L*D, B, H) or None
+    (zeros). dropout_masks: None, or num_layers - 1 arrays (T, B, D*S) multiplied into the output of
+    every layer but the last before the next layer reads it (dropout's scaled keep masks)."""
     D = 2 if bidirectional else 1
     params = _rnn_weights_ref(weights, num_layers, D)
     layer_in = _f64(x)
     T, B = layer_in.shape[:2]
-    H = params[0][1].shape[1]
-    h0 = np.zeros((num_layers * D, B, H)) if h0 is None else _f64(h0)
+    S = params[0][1].shape[1]
+    H = params[0][1].shape[0] // _RNN_GATES[mode]
+    h0 = np.zeros((num_layers * D, B, S)) if h0 is None else _f64(h0)
     c0 = np.zeros((num_layers * D, B, H)) if c0 is None else _f64(c0)
     h_n, c_n = np.zeros_like(h0), np.zeros_like(c0)
     for layer in range(num_layers):
-        out = np.zeros((T, B, D * H))
+        out = np.zeros((T, B, D * S))
         for d in range(D):
             k = layer * D + d
             h, c = h0[k], c0[k]
             for t in (range(T) if d == 0 else range(T - 1, -1, -1)):
                 h, c2, _ = _rnn_step_ref(mode, layer_in[t], h, c, *params[k])
                 c = c if c2 is None else c2
-                out[t, :, d * H:(d + 1) * H] = h
+                out[t, :, d * S:(d + 1) * S] = h
             h_n[k], c_n[k] = h, c
         layer_in = out if dropout_masks is None or layer == num_layers - 1 else out * _f64(dropout_masks[layer])
     return layer_in, h_n, (c_n if mode == "lstm" else None)
@@ -364,16 +371,17 @@ def rnn_sequence_backward_ref(mode, x, h0, c0, weights, grad_output, grad_h_n=No
     has_bias = params[0][2] is not None
     x = _f64(x)
     T, B = x.shape[:2]
-    H = params[0][1].shape[1]
     G = _RNN_GATES[mode]
-    h0 = np.zeros((num_layers * D, B, H)) if h0 is None else _f64(h0)
+    S = params[0][1].shape[1]
+    H = params[0][1].shape[0] // G
+    h0 = np.zeros((num_layers * D, B, S)) if h0 is None else _f64(h0)
     c0 = np.zeros((num_layers * D, B, H)) if c0 is None else _f64(c0)
     # Forward, keeping every step's input, states and saved values.
     inputs, tapes = [], []
     layer_in = x
     for layer in range(num_layers):
         inputs.append(layer_in)
-        out = np.zeros((T, B, D * H))
+        out = np.zeros((T, B, D * S))
         for d in range(D):
             k = layer * D + d
             h, c = h0[k], c0[k]
@@ -382,7 +390,7 @@ def rnn_sequence_backward_ref(mode, x, h0, c0, weights, grad_output, grad_h_n=No
                 h2, c2, saved = _rnn_step_ref(mode, layer_in[t], h, c, *params[k])
                 tape[t] = (h, c, saved)  # state before the step, and the step's saved values
                 h, c = h2, (c if c2 is None else c2)
-                out[t, :, d * H:(d + 1) * H] = h
+                out[t, :, d * S:(d + 1) * S] = h
             tapes.append(tape)
         layer_in = out if dropout_masks is None or layer == num_layers - 1 else out * _f64(dropout_masks[layer])
     grad_out = _f64(grad_output)
@@ -395,15 +403,19 @@ def rnn_sequence_backward_ref(mode, x, h0, c0, weights, grad_output, grad_h_n=No
         grad_in = np.zeros_like(lin)
         for d in range(D):
             k = layer * D + d
-            w_ih, w_hh = params[k][0], params[k][1]
+            w_ih, w_hh, w_hr = params[k][0], params[k][1], params[k][4]
             dw_ih, dw_hh = np.zeros_like(w_ih), np.zeros_like(w_hh)
+            dw_hr = None if w_hr is None else np.zeros_like(w_hr)
             db_ih, db_hh = np.zeros(G * H), np.zeros(G * H)
             dh, dc = gh_n[k].copy(), gc_n[k].copy()
             for t in (range(T - 1, -1, -1) if d == 0 else range(T)):
                 h_prev, c_prev, saved = tapes[k][t]
-                dh = dh + grad_out[t, :, d * H:(d + 1) * H]
+                dh = dh + grad_out[t, :, d * S:(d + 1) * S]
                 if mode == "lstm":
-                    i, f, g, o, c_t = saved
+                    i, f, g, o, c_t, m = saved
+                    if w_hr is not None:  # h_t = m_t w_hr^T: the cell's output m_t receives dh w_hr
+                        dw_hr += dh.T @ m
+                        dh = dh @ w_hr
                     tc = np.tanh(c_t)
                     dct = dc + dh * o * (1.0 - tc ** 2)
                     da = np.concatenate([dct * g * i * (1 - i), dct * c_prev * f * (1 - f), dct * i * (1 - g ** 2),
@@ -430,7 +442,7 @@ def rnn_sequence_backward_ref(mode, x, h0, c0, weights, grad_output, grad_h_n=No
                 grad_in[t] += dax @ w_ih
                 dh = dah @ w_hh + dh_direct
             grad_h0[k], grad_c0[k] = dh, dc
-            grads[k] = [dw_ih, dw_hh] + ([db_ih, db_hh] if has_bias else [])
+            grads[k] = [dw_ih, dw_hh] + ([db_ih, db_hh] if has_bias else []) + ([] if w_hr is None else [dw_hr])
         grad_out = grad_in if dropout_masks is None or layer == 0 else grad_in * _f64(dropout_masks[layer - 1])
     flat = [g for per in grads for g in per]
     return grad_out, grad_h0, (grad_c0 if mode == "lstm" else None), flat

@@ -18,8 +18,8 @@ _CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
 
 
 def shape_tuple(p) -> tuple:
-    """The kernels' shape: (cell code, T, B, I, H, L, D)."""
-    return (_CELL_CODES[p.mode], p.seq, p.batch, p.input, p.hidden, p.layers, p.dirs)
+    """The kernels' shape: (cell code, T, B, I, H, L, D, P)."""
+    return (_CELL_CODES[p.mode], p.seq, p.batch, p.input, p.hidden, p.layers, p.dirs, p.proj)
 
 
 class FusedRnn(Algorithm):
@@ -37,13 +37,14 @@ class FusedRnn(Algorithm):
         return cpu_float_reason(p)
 
     def workspace_bytes(self, p) -> int:
-        gh, tb, d = p.gates * p.hidden, p.seq * p.batch, p.dirs
+        gh, tb, d, s = p.gates * p.hidden, p.seq * p.batch, p.dirs, p.state
+        proj = s * p.hidden if p.proj else 0  # W_hr packed
         if self.direction == "fwd":
-            elems = d * (tb * gh + gh * p.hidden + p.batch * gh)
+            elems = d * (tb * gh + gh * s + p.batch * gh + proj)
         else:
-            elems = d * (tb * gh * (2 if p.mode == "gru" else 1) + gh * p.hidden)
+            elems = d * (tb * gh * (2 if p.mode == "gru" else 1) + gh * s + proj + (tb * s if p.proj else 0))
             if p.layers > 1:
-                elems += min(p.layers - 1, 2) * tb * d * p.hidden
+                elems += min(p.layers - 1, 2) * tb * d * s
         return elems * p.itemsize
 
     def run(self, p, *arrays, out=None, **params):
