@@ -3,26 +3,26 @@
 #pragma once
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "../common.h"
 
 namespace dnnkit {
 
-// Square transposes of W x W blocks (W = 8 floats or 4 doubles, 32 bytes a row) in vector registers,
-// written with GCC's generic vectors so that every ISA the translation unit is built for gets its own
-// shuffles: out[r*ld_out + c] = in[c*ld_in + r].
+// Transposes of W x W blocks (W = 8 floats or 4 doubles, 32 bytes a row) in vector registers, written
+// with GCC's generic vectors so that every ISA the translation unit is built for gets its own shuffles.
 template <typename T>
 constexpr index_t kTransposeBlock = 32 / sizeof(T);
 
+typedef float tv8f __attribute__((vector_size(32)));
+typedef double tv4d __attribute__((vector_size(32)));
 template <typename T>
-inline void transpose_block(const T* in, index_t ld_in, T* out, index_t ld_out);
+using TransposeVec = std::conditional_t<sizeof(T) == 4, tv8f, tv4d>;
 
-template <>
-inline void transpose_block<float>(const float* in, index_t ld_in, float* out, index_t ld_out) {
-  typedef float v8 __attribute__((vector_size(32)));
+// out[i] = column i of the W x W matrix whose rows are r[0..W).
+__attribute__((always_inline)) inline void transpose_regs(const tv8f* r, tv8f* out) {
   typedef int i8 __attribute__((vector_size(32)));
-  v8 r[8], t[8];
-  for (int i = 0; i < 8; ++i) std::memcpy(&r[i], in + i * ld_in, sizeof(v8));
+  tv8f t[8], u[8];
   // Interleave pairs of rows, then pairs of pairs, then halves: three stages of a transpose network.
   for (int i = 0; i < 8; i += 2) {
     t[i] = __builtin_shuffle(r[i], r[i + 1], i8{0, 8, 1, 9, 4, 12, 5, 13});
@@ -30,33 +30,63 @@ inline void transpose_block<float>(const float* in, index_t ld_in, float* out, i
   }
   for (int i = 0; i < 8; i += 4)
     for (int h = 0; h < 2; ++h) {
-      r[i + h] = __builtin_shuffle(t[i + h], t[i + h + 2], i8{0, 1, 8, 9, 4, 5, 12, 13});
-      r[i + h + 2] = __builtin_shuffle(t[i + h], t[i + h + 2], i8{2, 3, 10, 11, 6, 7, 14, 15});
+      u[i + h] = __builtin_shuffle(t[i + h], t[i + h + 2], i8{0, 1, 8, 9, 4, 5, 12, 13});
+      u[i + h + 2] = __builtin_shuffle(t[i + h], t[i + h + 2], i8{2, 3, 10, 11, 6, 7, 14, 15});
     }
+  // The last stage's results are columns 0, 2, 1, 3 (the first stage's order), then 4, 6, 5, 7.
+  constexpr int col_of[8] = {0, 2, 1, 3, 4, 6, 5, 7};
   for (int i = 0; i < 4; ++i) {
-    t[i] = __builtin_shuffle(r[i], r[i + 4], i8{0, 1, 2, 3, 8, 9, 10, 11});
-    t[i + 4] = __builtin_shuffle(r[i], r[i + 4], i8{4, 5, 6, 7, 12, 13, 14, 15});
+    out[col_of[i]] = __builtin_shuffle(u[i], u[i + 4], i8{0, 1, 2, 3, 8, 9, 10, 11});
+    out[col_of[i + 4]] = __builtin_shuffle(u[i], u[i + 4], i8{4, 5, 6, 7, 12, 13, 14, 15});
   }
-  // t[0..3] are output rows 0, 2, 1, 3 (first stage's order), t[4..7] rows 4, 6, 5, 7.
-  constexpr int row_of[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-  for (int i = 0; i < 8; ++i) std::memcpy(out + row_of[i] * ld_out, &t[i], sizeof(v8));
 }
 
-template <>
-inline void transpose_block<double>(const double* in, index_t ld_in, double* out, index_t ld_out) {
-  typedef double v4 __attribute__((vector_size(32)));
+__attribute__((always_inline)) inline void transpose_regs(const tv4d* r, tv4d* out) {
   typedef long long i4 __attribute__((vector_size(32)));
-  v4 r[4], t[4];
-  for (int i = 0; i < 4; ++i) std::memcpy(&r[i], in + i * ld_in, sizeof(v4));
+  tv4d t[4];
   t[0] = __builtin_shuffle(r[0], r[1], i4{0, 4, 2, 6});
   t[1] = __builtin_shuffle(r[0], r[1], i4{1, 5, 3, 7});
   t[2] = __builtin_shuffle(r[2], r[3], i4{0, 4, 2, 6});
   t[3] = __builtin_shuffle(r[2], r[3], i4{1, 5, 3, 7});
-  r[0] = __builtin_shuffle(t[0], t[2], i4{0, 1, 4, 5});
-  r[1] = __builtin_shuffle(t[1], t[3], i4{0, 1, 4, 5});
-  r[2] = __builtin_shuffle(t[0], t[2], i4{2, 3, 6, 7});
-  r[3] = __builtin_shuffle(t[1], t[3], i4{2, 3, 6, 7});
-  for (int i = 0; i < 4; ++i) std::memcpy(out + i * ld_out, &r[i], sizeof(v4));
+  out[0] = __builtin_shuffle(t[0], t[2], i4{0, 1, 4, 5});
+  out[1] = __builtin_shuffle(t[1], t[3], i4{0, 1, 4, 5});
+  out[2] = __builtin_shuffle(t[0], t[2], i4{2, 3, 6, 7});
+  out[3] = __builtin_shuffle(t[1], t[3], i4{2, 3, 6, 7});
+}
+
+// R rows of W elements (rows ld_in apart) to W rows of R elements (ld_out apart), R <= W:
+// out[c*ld_out + r] = in[r*ld_in + c]. Rows past R are never read, columns past R never written.
+template <typename T, int R = static_cast<int>(kTransposeBlock<T>)>
+__attribute__((always_inline)) inline void transpose_block(const T* in, index_t ld_in, T* out, index_t ld_out) {
+  using V = TransposeVec<T>;
+  constexpr int W = static_cast<int>(kTransposeBlock<T>);
+  static_assert(R >= 1 && R <= W, "transpose_block: 1 <= R <= W");
+  V r[W], t[W];
+  for (int i = 0; i < R; ++i) std::memcpy(&r[i], in + i * ld_in, sizeof(V));
+  for (int i = R; i < W; ++i) r[i] = V{};
+  transpose_regs(r, t);
+  for (int i = 0; i < W; ++i) std::memcpy(out + i * ld_out, &t[i], sizeof(T) * R);
+}
+
+// transpose_block for a run-time row count 1 <= rows <= W.
+template <typename T>
+inline void transpose_block_rows(int rows, const T* in, index_t ld_in, T* out, index_t ld_out) {
+  switch (rows) {
+    case 1: return transpose_block<T, 1>(in, ld_in, out, ld_out);
+    case 2: return transpose_block<T, 2>(in, ld_in, out, ld_out);
+    case 3: return transpose_block<T, 3>(in, ld_in, out, ld_out);
+    default: break;
+  }
+  if constexpr (kTransposeBlock<T> == 8) {
+    switch (rows) {
+      case 4: return transpose_block<T, 4>(in, ld_in, out, ld_out);
+      case 5: return transpose_block<T, 5>(in, ld_in, out, ld_out);
+      case 6: return transpose_block<T, 6>(in, ld_in, out, ld_out);
+      case 7: return transpose_block<T, 7>(in, ld_in, out, ld_out);
+      default: break;
+    }
+  }
+  transpose_block<T>(in, ld_in, out, ld_out);
 }
 
 // k rows of N contiguous elements (rows rs apart) to k rows of exactly N: a copy of known size, which
@@ -93,23 +123,20 @@ void pack_a_panel(index_t m, index_t k, const T* a, index_t rs, index_t cs, int 
   }
   if (cs == 1) {
     // Row-major A: groups of W rows by W k steps transposed in registers and stored as W panel rows
-    // (a scalar scatter with stride mr writes each cache line of the panel mr times over). A group that
-    // would run past row m or past the panel's width goes through a zero-padded local block.
+    // (a scalar scatter with stride mr writes each cache line of the panel mr times over). The last
+    // group of a panel whose height is not a multiple of W (MR = 14 or 6 with W = 8) loads only its
+    // rows and stores rows of exactly that width.
     constexpr index_t W = kTransposeBlock<T>;
-    alignas(32) T in[W * W] = {}, out[W * W];  // rows of `in` past the group stay zero
     index_t p = 0;
-    for (; p + W <= k; p += W)
+    for (; p + W <= k; p += W) {
       for (index_t i0 = 0; i0 < m; i0 += W) {
-        const index_t rows = std::min<index_t>(W, m - i0);
-        if (rows == W && i0 + W <= mr) {
+        const index_t rows = std::min<index_t>(W, m - i0);  // m <= mr: the group ends inside the panel
+        if (rows == W)
           transpose_block<T>(a + i0 * rs + p, rs, ap + p * mr + i0, mr);
-          continue;
-        }
-        for (index_t i = 0; i < rows; ++i) std::memcpy(in + i * W, a + (i0 + i) * rs + p, sizeof(T) * W);
-        transpose_block<T>(in, W, out, W);
-        for (index_t q = 0; q < W; ++q)
-          for (index_t i = 0; i < rows; ++i) ap[(p + q) * mr + i0 + i] = out[q * W + i];
+        else
+          transpose_block_rows<T>(static_cast<int>(rows), a + i0 * rs + p, rs, ap + p * mr + i0, mr);
       }
+    }
     for (; p < k; ++p)
       for (index_t i = 0; i < m; ++i) ap[p * mr + i] = a[i * rs + p];
   } else {
