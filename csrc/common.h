@@ -10,6 +10,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 namespace dnnkit {
 
@@ -17,6 +20,11 @@ using index_t = std::int64_t;
 
 // Alignment of every packed buffer: one cache line, which is also one AVX-512 vector.
 constexpr std::size_t kAlign = 64;
+// Buffers of this size or more are aligned to 2 MiB and asked to be backed by huge pages: a fresh
+// buffer (glibc maps every allocation over 32 MiB anew) would otherwise take a page fault per 4 KiB
+// on first touch, every call. NumPy does the same for its large arrays.
+constexpr std::size_t kHugeBytes = std::size_t(4) << 20;
+constexpr std::size_t kHugeAlign = std::size_t(2) << 20;
 
 // An owning, aligned, uninitialised buffer of T. Throws std::bad_alloc (MemoryError in Python).
 template <typename T>
@@ -34,10 +42,14 @@ class AlignedBuffer {
     std::free(ptr_);
     ptr_ = nullptr;
     cap_ = 0;
-    if (n > (SIZE_MAX - kAlign) / sizeof(T)) throw std::bad_alloc();
-    std::size_t bytes = (n * sizeof(T) + kAlign - 1) / kAlign * kAlign;
-    void* p = std::aligned_alloc(kAlign, bytes);
+    if (n > (SIZE_MAX - kHugeAlign) / sizeof(T)) throw std::bad_alloc();
+    const std::size_t align = n * sizeof(T) >= kHugeBytes ? kHugeAlign : kAlign;
+    std::size_t bytes = (n * sizeof(T) + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, bytes);
     if (!p) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (align == kHugeAlign) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: failure changes nothing
+#endif
     ptr_ = static_cast<T*>(p);
     cap_ = n;
   }
