@@ -516,23 +516,49 @@ PYBIND11_MODULE(_cpu, m) {
   }, py::arg("shape"), py::arg("max_elems"), py::arg("batch_images") = false,
      "Output pixels per im2col chunk for a workspace of at most max_elems elements (batch_images: forward).");
   m.def("col_elems", [](const py::tuple& shape, index_t chunk) { return col_elems(conv_shape(shape), chunk); });
+  m.def("fft_filter_transform", [](const py::array& w, py::array& out, index_t hf, index_t wf, index_t dh,
+                                   index_t dw) {
+    // w: K x Cg x R x S real; out: F x 2Cg x K real, F = hf * (wf/2 + 1); one real dtype, C-contiguous.
+    if (w.ndim() != 4 || out.ndim() != 3) throw py::value_error("fft_filter_transform: w must be 4-D and out 3-D");
+    const index_t K = w.shape(0), Cg = w.shape(1), R = w.shape(2), S = w.shape(3);
+    if (hf < 1 || wf < 1 || dh < 1 || dw < 1 || (R - 1) * dh >= hf || (S - 1) * dw >= wf)
+      throw py::value_error("fft_filter_transform: the dilated filter must fit the hf x wf grid");
+    if (out.shape(0) != hf * (wf / 2 + 1) || out.shape(1) != 2 * Cg || out.shape(2) != K)
+      throw py::value_error("fft_filter_transform: out must have shape (hf*(wf//2+1), 2*Cg, K)");
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      for (const py::array* a : std::initializer_list<const py::array*>{&w, &out})
+        if (!py::isinstance<py::array_t<T>>(*a) || !(a->flags() & py::array::c_style))
+          throw py::type_error("fft_filter_transform: arrays must be C-contiguous and of one real dtype");
+      if (!out.writeable()) throw py::value_error("fft_filter_transform: out is read-only");
+      const T* wp = static_cast<const T*>(w.data());
+      T* op = static_cast<T*>(out.mutable_data());
+      py::gil_scoped_release nogil;
+      fft_filter_transform<T>(K, Cg, R, S, dh, dw, hf, wf, wp, op);
+    };
+    if (is_f32(out)) run(float{});
+    else if (is_f64(out)) run(double{});
+    else throw py::type_error("fft_filter_transform: out must be float32 or float64");
+  });
   m.def("fft_channel_reduce", [](const py::array& x, const py::array& w, py::array& y, index_t groups) {
-    // x: nb x C x F, w: K x C/g x F, y: nb x K x F; complex64 or complex128, C-contiguous.
+    // x: nb x C x F complex, w: F x 2(C/g) x K real (fft_filter_transform's), y: nb x K x F complex.
     if (x.ndim() != 3 || w.ndim() != 3 || y.ndim() != 3)
       throw py::value_error("fft_channel_reduce: x, w and y must be 3-D");
-    const index_t nb = x.shape(0), c = x.shape(1), f = x.shape(2), k = w.shape(0);
-    if (groups < 1 || c % groups || k % groups || w.shape(1) != c / groups || w.shape(2) != f ||
+    const index_t nb = x.shape(0), c = x.shape(1), f = x.shape(2), k = w.shape(2);
+    if (groups < 1 || c % groups || k % groups || w.shape(0) != f || w.shape(1) != 2 * (c / groups) ||
         y.shape(0) != nb || y.shape(1) != k || y.shape(2) != f)
       throw py::value_error("fft_channel_reduce: shapes do not match");
     auto run = [&](auto tag) {
       using T = decltype(tag);
       using C = std::complex<T>;
-      for (const py::array* a : std::initializer_list<const py::array*>{&x, &w, &y})
+      for (const py::array* a : std::initializer_list<const py::array*>{&x, &y})
         if (!py::isinstance<py::array_t<C>>(*a) || !(a->flags() & py::array::c_style))
-          throw py::type_error("fft_channel_reduce: arrays must be C-contiguous and of one complex dtype");
+          throw py::type_error("fft_channel_reduce: x and y must be C-contiguous and of one complex dtype");
+      if (!py::isinstance<py::array_t<T>>(w) || !(w.flags() & py::array::c_style))
+        throw py::type_error("fft_channel_reduce: w must be C-contiguous and of the matching real dtype");
       if (!y.writeable()) throw py::value_error("fft_channel_reduce: y is read-only");
       const T* xp = reinterpret_cast<const T*>(x.data());
-      const T* wp = reinterpret_cast<const T*>(w.data());
+      const T* wp = static_cast<const T*>(w.data());
       T* yp = reinterpret_cast<T*>(y.mutable_data());
       py::gil_scoped_release nogil;
       fft_channel_reduce<T>(nb, c, k, groups, f, xp, wp, yp);

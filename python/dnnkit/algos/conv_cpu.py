@@ -179,16 +179,20 @@ class FftFwd(_CpuConv):
         bound = workspace_bound()
         c = 2 * p.itemsize  # bytes of one complex element
         per_image = (p.ic + p.oc) * nf * c + p.ic * hf * wf * p.itemsize + p.oc * hf * wf * p.itemsize
-        fixed = p.oc * (p.ic // p.g) * (nf * c + hf * wf * p.itemsize)
+        fixed = self._filter_bytes(p)
         return int(max(1, min(p.mb, (bound - fixed) // max(per_image, 1))))
+
+    def _filter_bytes(self, p) -> int:
+        """The transformed filters, (F, 2*C/g, K) real."""
+        _, _, nf = self._sizes(p)
+        return nf * 2 * (p.ic // p.g) * p.oc * p.itemsize
 
     def workspace_bytes(self, p) -> int:
         """Memory the transforms allocate (scipy.fft returns new arrays, so none is handed in)."""
         hf, wf, nf = self._sizes(p)
         nb = self._images_per_chunk(p)
         c = 2 * p.itemsize
-        return int(p.oc * (p.ic // p.g) * (nf * c + hf * wf * p.itemsize)
-                   + nb * ((p.ic + p.oc) * nf * c + (p.ic + p.oc) * hf * wf * p.itemsize))
+        return int(self._filter_bytes(p) + nb * ((p.ic + p.oc) * nf * c + (p.ic + p.oc) * hf * wf * p.itemsize))
 
     def run(self, p, x, w, *, out, bias=None, workspace=None):
         import scipy.fft as sfft
@@ -198,14 +202,10 @@ class FftFwd(_CpuConv):
         nt = get_num_threads()
         hf, wf, nf = self._sizes(p)
         dt = x.dtype
-        ct = np.complex64 if dt == np.float32 else np.complex128
         cg = p.ic // p.g
-        dh, dw = p.dh + 1, p.dw + 1
-        # The filter, dilated into an hf x wf plane: wd[k, c, r*dh, s*dw] = w[k, c, r, s].
-        wd = np.zeros((p.oc, cg, hf, wf), dtype=dt)
-        wd[:, :, : (p.kh - 1) * dh + 1 : dh, : (p.kw - 1) * dw + 1 : dw] = w
-        wf_ = np.ascontiguousarray(sfft.rfft2(wd, workers=nt).reshape(p.oc, cg, nf), dtype=ct)  # K x Cg x F
-        del wd
+        # The filters' DFT on the hf x wf grid (dilated taps), straight into the reduction's layout.
+        wt = np.empty((nf, 2 * cg, p.oc), dtype=dt)
+        _cpu.fft_filter_transform(np.ascontiguousarray(w), wt, hf, wf, p.dh + 1, p.dw + 1)
         nb = self._images_per_chunk(p)
         ys = slice(0, (p.oh - 1) * p.sh + 1, p.sh)
         xs = slice(0, (p.ow - 1) * p.sw + 1, p.sw)
@@ -213,10 +213,10 @@ class FftFwd(_CpuConv):
             n1 = min(p.mb, n0 + nb)
             xp = np.zeros((n1 - n0, p.ic, hf, wf), dtype=dt)  # zero padding, then the image
             xp[:, :, p.ph : p.ph + p.ih, p.pw : p.pw + p.iw] = x[n0:n1]
-            xf = np.ascontiguousarray(sfft.rfft2(xp, workers=nt).reshape(n1 - n0, p.ic, nf), dtype=ct)
+            xf = np.ascontiguousarray(sfft.rfft2(xp, workers=nt).reshape(n1 - n0, p.ic, nf))
             del xp
-            yf = np.empty((n1 - n0, p.oc, nf), dtype=ct)
-            _cpu.fft_channel_reduce(xf, wf_, yf, p.g)
+            yf = np.empty((n1 - n0, p.oc, nf), dtype=xf.dtype)
+            _cpu.fft_channel_reduce(xf, wt, yf, p.g)
             del xf
             # Circular correlation of size hf x wf equals the linear one on the valid region.
             full = sfft.irfft2(yf.reshape(n1 - n0, p.oc, hf, wf // 2 + 1), s=(hf, wf), workers=nt)

@@ -79,6 +79,9 @@ def _transposes(m: int, n: int) -> bool:
     return m / (math.ceil(m / nr) * nr) > n / (math.ceil(n / nr) * nr) + 0.1
 
 
+_GEMM_MC = 2016  # csrc/gemm/blocking.h: rows of A per packed block (B is packed once per block)
+
+
 def gemm_efficiency(m: int, n: int, k: int) -> float:
     """Fraction of peak the blocked GEMM reaches: lower for narrow N, short K and few rows."""
     if min(m, n, k) <= 0:
@@ -103,8 +106,10 @@ def _conv_fwd(p, name):
         pointwise = (p.kh, p.kw, p.sh, p.sw, p.ph, p.pw) == (1, 1, 1, 1, 0, 0)
         cols = pq * (n if pq < 512 else 1)
         t = direct / (peak * gemm_efficiency(kg, cols, cg * p.kh * p.kw))
-        if not pointwise:
-            t += 2 * n * c * p.kh * p.kw * pq * p.itemsize / (_copy_bytes_per_s() * threads)
+        # The GEMM packs its B operand (the columns, or the input planes of a 1x1 layer) once per block
+        # of MC output channels, and building the columns is one more copy.
+        copy = 2 * n * c * p.kh * p.kw * pq * p.itemsize / (_copy_bytes_per_s() * threads)
+        t += copy * (math.ceil(kg / _GEMM_MC) + (0 if pointwise else 1))
         return t
     if name in ("winograd_f4x4_3x3", "winograd_f2x2_3x3"):
         # csrc/conv/winograd.cpp: chunks of 64 tiles as the micro-kernel's columns (the last one padded),
@@ -120,11 +125,19 @@ def _conv_fwd(p, name):
         t += k * cg * a2 * (_FILTER_FEW_S_PER_ELEMENT if few else _FILTER_S_PER_ELEMENT) / threads
         return t
     if name == "fft":
-        hf, wf = p.ih + 2 * p.ph, p.iw + 2 * p.pw
+        # algos/conv_cpu.py FftFwd: the filters' DFT written as F x 2Cg x K reals (a fresh array: bound by
+        # first-touch writes), per frequency one real GEMM of 2n x 2Cg x K reading that once, and scipy's
+        # transforms of the padded inputs and outputs (fitted on 3x3 and 7x7 layers at batch 8).
+        from scipy.fft import next_fast_len
+
+        hf, wf = next_fast_len(p.ih + 2 * p.ph, real=True), next_fast_len(p.iw + 2 * p.pw, real=True)
         freqs = hf * (wf // 2 + 1)
-        reduce = 8 * n * k * cg * freqs / (peak * 0.08)
-        transforms = (n * (c + k) + k * cg) * hf * wf * 5 * math.log2(max(hf * wf, 2)) / (peak * 0.05)
-        return reduce + transforms
+        w_bytes = freqs * 2 * cg * k * p.itemsize
+        stream = _copy_bytes_per_s() * get_num_threads()
+        filters = 12 * w_bytes / stream
+        reduce = 8 * n * k * cg * freqs / (peak * 0.07) + w_bytes / stream
+        transforms = n * (c + k) * hf * wf * 5 * math.log2(max(hf * wf, 2)) / (peak * 0.02)
+        return filters + reduce + transforms
     if name == "depthwise":
         # Memory-bound: the padded input plane is copied, then read, and the output written once.
         moved = (3 * n * c * p.ih * p.iw + n * k * pq) * p.itemsize
