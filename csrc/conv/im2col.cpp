@@ -42,8 +42,9 @@ void im2col(const ConvShape& sh, const T* x, index_t j0, index_t j1, T* col, ind
     T* dst = col + row * ldcol;
     index_t q_lo, q_hi;
     valid_range(Q, W, sh.sw, sh.pw, s * sh.dw, &q_lo, &q_hi);
-    for (index_t j = j0; j < j1;) {
-      const index_t p = j / Q, q0 = j % Q;
+    // Output pixel j = p*Q + q: one division for the chunk's start, then whole output rows.
+    index_t p = j0 / Q, q0 = j0 % Q;
+    for (index_t j = j0; j < j1; ++p, q0 = 0) {
       const index_t q1 = std::min<index_t>(Q, q0 + (j1 - j));  // this output row's part of the chunk
       T* d = dst + (j - j0);
       const index_t ih = p * sh.sh - sh.ph + r * sh.dh;
@@ -77,8 +78,8 @@ void col2im(const ConvShape& sh, const T* col, index_t j0, index_t j1, T* dx) {
         const T* src = col + ((c * R + r) * S + s) * J;
         index_t q_lo, q_hi;
         valid_range(Q, W, sh.sw, sh.pw, s * sh.dw, &q_lo, &q_hi);
-        for (index_t j = j0; j < j1;) {
-          const index_t p = j / Q, q0 = j % Q;
+        index_t p = j0 / Q, q0 = j0 % Q;  // output pixel j = p*Q + q, advanced a row at a time
+        for (index_t j = j0; j < j1; ++p, q0 = 0) {
           const index_t q1 = std::min<index_t>(Q, q0 + (j1 - j));
           const index_t ih = p * sh.sh - sh.ph + r * sh.dh;
           if (ih >= 0 && ih < H) {
