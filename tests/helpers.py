@@ -56,3 +56,18 @@ def untouched_outside(view: np.ndarray, buf: np.ndarray, fill) -> bool:
     """True when every element of buf outside view still holds fill (NaN-aware). Overwrites view."""
     view[...] = fill
     return bool(np.isnan(buf).all()) if np.isnan(fill) else bool((buf == fill).all())
+
+
+def central_differences(loss, a, step: float = 1e-6) -> np.ndarray:
+    """d loss() / d a by central differences, perturbing each element of the float64 array a in place
+    (restored afterwards); loss reads a."""
+    numeric = np.zeros_like(a)
+    for idx in np.ndindex(a.shape):
+        keep = a[idx]
+        a[idx] = keep + step
+        plus = loss()
+        a[idx] = keep - step
+        minus = loss()
+        a[idx] = keep
+        numeric[idx] = (plus - minus) / (2 * step)
+    return numeric

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import dnnkit
 from dnnkit.reference import linear_backward_ref, linear_ref, rel_l2
-from helpers import DTYPES, dtype_tolerance
+from helpers import DTYPES, central_differences, dtype_tolerance
 
 ACTIVATIONS = (None, "relu", "tanh", "sigmoid", "gelu")
 
@@ -148,24 +148,13 @@ def test_linear_backward_finite_differences(isa, activation, x_shape):
     x, w, b = _inputs_away_from_kinks(x_shape, out_f)
     G = np.random.default_rng(99).standard_normal(x_shape[:-1] + (out_f,))
 
-    def loss(x_, w_, b_):
-        return float(np.sum(G * dnnkit.linear(x_, w_, b_, activation=activation)))
-
-    def numeric_grad(which):
-        args = [x, w, b]
-        grad = np.zeros_like(args[which])
-        for idx in np.ndindex(grad.shape):
-            plus = [a.copy() for a in args]
-            minus = [a.copy() for a in args]
-            plus[which][idx] += h
-            minus[which][idx] -= h
-            grad[idx] = (loss(*plus) - loss(*minus)) / (2 * h)
-        return grad
+    def loss():
+        return float(np.sum(G * dnnkit.linear(x, w, b, activation=activation)))
 
     y, z = dnnkit.linear(x, w, b, activation=activation, return_preactivation=True)
     grads = dnnkit.linear_backward(G, x, w, bias=True, activation=activation, output=y, preactivation=z)
     for which, name in enumerate(("grad_input", "grad_weight", "grad_bias")):
-        err = rel_l2(grads[which], numeric_grad(which))
+        err = rel_l2(grads[which], central_differences(loss, (x, w, b)[which], h))
         assert err <= 1e-6, f"{name}: relative L2 error {err:.3g} against finite differences"
 
 
