@@ -64,6 +64,15 @@ class AlignedBuffer {
 inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
 inline index_t round_up(index_t a, index_t b) { return ceil_div(a, b) * b; }
 
+// Rank of the calling thread in the innermost OpenMP team (0 outside one, or without OpenMP).
+inline int thread_id() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
 // Number of threads kernels use; set from Python (dnnkit.set_num_threads).
 int get_num_threads();
 void set_num_threads(int n);

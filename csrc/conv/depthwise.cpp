@@ -96,11 +96,7 @@ void conv2d_fwd_depthwise(const ConvShape& sh, const T* x, const T* w, const T* 
       1, std::min<index_t>({static_cast<index_t>(get_num_threads()), ws_elems / plane, tasks})));
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
-#ifdef _OPENMP
-    T* buf = ws + static_cast<index_t>(omp_get_thread_num()) * plane;
-#else
-    T* buf = ws;
-#endif
+    T* buf = ws + static_cast<index_t>(thread_id()) * plane;
 #pragma omp for schedule(static)
     for (index_t t = 0; t < tasks; ++t) {
       const index_t n = t / sh.g, g = t % sh.g;

@@ -97,11 +97,7 @@ void fft_channel_reduce(index_t nb, index_t c, index_t k, index_t g, index_t f, 
   AlignedBuffer<T> abuf(static_cast<std::size_t>(nt * M * KK)), cbuf(static_cast<std::size_t>(nt * M * k));
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
-#ifdef _OPENMP
-    const int tid = omp_get_thread_num();
-#else
-    const int tid = 0;
-#endif
+    const int tid = thread_id();
     T* a = abuf.data() + tid * M * KK;
     T* cb = cbuf.data() + tid * M * k;
     // Contiguous ranges of frequencies: neighbouring f share the cache lines of X and Y.

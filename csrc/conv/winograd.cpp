@@ -686,11 +686,7 @@ void winograd_few_tiles(const ConvShape& sh, const Plan& pl, const Tiling& tl, c
   const index_t kcb = ut_depth(sh, M, sizeof(T));
 #pragma omp parallel num_threads(nt)
   {
-#ifdef _OPENMP
-    const int tid = omp_get_thread_num();
-#else
-    const int tid = 0;
-#endif
+    const int tid = thread_id();
     T* const ut = thread_bufs + tid * (pl.v_elems + pl.m_elems);
     T* const mt = ut + pl.v_elems;
     ChunkTiles ct;
@@ -760,11 +756,7 @@ void conv2d_fwd_winograd_impl(const ConvShape& sh, const T* x, const T* w, const
 
 #pragma omp parallel num_threads(nt)
   {
-#ifdef _OPENMP
-    const int tid = omp_get_thread_num();
-#else
-    const int tid = 0;
-#endif
+    const int tid = thread_id();
     T* const v_own = thread_bufs + tid * (pl.v_elems + pl.m_elems);
     T* const mb = v_own + pl.v_elems;
     ChunkTiles ct;

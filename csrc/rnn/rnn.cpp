@@ -70,14 +70,6 @@ ThreadGroup thread_group(int tid, int nt, int dirs) {
   return ThreadGroup{0, tid, nt, 0, dirs};
 }
 
-int thread_id() {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
-
 // C (m x n, row stride ldc) := beta*C + A W^T + bias, A (m x k, row stride lda), W (n x k) row-major.
 template <typename T>
 void gemm_a_wt(index_t m, index_t n, index_t k, const T* a, index_t lda, const T* w, T* c, index_t ldc,
