@@ -24,8 +24,8 @@ The reserve (an RnnReserve, cuDNN's "reserve space") holds what backward reads: 
 forward's input, initial states, weights and layer outputs (the returned output among them), and one
 buffer of saved gate activations whose size is known from the problem (RnnReserve.reserve_bytes:
 T*B*H*(5 LSTM | 6 LSTM with a projection | 4 GRU | 0 RNN) elements per layer and direction). Arrays
-the forward was given or
-returned must not be modified in place before the backward, as with cuDNN's y argument.
+the forward was given or returned must not be modified in place before the backward, as with cuDNN's
+y argument.
 
 Weights: `weights` is a list in the order of the torch module's parameters (weight_ih_l0, weight_hh_l0,
 bias_ih_l0, bias_hh_l0, then the `_reverse` set, then the next layer; 2 entries per layer and direction
@@ -73,8 +73,9 @@ class RnnReserve:
 
     @property
     def dropout_masks(self) -> list:
-        """The scaled keep masks (0 or 1/(1-p), shape (T, B, D*S), S = H or the projection size) applied to the output of each layer
-        but the last in a training forward with dropout; empty without dropout."""
+        """The scaled keep masks (0 or 1/(1-p), shape (T, B, D*S) with S = H, or P with a projection)
+        applied to the output of each layer but the last in a training forward with dropout; empty
+        without dropout."""
         return list(self.masks or [])
 
     @property
