@@ -184,6 +184,11 @@ void conv_run(const std::string& dir, const std::string& algo, const ConvShape& 
       T* col = conv_workspace<T>(ws, sh, chunk);
       py::gil_scoped_release nogil;
       conv2d_fwd_im2col<T>(sh, x, w, b, y, col, chunk);
+    } else if (algo == "implicit_gemm") {
+      const index_t need = implicit_workspace_elems(sh, static_cast<int>(chunk));  // chunk: threads
+      T* wsp = conv_workspace_elems<T>(ws, need);
+      py::gil_scoped_release nogil;
+      conv2d_fwd_implicit<T>(sh, x, w, b, y, wsp, need);
     } else if (algo == "winograd_f2x2_3x3" || algo == "winograd_f4x4_3x3") {
       const int m = algo == "winograd_f2x2_3x3" ? 2 : 4;
       if (sh.r != 3 || sh.s != 3 || sh.sh != 1 || sh.sw != 1 || sh.dh != 1 || sh.dw != 1)
@@ -508,7 +513,7 @@ PYBIND11_MODULE(_cpu, m) {
         },
         py::arg("direction"), py::arg("kernel"), py::arg("shape"), py::arg("a0"), py::arg("a1"), py::arg("bias"),
         py::arg("out"), py::arg("workspace"), py::arg("chunk"),
-        "Test and algorithm entry: direction fwd|bwd_data|bwd_filter|bwd_bias, kernel direct|im2col_gemm|gemm_col2im;\n"
+        "Test and algorithm entry: direction fwd|bwd_data|bwd_filter|bwd_bias, kernel direct|im2col_gemm|implicit_gemm|gemm_col2im;\n"
         "fwd: (x, w) -> y; bwd_data: (w, dy) -> dx; bwd_filter: (x, dy) -> dw; bwd_bias: (dy, None) -> db.");
 
   m.def("im2col_chunk", [](const py::tuple& shape, index_t max_elems, bool batch_images) {
@@ -568,6 +573,9 @@ PYBIND11_MODULE(_cpu, m) {
     else throw py::type_error("fft_channel_reduce: y must be complex64 or complex128");
   });
 
+  m.def("implicit_workspace_elems", [](const py::tuple& shape, int nthreads) {
+    return implicit_workspace_elems(conv_shape(shape), nthreads);
+  });
   m.def("depthwise_workspace_elems", [](const py::tuple& shape, int nthreads) {
     return depthwise_workspace_elems(conv_shape(shape), nthreads);
   }, "Workspace elements of the depthwise kernel on nthreads threads: one padded input plane each.");

@@ -454,6 +454,34 @@ def test_pointwise_images_side_by_side(isa, num_threads, dtype):
         check_forward(algo, ConvCase(n, c, k, h, w, 1, 1, g, 1, 0, 1, dtype, True, layout, 200 + i))
 
 
+# (n, c, k, h, w, r, s, groups, stride, padding, dilation): implicit_gemm's B panels against its runs
+IMPLICIT_EDGE_SHAPES = [
+    (3, 4, 5, 6, 1, 3, 1, 1, 1, (1, 0), 1),     # one output column: every panel column its own run
+    (2, 40, 6, 5, 7, 3, 3, 1, 1, 1, 1),         # 360-deep columns: more than one k block
+    (5, 6, 4, 4, 8, 3, 3, 2, 1, 1, 1),          # a 4x8 plane (32 pixels), groups, batch not a multiple of 2
+    (1, 3, 7, 3, 11, 2, 3, 1, 1, (0, 1), 1),    # 33 pixels in runs of 11, one image on all threads
+    (2, 5, 3, 9, 9, 3, 3, 1, (2, 3), 4, (2, 1)),  # stride, dilation, padding wider than the filter
+    (2, 2, 3, 2, 2, 5, 5, 1, 1, 3, 1),          # mostly padding
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_implicit_gemm_panels_and_threads(isa, num_threads, dtype):
+    """implicit_gemm's packing of the columns straight from the padded image, on every ISA's NR and
+    thread count: output rows split across panels, one-column rows, deep columns, strides, dilation and
+    padding wider than the filter, the per-thread and all-thread schedules; output and workspace
+    poisoned with NaN."""
+    algo = next(a for a in ALGOS["fwd"] if a.name == "implicit_gemm")
+    for i, (n, c, k, h, w, r, s, g, stride, pad, dil) in enumerate(IMPLICIT_EDGE_SHAPES):
+        case = ConvCase(n, c, k, h, w, r, s, g, stride, pad, dil, dtype, True, "C", 300 + i)
+        x, wt, b, _ = arrays(case)
+        p = ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, dtype=np.dtype(dtype).name, bias=True)
+        workspace = np.full(algo.workspace_bytes(p) // np.dtype(dtype).itemsize, np.nan, dtype)
+        out = np.full(p.output_shape, np.nan, dtype)
+        algo.run(p, x, wt, out=out, bias=b, workspace=workspace)
+        _check_output(out, expected_forward(case, x, wt, b), np.dtype(dtype), algo, case)
+
+
 @needs_api
 def test_winograd_workspace_limit_too_small_is_a_reason():
     """Under a workspace limit smaller than one chunk per thread, Winograd is rejected with the amount it

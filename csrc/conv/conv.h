@@ -54,6 +54,15 @@ void conv2d_bwd_data_col2im(const ConvShape& sh, const T* w, const T* dy, T* dx,
 template <typename T>
 void conv2d_bwd_filter_im2col(const ConvShape& sh, const T* x, const T* dy, T* dw, T* col, index_t chunk);
 
+// ---- implicit GEMM (implicit.cpp): the im2col product with B packed straight from the input. The
+// workspace holds one zero-padded copy of an image-group's input planes per thread:
+// implicit_workspace_elems(shape, nthreads) elements; the kernel runs on as many threads as ws_elems has
+// copies for (at most get_num_threads()). Throws std::bad_alloc if the GEMM's packing buffers cannot be
+// allocated.
+index_t implicit_workspace_elems(const ConvShape& sh, int nthreads);
+template <typename T>
+void conv2d_fwd_implicit(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y, T* ws, index_t ws_elems);
+
 // ---- depthwise (depthwise.cpp): one input channel per group (c / g == 1). The workspace holds one
 // zero-padded input plane per thread: depthwise_workspace_elems(shape, nthreads) elements; the kernel
 // runs on as many threads as ws_elems has planes for (at most get_num_threads()).

@@ -89,6 +89,10 @@ void pack_b_block(const GemmArgs<T>& g, int nr, index_t pc, index_t kc, index_t 
     const index_t j = jc + jr * nr;
     const index_t n_t = std::min<index_t>(nr, jc + nc - j);
     T* dst = bp + jr * nr * kc;
+    if (g.pack_b) {
+      g.pack_b(g.pack_b_ctx, pc, kc, j, n_t, nr, dst);
+      continue;
+    }
     if (g.b_group_cols == 0) {
       pack_b_panel<T>(kc, n_t, g.b + pc * g.rs_b + j * g.cs_b, g.rs_b, g.cs_b, nr, dst);
       continue;
@@ -168,7 +172,7 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
     return;
   }
   const UKernel<T> uk = select_ukernel<T>(active_isa());
-  if (g.b_group_cols == 0 && transposing_helps<T>(g.m, g.n, uk)) return gemm<T>(transposed(g), nthreads);
+  if (g.b_group_cols == 0 && !g.pack_b && transposing_helps<T>(g.m, g.n, uk)) return gemm<T>(transposed(g), nthreads);
   const Plan p = make_plan<T>(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), uk);
   const index_t b_block = p.nc * p.kc;
   // Allocated before the parallel region: an exception must not cross it.

@@ -27,6 +27,12 @@ struct GemmArgs {
   // j % b_group_cols of the group at b + (j / b_group_cols) * b_group_stride. Only the packing of B
   // reads it (a convolution's 1x1 input planes batched into one GEMM without copying them).
   index_t b_group_cols = 0, b_group_stride = 0;
+  // B computed rather than read (an implicit-GEMM convolution packs its columns from the image): when
+  // set, pack_b(pack_b_ctx, pc, kc, j, n_t, nr, dst) writes rows [pc, pc + kc) of columns [j, j + n_t)
+  // of B as one packed panel, dst[p*nr + l] = B(pc + p, j + l), zero for l >= n_t. b and its strides
+  // are then unused. It runs on the GEMM's threads, concurrently for different panels.
+  void (*pack_b)(const void* ctx, index_t pc, index_t kc, index_t j, index_t n_t, int nr, T* dst) = nullptr;
+  const void* pack_b_ctx = nullptr;
 };
 
 // The arguments of C (m x n, row stride ldc, unit column stride) := beta * C + A B for A and B given by

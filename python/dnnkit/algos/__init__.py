@@ -57,6 +57,7 @@ def get(op: str, backend: str, name: str) -> Algorithm:
 register(gemm_cpu.SmallMGemm())
 register(gemm_cpu.BlockedGemm())
 register(conv_cpu.Im2colGemmFwd())
+register(conv_cpu.ImplicitGemmFwd())
 register(conv_cpu.WinogradF4x4())
 register(conv_cpu.WinogradF2x2())
 register(conv_cpu.FftFwd())

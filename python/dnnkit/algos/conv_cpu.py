@@ -4,6 +4,11 @@ im2col_gemm (fwd, bwd_filter) / gemm_col2im (bwd_data): lower to dnnkit's blocke
     buffer of (C/G*R*S) x chunk elements, chunk output pixels at a time so the workspace stays under a
     bound; 1x1 stride-1 unpadded convolutions use the input directly, with no workspace. The forward
     pass puts several images side by side in one GEMM when an image's output plane is small.
+implicit_gemm (fwd): the im2col product with no column buffer: the GEMM packs each of its B panels
+    straight from the input image (csrc/conv/implicit.cpp), so the columns are built in cache as they
+    are consumed. One (image, group) product per thread when there are enough of them, else all threads
+    on one product. Workspace: one zero-padded copy of an image-group's input planes per thread (the
+    packing then needs no bounds checks); every shape.
 winograd_f2x2_3x3 / winograd_f4x4_3x3 (fwd): F(m x m, 3 x 3) for 3x3 stride-1 dense filters, in one
     parallel region: the filters transformed once per call into the GEMM micro-kernel's packed layout,
     then chunks of 64 tiles, each transformed, multiplied (alpha^2 products on the micro-kernel) and
@@ -90,6 +95,18 @@ class GemmCol2imBwdData(_Im2col):
 
 class Im2colGemmBwdFilter(_Im2col):
     name, op, kernel, direction = "im2col_gemm", "conv2d_bwd_filter", "im2col_gemm", "bwd_filter"
+
+
+class ImplicitGemmFwd(_CpuConv):
+    name = kernel = "implicit_gemm"
+    op, direction = "conv2d_fwd", "fwd"
+    tolerance = 1e-5
+
+    def chunk(self, p) -> int:
+        return get_num_threads()  # the workspace holds one padded image-group per thread
+
+    def workspace_bytes(self, p) -> int:
+        return int(_cpu.implicit_workspace_elems(shape_tuple(p), self.chunk(p))) * p.itemsize
 
 
 class _Winograd(_CpuConv):

@@ -111,6 +111,15 @@ def _conv_fwd(p, name):
         copy = 2 * n * c * p.kh * p.kw * pq * p.itemsize / (_copy_bytes_per_s() * threads)
         t += copy * (math.ceil(kg / _GEMM_MC) + (0 if pointwise else 1))
         return t
+    if name == "implicit_gemm":
+        # csrc/conv/implicit.cpp: one GEMM per (image, group), each on one thread while there are enough
+        # of them; its B panels are packed from the padded image (one write of the columns, in cache),
+        # and each product packs its own copy of the group's filters (A).
+        t = direct / (peak * gemm_efficiency(kg, pq, cg * p.kh * p.kw))
+        bw = _copy_bytes_per_s() * threads
+        t += n * c * p.kh * p.kw * pq * p.itemsize / bw
+        t += 2 * n * k * cg * p.kh * p.kw * p.itemsize / bw
+        return t
     if name in ("winograd_f4x4_3x3", "winograd_f2x2_3x3"):
         # csrc/conv/winograd.cpp: chunks of 64 tiles as the micro-kernel's columns (the last one padded),
         # or, at most 32 tiles (and no more than Kg), tiles as exact rows and channels padded to 64.

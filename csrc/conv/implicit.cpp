@@ -1,0 +1,162 @@
+// Implicit-GEMM forward convolution: the im2col product Y[n,g] (Kg x PQ) = W_g (Kg x CRS) @ col (CRS x PQ)
+// with no column buffer. The GEMM packs its B operand through a callback that reads the input image, so
+// each KC x NR panel of col is built once, in cache, right before the micro-kernel consumes it: one
+// pass over the columns instead of three (im2col's write, then the packing's read and write). The
+// image-group is first copied into zero-padded planes, so that every column the filter reaches is a
+// plain offset and a run of output pixels along a row (stride 1) is a contiguous copy.
+//
+// Threads: with at least as many (image, group) products as threads, each thread runs whole products on
+// one thread (no barrier inside a product, each thread's B blocks in its own L2); the products left
+// over, and batch 1, run on all threads at once.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <vector>
+
+#include "../gemm/gemm.h"
+#include "conv.h"
+
+namespace dnnkit {
+namespace {
+
+constexpr int kMaxPanelCols = 64;  // no micro-kernel has a wider NR
+template <typename T>
+constexpr index_t kCopyChunk = 64 / sizeof(T);  // elements per fixed-size copy of a run: 64 bytes
+
+// The zero-padded input plane extents: every position the filter reaches, ih + ph in [0, hp).
+inline index_t padded_h(const ConvShape& sh) {
+  return std::max(sh.ph + sh.h, (sh.p - 1) * sh.sh + (sh.r - 1) * sh.dh + 1);
+}
+inline index_t padded_w(const ConvShape& sh) {
+  return std::max(sh.pw + sh.w, (sh.q - 1) * sh.sw + (sh.s - 1) * sh.dw + 1);
+}
+// Elements of one padded image-group: Cg padded planes and slack for the runs' over-reads.
+template <typename T>
+inline index_t padded_elems(const ConvShape& sh) { return sh.cg() * padded_h(sh) * padded_w(sh) + kCopyChunk<T>; }
+
+// xp (Cg x hp x wp, zero border) from the image-group's planes x (Cg x H x W).
+template <typename T>
+void pad_planes(const ConvShape& sh, const T* x, T* xp) {
+  const index_t hp = padded_h(sh), wp = padded_w(sh);
+  std::fill(xp, xp + padded_elems<T>(sh), T(0));
+  for (index_t c = 0; c < sh.cg(); ++c)
+    for (index_t i = 0; i < sh.h; ++i)
+      std::memcpy(xp + (c * hp + sh.ph + i) * wp + sh.pw, x + (c * sh.h + i) * sh.w, sizeof(T) * sh.w);
+}
+
+template <typename T>
+struct ImplicitB {
+  const ConvShape* sh;
+  const T* xp;  // the image-group's zero-padded planes (pad_planes)
+  index_t hp, wp;
+};
+
+// One B panel: dst[p*nr + l] = col(pc + p, j + l) for l < n_t, 0 beyond. Row c*R*S + r*S + s of col,
+// column p*Q + q (an output pixel), is xp[c, p*sh + r*dh, q*sw + s*dw]: a fixed offset per row plus a
+// fixed offset per column. The columns form runs along output rows; at stride 1 a run is contiguous in
+// xp and is copied 64 bytes at a time, the last copy reading and writing up to 64 bytes past the run's
+// end: the next run, the zeroed tail, or the panel's next rows overwrite what it wrote. The rows within
+// 64 bytes of the panel's end are built in a row buffer instead, so nothing is written past the panel.
+template <typename T>
+void pack_b_im2col(const void* ctx, index_t pc, index_t kc, index_t j, index_t n_t, int nr, T* dst) {
+  constexpr index_t CH = kCopyChunk<T>;
+  const ImplicitB<T>& b = *static_cast<const ImplicitB<T>*>(ctx);
+  const ConvShape& sh = *b.sh;
+  const index_t Q = sh.q, R = sh.r, S = sh.s, wp = b.wp, plane = b.hp * b.wp, sw = sh.sw;
+  index_t run_l0[kMaxPanelCols + 1], run_off[kMaxPanelCols];  // run u: columns [run_l0[u], run_l0[u+1])
+  int nruns = 0;
+  {
+    index_t p = j / Q, q = j % Q;
+    for (index_t l = 0; l < n_t; ++p, q = 0) {
+      run_l0[nruns] = l;
+      run_off[nruns++] = p * sh.sh * wp + q * sw;
+      l += std::min<index_t>(n_t - l, Q - q);
+    }
+    run_l0[nruns] = n_t;
+  }
+  alignas(64) T last[kMaxPanelCols + CH];
+  index_t c = pc / (R * S), r = (pc / S) % R, s = pc % S;
+  for (index_t kk = 0; kk < kc; ++kk) {
+    const T* src = b.xp + c * plane + r * sh.dh * wp + s * sh.dw;
+    const bool direct = (kc - 1 - kk) * nr >= CH;  // room after this row for the copies' overrun
+    T* d = direct ? dst + kk * nr : last;
+    if (sw == 1) {
+      for (int u = 0; u < nruns; ++u) {
+        const T* sp = src + run_off[u];
+        for (index_t l = run_l0[u]; l < run_l0[u + 1]; l += CH, sp += CH) std::memcpy(d + l, sp, sizeof(T) * CH);
+      }
+    } else {
+      for (int u = 0; u < nruns; ++u) {
+        const T* sp = src + run_off[u];
+        for (index_t l = run_l0[u], i = 0; l < run_l0[u + 1]; ++l, i += sw) d[l] = sp[i];
+      }
+    }
+    for (index_t l = n_t; l < nr; ++l) d[l] = T(0);
+    if (!direct) std::copy(last, last + nr, dst + kk * nr);
+    if (++s == S) {
+      s = 0;
+      if (++r == R) {
+        r = 0;
+        ++c;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+index_t implicit_workspace_elems(const ConvShape& sh, int nthreads) {
+  return std::max(1, nthreads) * (sh.cg() * padded_h(sh) * padded_w(sh) + kCopyChunk<float>);
+}
+
+template <typename T>
+void conv2d_fwd_implicit(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y, T* ws, index_t ws_elems) {
+  const index_t Kg = sh.kg(), CRS = sh.crs(), PQ = sh.pq(), HW = sh.h * sh.w;
+  if (sh.n == 0 || sh.k == 0 || PQ == 0) return;
+  if (select_ukernel<T>(active_isa()).nr > kMaxPanelCols)
+    throw std::logic_error("conv2d implicit_gemm: the micro-kernel's NR exceeds the packer's panel width");
+  const index_t hp = padded_h(sh), wp = padded_w(sh), xp_elems = padded_elems<T>(sh);
+  // As many threads as there are padded planes in the workspace for (at least one).
+  const int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(get_num_threads(), ws_elems / xp_elems)));
+
+  // Y[n, g] := W_g @ col(x[n, g]) + bias on `nthreads` threads, x[n, g] padded into xp first.
+  auto product = [&](index_t task, int nthreads, T* xp) {
+    const index_t n = task / sh.g, g = task % sh.g;
+    pad_planes<T>(sh, x + (n * sh.c + g * sh.cg()) * HW, xp);
+    const ImplicitB<T> ctx{&sh, xp, hp, wp};
+    GemmArgs<T> a = strided_gemm_args<T>(Kg, PQ, CRS, w + g * Kg * CRS, CRS, 1, static_cast<const T*>(nullptr), 0,
+                                         0, y + (n * sh.k + g * Kg) * PQ, PQ, T(0));
+    a.pack_b = pack_b_im2col<T>;
+    a.pack_b_ctx = &ctx;
+    a.bias = bias ? bias + g * Kg : nullptr;
+    a.bias_per_row = true;
+    gemm<T>(a, nthreads);
+  };
+
+  const index_t tasks = sh.n * sh.g;
+  const index_t shared = nt > 1 ? tasks / nt * nt : 0;  // products run one per thread
+  if (shared > 0) {
+    std::atomic<bool> failed{false};
+#pragma omp parallel num_threads(nt)
+    {
+      const int tid = thread_id();
+      try {
+        for (index_t t = tid; t < shared && !failed.load(std::memory_order_relaxed); t += nt)
+          product(t, 1, ws + tid * xp_elems);
+      } catch (...) {  // the GEMM's packing buffers could not be allocated: rethrown outside the region
+        failed = true;
+      }
+    }
+    if (failed) throw std::bad_alloc();
+  }
+  for (index_t t = shared; t < tasks; ++t) product(t, nt, ws);
+}
+
+template void conv2d_fwd_implicit<float>(const ConvShape&, const float*, const float*, const float*, float*, float*,
+                                         index_t);
+template void conv2d_fwd_implicit<double>(const ConvShape&, const double*, const double*, const double*, double*, double*,
+                                          index_t);
+
+}  // namespace dnnkit
