@@ -462,6 +462,8 @@ IMPLICIT_EDGE_SHAPES = [
     (1, 3, 7, 3, 11, 2, 3, 1, 1, (0, 1), 1),    # 33 pixels in runs of 11, one image on all threads
     (2, 5, 3, 9, 9, 3, 3, 1, (2, 3), 4, (2, 1)),  # stride, dilation, padding wider than the filter
     (2, 2, 3, 2, 2, 5, 5, 1, 1, 3, 1),          # mostly padding
+    (3, 3, 4, 5, 7, 3, 3, 1, 1, 0, 1),          # no padding: the input itself, its last run copied exactly
+    (2, 6, 9, 9, 6, 1, 1, 3, (2, 1), 0, 1),     # 1x1 with stride, groups, no padding
 ]
 
 

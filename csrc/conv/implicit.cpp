@@ -2,8 +2,9 @@
 // with no column buffer. The GEMM packs its B operand through a callback that reads the input image, so
 // each KC x NR panel of col is built once, in cache, right before the micro-kernel consumes it: one
 // pass over the columns instead of three (im2col's write, then the packing's read and write). The
-// image-group is first copied into zero-padded planes, so that every column the filter reaches is a
-// plain offset and a run of output pixels along a row (stride 1) is a contiguous copy.
+// image-group is first copied into zero-padded planes (unless the convolution has no padding), so that
+// every column the filter reaches is a plain offset and a run of output pixels along a row (stride 1)
+// is a contiguous copy.
 //
 // Threads: with at least as many (image, group) products as threads, each thread runs whole products on
 // one thread (no barrier inside a product, each thread's B blocks in its own L2); the products left
@@ -22,6 +23,7 @@ namespace dnnkit {
 namespace {
 
 constexpr int kMaxPanelCols = 64;  // no micro-kernel has a wider NR
+constexpr index_t kRowBlock = 256; // panel rows whose offsets are tabled at once
 template <typename T>
 constexpr index_t kCopyChunk = 64 / sizeof(T);  // elements per fixed-size copy of a run: 64 bytes
 
@@ -32,36 +34,51 @@ inline index_t padded_h(const ConvShape& sh) {
 inline index_t padded_w(const ConvShape& sh) {
   return std::max(sh.pw + sh.w, (sh.q - 1) * sh.sw + (sh.s - 1) * sh.dw + 1);
 }
-// Elements of one padded image-group: Cg padded planes and slack for the runs' over-reads.
-template <typename T>
-inline index_t padded_elems(const ConvShape& sh) { return sh.cg() * padded_h(sh) * padded_w(sh) + kCopyChunk<T>; }
+// Elements of one padded image-group: Cg padded planes.
+inline index_t padded_elems(const ConvShape& sh) { return sh.cg() * padded_h(sh) * padded_w(sh); }
 
 // xp (Cg x hp x wp, zero border) from the image-group's planes x (Cg x H x W).
 template <typename T>
 void pad_planes(const ConvShape& sh, const T* x, T* xp) {
   const index_t hp = padded_h(sh), wp = padded_w(sh);
-  std::fill(xp, xp + padded_elems<T>(sh), T(0));
+  std::fill(xp, xp + padded_elems(sh), T(0));
   for (index_t c = 0; c < sh.cg(); ++c)
     for (index_t i = 0; i < sh.h; ++i)
       std::memcpy(xp + (c * hp + sh.ph + i) * wp + sh.pw, x + (c * sh.h + i) * sh.w, sizeof(T) * sh.w);
 }
 
+// Whether the filter reaches outside the image (only with padding): then the planes are copied padded.
+inline bool needs_padding(const ConvShape& sh) { return padded_h(sh) != sh.h || padded_w(sh) != sh.w; }
+
 template <typename T>
 struct ImplicitB {
   const ConvShape* sh;
-  const T* xp;  // the image-group's zero-padded planes (pad_planes)
+  const T* xp;   // the image-group's planes, zero-padded (pad_planes) unless the filter stays inside
   index_t hp, wp;
 };
 
+// n contiguous elements as fixed-size copies (64 bytes at a time, then 32, 16, 8, 4): vector moves where
+// a copy of run-time size would be a call to memcpy. The same n for every row of a panel, so the
+// branches go the same way each time.
+template <typename T>
+inline void copy_run(T* d, const T* s, index_t n) {
+  constexpr index_t CH = kCopyChunk<T>;
+  index_t l = 0;
+  for (; l + CH <= n; l += CH) std::memcpy(d + l, s + l, sizeof(T) * CH);
+  for (index_t part = CH / 2; part >= 1; part /= 2)
+    if (n & part) {
+      std::memcpy(d + l, s + l, sizeof(T) * part);
+      l += part;
+    }
+}
+
 // One B panel: dst[p*nr + l] = col(pc + p, j + l) for l < n_t, 0 beyond. Row c*R*S + r*S + s of col,
 // column p*Q + q (an output pixel), is xp[c, p*sh + r*dh, q*sw + s*dw]: a fixed offset per row plus a
-// fixed offset per column. The columns form runs along output rows; at stride 1 a run is contiguous in
-// xp and is copied 64 bytes at a time, the last copy reading and writing up to 64 bytes past the run's
-// end: the next run, the zeroed tail, or the panel's next rows overwrite what it wrote. The rows within
-// 64 bytes of the panel's end are built in a row buffer instead, so nothing is written past the panel.
+// fixed offset per column. The columns form runs along output rows (merged when one continues the
+// other in xp, as a 1x1 layer's rows do); each run is copied down all kc rows in one tight loop, so
+// that many independent loads are in flight (the rows lie in different planes).
 template <typename T>
 void pack_b_im2col(const void* ctx, index_t pc, index_t kc, index_t j, index_t n_t, int nr, T* dst) {
-  constexpr index_t CH = kCopyChunk<T>;
   const ImplicitB<T>& b = *static_cast<const ImplicitB<T>*>(ctx);
   const ConvShape& sh = *b.sh;
   const index_t Q = sh.q, R = sh.r, S = sh.s, wp = b.wp, plane = b.hp * b.wp, sw = sh.sw;
@@ -70,45 +87,57 @@ void pack_b_im2col(const void* ctx, index_t pc, index_t kc, index_t j, index_t n
   {
     index_t p = j / Q, q = j % Q;
     for (index_t l = 0; l < n_t; ++p, q = 0) {
-      run_l0[nruns] = l;
-      run_off[nruns++] = p * sh.sh * wp + q * sw;
+      const index_t off = p * sh.sh * wp + q * sw;
+      const bool continues = nruns > 0 && sw == 1 && run_off[nruns - 1] + (l - run_l0[nruns - 1]) == off;
+      if (!continues) {
+        run_l0[nruns] = l;
+        run_off[nruns++] = off;
+      }
       l += std::min<index_t>(n_t - l, Q - q);
     }
     run_l0[nruns] = n_t;
   }
-  alignas(64) T last[kMaxPanelCols + CH];
-  index_t c = pc / (R * S), r = (pc / S) % R, s = pc % S;
-  for (index_t kk = 0; kk < kc; ++kk) {
-    const T* src = b.xp + c * plane + r * sh.dh * wp + s * sh.dw;
-    const bool direct = (kc - 1 - kk) * nr >= CH;  // room after this row for the copies' overrun
-    T* d = direct ? dst + kk * nr : last;
-    if (sw == 1) {
-      for (int u = 0; u < nruns; ++u) {
-        const T* sp = src + run_off[u];
-        for (index_t l = run_l0[u]; l < run_l0[u + 1]; l += CH, sp += CH) std::memcpy(d + l, sp, sizeof(T) * CH);
-      }
-    } else {
-      for (int u = 0; u < nruns; ++u) {
-        const T* sp = src + run_off[u];
-        for (index_t l = run_l0[u], i = 0; l < run_l0[u + 1]; ++l, i += sw) d[l] = sp[i];
-      }
-    }
-    for (index_t l = n_t; l < nr; ++l) d[l] = T(0);
-    if (!direct) std::copy(last, last + nr, dst + kk * nr);
-    if (++s == S) {
-      s = 0;
-      if (++r == R) {
-        r = 0;
-        ++c;
+  for (index_t k0 = 0; k0 < kc; k0 += kRowBlock) {
+    const index_t k1 = std::min(kc, k0 + kRowBlock);
+    index_t row_off[kRowBlock];  // offset of col row pc + kk in xp
+    {
+      const index_t crs = pc + k0;
+      index_t c = crs / (R * S), r = (crs / S) % R, s = crs % S;
+      for (index_t kk = k0; kk < k1; ++kk) {
+        row_off[kk - k0] = c * plane + r * sh.dh * wp + s * sh.dw;
+        if (++s == S) {
+          s = 0;
+          if (++r == R) {
+            r = 0;
+            ++c;
+          }
+        }
       }
     }
+    for (int u = 0; u < nruns; ++u) {
+      const index_t l0 = run_l0[u], len = run_l0[u + 1] - l0;
+      const T* base = b.xp + run_off[u];
+      T* d0 = dst + l0;
+      if (sw == 1) {
+        for (index_t kk = k0; kk < k1; ++kk) copy_run(d0 + kk * nr, base + row_off[kk - k0], len);
+      } else {
+        for (index_t kk = k0; kk < k1; ++kk) {
+          const T* sp = base + row_off[kk - k0];
+          T* d = d0 + kk * nr;
+          for (index_t l = 0; l < len; ++l) d[l] = sp[l * sw];
+        }
+      }
+    }
+    if (n_t < nr)
+      for (index_t kk = k0; kk < k1; ++kk)
+        for (index_t l = n_t; l < nr; ++l) dst[kk * nr + l] = T(0);
   }
 }
 
 }  // namespace
 
 index_t implicit_workspace_elems(const ConvShape& sh, int nthreads) {
-  return std::max(1, nthreads) * (sh.cg() * padded_h(sh) * padded_w(sh) + kCopyChunk<float>);
+  return needs_padding(sh) ? std::max(1, nthreads) * padded_elems(sh) : 0;
 }
 
 template <typename T>
@@ -117,15 +146,18 @@ void conv2d_fwd_implicit(const ConvShape& sh, const T* x, const T* w, const T* b
   if (sh.n == 0 || sh.k == 0 || PQ == 0) return;
   if (select_ukernel<T>(active_isa()).nr > kMaxPanelCols)
     throw std::logic_error("conv2d implicit_gemm: the micro-kernel's NR exceeds the packer's panel width");
-  const index_t hp = padded_h(sh), wp = padded_w(sh), xp_elems = padded_elems<T>(sh);
-  // As many threads as there are padded planes in the workspace for (at least one).
-  const int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(get_num_threads(), ws_elems / xp_elems)));
+  const bool pad = needs_padding(sh);
+  const index_t hp = padded_h(sh), wp = padded_w(sh), xp_elems = pad ? padded_elems(sh) : 0;
+  // With padding, as many threads as the workspace has padded copies for (at least one).
+  const int nt = pad ? static_cast<int>(std::max<index_t>(1, std::min<index_t>(get_num_threads(), ws_elems / xp_elems)))
+                     : get_num_threads();
 
-  // Y[n, g] := W_g @ col(x[n, g]) + bias on `nthreads` threads, x[n, g] padded into xp first.
+  // Y[n, g] := W_g @ col(x[n, g]) + bias on `nthreads` threads; with padding, x[n, g] padded into xp first.
   auto product = [&](index_t task, int nthreads, T* xp) {
     const index_t n = task / sh.g, g = task % sh.g;
-    pad_planes<T>(sh, x + (n * sh.c + g * sh.cg()) * HW, xp);
-    const ImplicitB<T> ctx{&sh, xp, hp, wp};
+    const T* xg = x + (n * sh.c + g * sh.cg()) * HW;
+    if (pad) pad_planes<T>(sh, xg, xp);
+    const ImplicitB<T> ctx = pad ? ImplicitB<T>{&sh, xp, hp, wp} : ImplicitB<T>{&sh, xg, sh.h, sh.w};
     GemmArgs<T> a = strided_gemm_args<T>(Kg, PQ, CRS, w + g * Kg * CRS, CRS, 1, static_cast<const T*>(nullptr), 0,
                                          0, y + (n * sh.k + g * Kg) * PQ, PQ, T(0));
     a.pack_b = pack_b_im2col<T>;
@@ -144,7 +176,7 @@ void conv2d_fwd_implicit(const ConvShape& sh, const T* x, const T* w, const T* b
       const int tid = thread_id();
       try {
         for (index_t t = tid; t < shared && !failed.load(std::memory_order_relaxed); t += nt)
-          product(t, 1, ws + tid * xp_elems);
+          product(t, 1, pad ? ws + tid * xp_elems : nullptr);
       } catch (...) {  // the GEMM's packing buffers could not be allocated: rethrown outside the region
         failed = true;
       }
