@@ -185,7 +185,7 @@ void conv_run(const std::string& dir, const std::string& algo, const ConvShape& 
       py::gil_scoped_release nogil;
       conv2d_fwd_im2col<T>(sh, x, w, b, y, col, chunk);
     } else if (algo == "implicit_gemm") {
-      const index_t need = implicit_workspace_elems(sh, static_cast<int>(chunk));  // chunk: threads
+      const index_t need = implicit_workspace_elems<T>(sh, static_cast<int>(chunk));  // chunk: threads
       T* wsp = conv_workspace_elems<T>(ws, need);
       py::gil_scoped_release nogil;
       conv2d_fwd_implicit<T>(sh, x, w, b, y, wsp, need);
@@ -573,8 +573,10 @@ PYBIND11_MODULE(_cpu, m) {
     else throw py::type_error("fft_channel_reduce: y must be complex64 or complex128");
   });
 
-  m.def("implicit_workspace_elems", [](const py::tuple& shape, int nthreads) {
-    return implicit_workspace_elems(conv_shape(shape), nthreads);
+  m.def("implicit_workspace_elems", [](const py::tuple& shape, int nthreads, index_t itemsize) {
+    if (itemsize != 4 && itemsize != 8) throw py::value_error("implicit_workspace_elems: itemsize must be 4 or 8");
+    const ConvShape sh = conv_shape(shape);
+    return itemsize == 4 ? implicit_workspace_elems<float>(sh, nthreads) : implicit_workspace_elems<double>(sh, nthreads);
   });
   m.def("depthwise_workspace_elems", [](const py::tuple& shape, int nthreads) {
     return depthwise_workspace_elems(conv_shape(shape), nthreads);

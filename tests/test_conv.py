@@ -464,6 +464,7 @@ IMPLICIT_EDGE_SHAPES = [
     (2, 2, 3, 2, 2, 5, 5, 1, 1, 3, 1),          # mostly padding
     (3, 3, 4, 5, 7, 3, 3, 1, 1, 0, 1),          # no padding: the input itself, its last run copied exactly
     (2, 6, 9, 9, 6, 1, 1, 3, (2, 1), 0, 1),     # 1x1 with stride, groups, no padding
+    (3, 2, 2100, 3, 4, 1, 2, 1, 1, 1, 1),       # more output channels than one M block of packed filters
 ]
 
 
@@ -471,14 +472,16 @@ IMPLICIT_EDGE_SHAPES = [
 def test_implicit_gemm_panels_and_threads(isa, num_threads, dtype):
     """implicit_gemm's packing of the columns straight from the padded image, on every ISA's NR and
     thread count: output rows split across panels, one-column rows, deep columns, strides, dilation and
-    padding wider than the filter, the per-thread and all-thread schedules; output and workspace
-    poisoned with NaN."""
+    padding wider than the filter, the per-thread and all-thread schedules, filters packed in more than
+    one block; output and workspace poisoned with NaN."""
     algo = next(a for a in ALGOS["fwd"] if a.name == "implicit_gemm")
     for i, (n, c, k, h, w, r, s, g, stride, pad, dil) in enumerate(IMPLICIT_EDGE_SHAPES):
         case = ConvCase(n, c, k, h, w, r, s, g, stride, pad, dil, dtype, True, "C", 300 + i)
         x, wt, b, _ = arrays(case)
         p = ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, dtype=np.dtype(dtype).name, bias=True)
-        workspace = np.full(algo.workspace_bytes(p) // np.dtype(dtype).itemsize, np.nan, dtype)
+        # odd cases: a workspace that starts off the 64-byte alignment the packed filters are placed at
+        nelems = algo.workspace_bytes(p) // np.dtype(dtype).itemsize
+        workspace = np.full(nelems + 1, np.nan, dtype)[i % 2:][:nelems]
         out = np.full(p.output_shape, np.nan, dtype)
         algo.run(p, x, wt, out=out, bias=b, workspace=workspace)
         _check_output(out, expected_forward(case, x, wt, b), np.dtype(dtype), algo, case)

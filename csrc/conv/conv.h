@@ -55,10 +55,11 @@ template <typename T>
 void conv2d_bwd_filter_im2col(const ConvShape& sh, const T* x, const T* dy, T* dw, T* col, index_t chunk);
 
 // ---- implicit GEMM (implicit.cpp): the im2col product with B packed straight from the input. The
-// workspace holds one zero-padded copy of an image-group's input planes per thread:
-// implicit_workspace_elems(shape, nthreads) elements; the kernel runs on as many threads as ws_elems has
-// copies for (at most get_num_threads()). Throws std::bad_alloc if the GEMM's packing buffers cannot be
-// allocated.
+// workspace holds the filters packed once as the GEMM's A and, when the convolution pads, one
+// zero-padded copy of an image-group's input planes per thread: implicit_workspace_elems<T>(shape,
+// nthreads) elements; the kernel runs on as many threads as ws_elems has copies for (at most
+// get_num_threads()). Throws std::bad_alloc if the GEMM's packing buffers cannot be allocated.
+template <typename T>
 index_t implicit_workspace_elems(const ConvShape& sh, int nthreads);
 template <typename T>
 void conv2d_fwd_implicit(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y, T* ws, index_t ws_elems);

@@ -11,6 +11,7 @@
 // over, and batch 1, run on all threads at once.
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -136,8 +137,27 @@ void pack_b_im2col(const void* ctx, index_t pc, index_t kc, index_t j, index_t n
 
 }  // namespace
 
+namespace {
+
+// The workspace: the filters of every group packed as the GEMM's A (64-byte aligned), then one padded
+// copy of an image-group per thread when the convolution pads.
+template <typename T>
+struct ImplicitWorkspace {
+  index_t filter_elems;  // one group's packed filters
+  index_t plane_elems;   // one padded copy (0 without padding)
+  static constexpr index_t kAlign = 64 / sizeof(T);
+  explicit ImplicitWorkspace(const ConvShape& sh)
+      : filter_elems(round_up(packed_a_blocks_elems<T>(sh.kg(), sh.crs()), kAlign)),
+        plane_elems(needs_padding(sh) ? padded_elems(sh) : 0) {}
+  index_t filters(index_t groups) const { return kAlign + groups * filter_elems; }
+  index_t elems(index_t groups, int nthreads) const { return filters(groups) + std::max(1, nthreads) * plane_elems; }
+};
+
+}  // namespace
+
+template <typename T>
 index_t implicit_workspace_elems(const ConvShape& sh, int nthreads) {
-  return needs_padding(sh) ? std::max(1, nthreads) * padded_elems(sh) : 0;
+  return ImplicitWorkspace<T>(sh).elems(sh.g, nthreads);
 }
 
 template <typename T>
@@ -146,11 +166,22 @@ void conv2d_fwd_implicit(const ConvShape& sh, const T* x, const T* w, const T* b
   if (sh.n == 0 || sh.k == 0 || PQ == 0) return;
   if (select_ukernel<T>(active_isa()).nr > kMaxPanelCols)
     throw std::logic_error("conv2d implicit_gemm: the micro-kernel's NR exceeds the packer's panel width");
-  const bool pad = needs_padding(sh);
-  const index_t hp = padded_h(sh), wp = padded_w(sh), xp_elems = pad ? padded_elems(sh) : 0;
-  // With padding, as many threads as the workspace has padded copies for (at least one).
-  const int nt = pad ? static_cast<int>(std::max<index_t>(1, std::min<index_t>(get_num_threads(), ws_elems / xp_elems)))
+  const ImplicitWorkspace<T> layout(sh);
+  if (ws_elems < layout.elems(sh.g, 1)) throw std::invalid_argument("conv2d implicit_gemm: workspace too small");
+  const bool pad = layout.plane_elems > 0;
+  const index_t hp = padded_h(sh), wp = padded_w(sh);
+  // As many threads as the workspace has padded copies for (at least one).
+  const int nt = pad ? static_cast<int>(std::max<index_t>(
+                           1, std::min<index_t>(get_num_threads(),
+                                                (ws_elems - layout.filters(sh.g)) / layout.plane_elems)))
                      : get_num_threads();
+  // The filters packed once for all products (the GEMM would pack them again for every image).
+  const index_t misalign = static_cast<index_t>(reinterpret_cast<std::uintptr_t>(ws) % 64 / sizeof(T));
+  T* const filters = ws + (misalign ? ImplicitWorkspace<T>::kAlign - misalign : 0);
+  T* const planes = filters + sh.g * layout.filter_elems;
+  if (CRS > 0)
+    for (index_t g = 0; g < sh.g; ++g)
+      pack_a_blocks<T>(Kg, CRS, w + g * Kg * CRS, CRS, 1, filters + g * layout.filter_elems);
 
   // Y[n, g] := W_g @ col(x[n, g]) + bias on `nthreads` threads; with padding, x[n, g] padded into xp first.
   auto product = [&](index_t task, int nthreads, T* xp) {
@@ -160,6 +191,7 @@ void conv2d_fwd_implicit(const ConvShape& sh, const T* x, const T* w, const T* b
     const ImplicitB<T> ctx = pad ? ImplicitB<T>{&sh, xp, hp, wp} : ImplicitB<T>{&sh, xg, sh.h, sh.w};
     GemmArgs<T> a = strided_gemm_args<T>(Kg, PQ, CRS, w + g * Kg * CRS, CRS, 1, static_cast<const T*>(nullptr), 0,
                                          0, y + (n * sh.k + g * Kg) * PQ, PQ, T(0));
+    a.a_packed = filters + g * layout.filter_elems;
     a.pack_b = pack_b_im2col<T>;
     a.pack_b_ctx = &ctx;
     a.bias = bias ? bias + g * Kg : nullptr;
@@ -176,16 +208,18 @@ void conv2d_fwd_implicit(const ConvShape& sh, const T* x, const T* w, const T* b
       const int tid = thread_id();
       try {
         for (index_t t = tid; t < shared && !failed.load(std::memory_order_relaxed); t += nt)
-          product(t, 1, pad ? ws + tid * xp_elems : nullptr);
+          product(t, 1, planes + tid * layout.plane_elems);
       } catch (...) {  // the GEMM's packing buffers could not be allocated: rethrown outside the region
         failed = true;
       }
     }
     if (failed) throw std::bad_alloc();
   }
-  for (index_t t = shared; t < tasks; ++t) product(t, nt, ws);
+  for (index_t t = shared; t < tasks; ++t) product(t, nt, planes);
 }
 
+template index_t implicit_workspace_elems<float>(const ConvShape&, int);
+template index_t implicit_workspace_elems<double>(const ConvShape&, int);
 template void conv2d_fwd_implicit<float>(const ConvShape&, const float*, const float*, const float*, float*, float*,
                                          index_t);
 template void conv2d_fwd_implicit<double>(const ConvShape&, const double*, const double*, const double*, double*, double*,

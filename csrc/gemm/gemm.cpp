@@ -28,17 +28,31 @@ struct Plan {
   bool split_n;  // true: each thread packs and runs its own B blocks; false: threads split the ir loop
 };
 
+// MC and KC for m and k: equal-ish blocks rather than full blocks and a sliver. They depend on m and k
+// only, so an A packed ahead of time (pack_a_blocks) has the layout every plan for it expects.
+template <typename T>
+void a_blocking(index_t m, index_t k, const UKernel<T>& uk, index_t* mc, index_t* kc) {
+  const Blocking blk = blocking_for<T>(active_isa());
+  const index_t nkb = ceil_div(std::max<index_t>(k, 1), blk.kc);
+  *kc = round_up(ceil_div(std::max<index_t>(k, 1), nkb), 8);
+  const index_t nmb = ceil_div(std::max<index_t>(m, 1), blk.mc);
+  *mc = round_up(ceil_div(std::max<index_t>(m, 1), nmb), uk.mr);
+}
+
+// Offset of the packed A block (ic, pc) in pack_a_blocks' layout: blocks of round_up(mc, mr) x kc
+// elements, k blocks inner.
+inline index_t a_block_offset(index_t ic, index_t pc, index_t mc, index_t kc, index_t k, int mr) {
+  const index_t per_block = round_up(mc, mr) * kc;
+  return ((ic / mc) * ceil_div(k, kc) + pc / kc) * per_block;
+}
+
 template <typename T>
 Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& uk) {
   const Blocking blk = blocking_for<T>(active_isa());
   Plan p;
   p.mr = uk.mr;
   p.nr = uk.nr;
-  // Balance the last KC block: split k into equal-ish blocks rather than a full block and a sliver.
-  const index_t nkb = ceil_div(std::max<index_t>(k, 1), blk.kc);
-  p.kc = round_up(ceil_div(std::max<index_t>(k, 1), nkb), 8);
-  const index_t nmb = ceil_div(std::max<index_t>(m, 1), blk.mc);
-  p.mc = round_up(ceil_div(std::max<index_t>(m, 1), nmb), uk.mr);
+  a_blocking<T>(m, k, uk, &p.mc, &p.kc);
   const index_t panels_m = ceil_div(m, uk.mr), panels_n = ceil_div(n, uk.nr);
   // Never more threads than there is work for: a thread needs at least one MR x NR tile.
   int nt = std::max(1, nthreads);
@@ -151,7 +165,39 @@ void scale_c(const GemmArgs<T>& g) {
   apply_epilogue<T>(g.c, g.rs_c, g.cs_c, g.m, g.n, g.bias, g.act, g.bias_per_row);
 }
 
+// Packs micro-panels [ir0, ir1) of the A block at (ic, pc) into ap; a tail panel has its exact height.
+template <typename T>
+void pack_a_block(const T* a, index_t rs_a, index_t cs_a, int mr, index_t ic, index_t mc, index_t pc, index_t kc,
+                  index_t ir0, index_t ir1, T* ap) {
+  for (index_t ir = ir0; ir < ir1; ++ir) {
+    const index_t i = ic + ir * mr;
+    const int m_t = static_cast<int>(std::min<index_t>(mr, ic + mc - i));
+    pack_a_panel<T>(m_t, kc, a + i * rs_a + pc * cs_a, rs_a, cs_a, m_t, ap + ir * mr * kc);
+  }
+}
+
 }  // namespace
+
+template <typename T>
+index_t packed_a_blocks_elems(index_t m, index_t k) {
+  const UKernel<T> uk = select_ukernel<T>(active_isa());
+  index_t mc, kc;
+  a_blocking<T>(m, k, uk, &mc, &kc);
+  return ceil_div(std::max<index_t>(m, 1), mc) * ceil_div(std::max<index_t>(k, 1), kc) * round_up(mc, uk.mr) * kc;
+}
+
+template <typename T>
+void pack_a_blocks(index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap) {
+  const UKernel<T> uk = select_ukernel<T>(active_isa());
+  index_t mc, kc;
+  a_blocking<T>(m, k, uk, &mc, &kc);
+  for (index_t ic = 0; ic < m; ic += mc)
+    for (index_t pc = 0; pc < k; pc += kc) {
+      const index_t mcb = std::min(mc, m - ic), kcb = std::min(kc, k - pc);
+      pack_a_block<T>(a, rs, cs, uk.mr, ic, mcb, pc, kcb, 0, ceil_div(mcb, uk.mr),
+                      ap + a_block_offset(ic, pc, mc, kc, k, uk.mr));
+    }
+}
 
 template <typename T>
 index_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
@@ -172,13 +218,12 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
     return;
   }
   const UKernel<T> uk = select_ukernel<T>(active_isa());
-  if (g.b_group_cols == 0 && !g.pack_b && transposing_helps<T>(g.m, g.n, uk)) return gemm<T>(transposed(g), nthreads);
+  if (g.b_group_cols == 0 && !g.pack_b && !g.a_packed && transposing_helps<T>(g.m, g.n, uk)) return gemm<T>(transposed(g), nthreads);
   const Plan p = make_plan<T>(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), uk);
   const index_t b_block = p.nc * p.kc;
   // Allocated before the parallel region: an exception must not cross it.
-  AlignedBuffer<T> abuf(static_cast<std::size_t>(round_up(p.mc, p.mr) * p.kc));
+  AlignedBuffer<T> abuf(g.a_packed ? 0 : static_cast<std::size_t>(round_up(p.mc, p.mr) * p.kc));
   AlignedBuffer<T> bbuf(static_cast<std::size_t>(b_block * (p.split_n ? p.nthreads : 1)));
-  T* const ap = abuf.data();
 
 #pragma omp parallel num_threads(p.nthreads) if (p.nthreads > 1)
   {
@@ -196,13 +241,10 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
         const index_t kc = std::min(p.kc, g.k - pc);
         const T beta = pc == 0 ? g.beta : T(1);
         const bool last = pc + kc >= g.k;
-        // Pack micro-panels [ir0, ir1) of the A block; a tail panel has its exact height.
+        // The A block: packed here, micro-panels [ir0, ir1) at a time, or already packed by the caller.
+        const T* const ap = g.a_packed ? g.a_packed + a_block_offset(ic, pc, p.mc, p.kc, g.k, p.mr) : abuf.data();
         auto pack_a = [&](index_t ir0, index_t ir1) {
-          for (index_t ir = ir0; ir < ir1; ++ir) {
-            const index_t i = ic + ir * p.mr;
-            const int m_t = static_cast<int>(std::min<index_t>(p.mr, ic + mc - i));
-            pack_a_panel<T>(m_t, kc, g.a + i * g.rs_a + pc * g.cs_a, g.rs_a, g.cs_a, m_t, ap + ir * p.mr * kc);
-          }
+          if (!g.a_packed) pack_a_block<T>(g.a, g.rs_a, g.cs_a, p.mr, ic, mc, pc, kc, ir0, ir1, abuf.data());
         };
         if (p.split_n) {
           // Every thread reads the whole A block: pack it together.
@@ -243,6 +285,10 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
 
 template void gemm<float>(const GemmArgs<float>&, int);
 template void gemm<double>(const GemmArgs<double>&, int);
+template index_t packed_a_blocks_elems<float>(index_t, index_t);
+template index_t packed_a_blocks_elems<double>(index_t, index_t);
+template void pack_a_blocks<float>(index_t, index_t, const float*, index_t, index_t, float*);
+template void pack_a_blocks<double>(index_t, index_t, const double*, index_t, index_t, double*);
 template index_t gemm_workspace_bytes<float>(index_t, index_t, index_t, int);
 template index_t gemm_workspace_bytes<double>(index_t, index_t, index_t, int);
 

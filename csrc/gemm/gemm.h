@@ -33,6 +33,9 @@ struct GemmArgs {
   // are then unused. It runs on the GEMM's threads, concurrently for different panels.
   void (*pack_b)(const void* ctx, index_t pc, index_t kc, index_t j, index_t n_t, int nr, T* dst) = nullptr;
   const void* pack_b_ctx = nullptr;
+  // A already packed by pack_a_blocks for these m and k (a and its strides are then unused): a product
+  // that reuses one A against many B operands packs it once.
+  const T* a_packed = nullptr;
 };
 
 // The arguments of C (m x n, row stride ldc, unit column stride) := beta * C + A B for A and B given by
@@ -112,6 +115,14 @@ void pack_a_rows_part(const UKernel<T>& uk, index_t m, index_t k, const T* a, in
 template <typename T>
 void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, index_t jp1, T beta, T* c,
                    index_t ldc);
+
+// A (m x k, element (r, c) at a[r*rs + c*cs]) packed the way gemm() packs it, every cache block of it, so
+// that GemmArgs::a_packed can skip the packing: packed_a_blocks_elems(m, k) elements, 64-byte aligned.
+// For the active ISA's micro-kernel at the time of the gemm() call; runs on the calling thread.
+template <typename T>
+index_t packed_a_blocks_elems(index_t m, index_t k);
+template <typename T>
+void pack_a_blocks(index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap);
 
 // Bytes of packing buffers gemm() allocates for these sizes (the algorithm's workspace).
 template <typename T>

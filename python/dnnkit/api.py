@@ -346,8 +346,9 @@ _workspace_bytes: dict = {}
 
 
 def _workspace(algorithm, p, dtype):
-    """The workspace array algorithm needs for p (None for none); its size is remembered per problem."""
-    key = (algorithm, p, get_workspace_limit(), get_num_threads())
+    """The workspace array algorithm needs for p (None for none); its size is remembered per problem, thread
+    count and ISA (packed filters follow the micro-kernel's shape)."""
+    key = (algorithm, p, get_workspace_limit(), get_num_threads(), _cpu.active_isa())
     nbytes = _workspace_bytes.get(key)
     if nbytes is None:
         if len(_workspace_bytes) > 4096:

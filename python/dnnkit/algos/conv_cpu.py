@@ -7,8 +7,9 @@ im2col_gemm (fwd, bwd_filter) / gemm_col2im (bwd_data): lower to dnnkit's blocke
 implicit_gemm (fwd): the im2col product with no column buffer: the GEMM packs each of its B panels
     straight from the input image (csrc/conv/implicit.cpp), so the columns are built in cache as they
     are consumed. One (image, group) product per thread when there are enough of them, else all threads
-    on one product. Workspace: one zero-padded copy of an image-group's input planes per thread (the
-    packing then needs no bounds checks); every shape.
+    on one product. Workspace: the filters packed once as the GEMM's A (not again for every image) and,
+    when the layer pads, one zero-padded copy of an image-group's input planes per thread (the packing
+    then needs no bounds checks); every shape.
 winograd_f2x2_3x3 / winograd_f4x4_3x3 (fwd): F(m x m, 3 x 3) for 3x3 stride-1 dense filters, in one
     parallel region: the filters transformed once per call into the GEMM micro-kernel's packed layout,
     then chunks of 64 tiles, each transformed, multiplied (alpha^2 products on the micro-kernel) and
@@ -106,7 +107,7 @@ class ImplicitGemmFwd(_CpuConv):
         return get_num_threads()  # the workspace holds one padded image-group per thread
 
     def workspace_bytes(self, p) -> int:
-        return int(_cpu.implicit_workspace_elems(shape_tuple(p), self.chunk(p))) * p.itemsize
+        return int(_cpu.implicit_workspace_elems(shape_tuple(p), self.chunk(p), p.itemsize)) * p.itemsize
 
 
 class _Winograd(_CpuConv):

@@ -115,13 +115,13 @@ def _conv_fwd(p, name):
         # csrc/conv/implicit.cpp: one GEMM per (image, group), each on one thread while there are enough
         # of them; its B panels are packed from the image (the columns read and written once, as the
         # GEMM packs a 1x1 layer's input), which is first copied zero-padded when the convolution pads,
-        # and each product packs its own copy of the group's filters (A). A thread runs whole products,
-        # so a narrow plane costs less than in one GEMM split across the threads.
+        # and the filters (A) are packed once for all products. A thread runs whole products, so a
+        # narrow plane costs less than in one GEMM split across the threads.
         eff = gemm_efficiency(kg, max(pq, 384), cg * p.kh * p.kw) * min(1.0, pq / 384) ** 0.25
         t = direct / (peak * eff)
         bw = _copy_bytes_per_s() * threads
         t += 2 * n * c * p.kh * p.kw * pq * p.itemsize / bw
-        t += 2 * n * k * cg * p.kh * p.kw * p.itemsize / bw
+        t += 2 * k * cg * p.kh * p.kw * p.itemsize / bw
         if p.ph or p.pw:
             t += 3 * n * c * (p.ih + 2 * p.ph) * (p.iw + 2 * p.pw) * p.itemsize / bw
         return t
