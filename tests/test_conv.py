@@ -465,6 +465,8 @@ IMPLICIT_EDGE_SHAPES = [
     (3, 3, 4, 5, 7, 3, 3, 1, 1, 0, 1),          # no padding: the input itself, its last run copied exactly
     (2, 6, 9, 9, 6, 1, 1, 3, (2, 1), 0, 1),     # 1x1 with stride, groups, no padding
     (3, 2, 2100, 3, 4, 1, 2, 1, 1, 1, 1),       # more output channels than one M block of packed filters
+    (2, 3, 4, 9, 40, 3, 3, 1, 2, 1, 1),         # stride 2 along rows of 20 outputs: the vector gather
+    (1, 2, 3, 5, 41, 1, 1, 1, 2, 0, 1),         # stride 2, no padding: the last run ends at x's last element
 ]
 
 
