@@ -1,5 +1,5 @@
 """Shared configuration: the hypothesis profile, and fixtures that run a test under every ISA this CPU
-supports, under 1 and 2 threads, and for every registered CPU GEMM algorithm."""
+supports, under 1 and 2 threads, and for every registered CPU GEMM algorithm; and NaN-filled RNN outputs."""
 from __future__ import annotations
 
 import atexit
@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -73,3 +74,13 @@ def _restore_settings():
     dnnkit.set_num_threads(threads)
     dnnkit.set_tuning(tuning)
     dnnkit.set_workspace_limit(limit)
+
+
+@pytest.fixture
+def nan_rnn_outputs(monkeypatch):
+    """Every array dnnkit.recurrent allocates starts as NaN: an element the kernels never write fails."""
+    from dnnkit import recurrent
+
+    def empty_nan(op, shape, dtype):
+        return np.full(shape, np.nan, dtype=dtype)
+    monkeypatch.setattr(recurrent, "_empty", empty_nan)

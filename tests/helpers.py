@@ -71,3 +71,28 @@ def central_differences(loss, a, step: float = 1e-6) -> np.ndarray:
         a[idx] = keep
         numeric[idx] = (plus - minus) / (2 * step)
     return numeric
+
+
+def rnn_param_names(layers: int, directions: int, bias: bool, proj: bool = False) -> list:
+    """The parameter names of a torch.nn.LSTM/GRU/RNN module, in its order (weight_hr with projections)."""
+    names = []
+    for layer in range(layers):
+        for suffix in ("", "_reverse")[:directions]:
+            names += [f"weight_ih_l{layer}{suffix}", f"weight_hh_l{layer}{suffix}"]
+            if bias:
+                names += [f"bias_ih_l{layer}{suffix}", f"bias_hh_l{layer}{suffix}"]
+            if proj:
+                names.append(f"weight_hr_l{layer}{suffix}")
+    return names
+
+
+def rnn_user_layout(c, x, h0, c0, weights, names):
+    """Time-major batched RNN arrays in the layout a case asks dnnkit for: unbatched (batch 1 dropped) or
+    batch_first, and the weights as a dict keyed by names when c.as_dict."""
+    if c.unbatched:
+        x = x[:, 0]
+        h0 = None if h0 is None else h0[:, 0]
+        c0 = None if c0 is None else c0[:, 0]
+    elif c.batch_first:
+        x = x.transpose(1, 0, 2)
+    return x, h0, c0, (dict(zip(names, weights)) if c.as_dict else weights)

@@ -14,11 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dnnkit
-from dnnkit import recurrent as rnn_module  # the module; dnnkit.rnn is the function
 from dnnkit.reference import (
     gru_cell_ref, lstm_cell_ref, rel_l2, rnn_cell_ref, rnn_sequence_backward_ref, rnn_sequence_ref,
 )
-from helpers import DTYPES, FLOAT64_TOL, central_differences
+from helpers import DTYPES, FLOAT64_TOL, central_differences, rnn_param_names, rnn_user_layout
 
 MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
@@ -31,12 +30,7 @@ def tol(dtype, f32):
     return f32 if np.dtype(dtype) == np.float32 else FLOAT64_TOL
 
 
-@pytest.fixture(autouse=True)
-def nan_outputs(monkeypatch):
-    """Every array dnnkit.recurrent allocates starts as NaN: an element the kernels never write fails."""
-    def empty_nan(op, shape, dtype):
-        return np.full(shape, np.nan, dtype=dtype)
-    monkeypatch.setattr(rnn_module, "_empty", empty_nan)
+pytestmark = pytest.mark.usefixtures("nan_rnn_outputs")
 
 
 # ---------------------------------------------------------------------------------------------- cases
@@ -78,13 +72,7 @@ def seq_cases(draw, max_h=20):
 
 
 def param_names(c: SeqCase):
-    names = []
-    for layer in range(c.layers):
-        for suffix in ("", "_reverse")[:c.D]:
-            names += [f"weight_ih_l{layer}{suffix}", f"weight_hh_l{layer}{suffix}"]
-            if c.bias:
-                names += [f"bias_ih_l{layer}{suffix}", f"bias_hh_l{layer}{suffix}"]
-    return names
+    return rnn_param_names(c.layers, c.D, c.bias)
 
 
 def make_seq(c: SeqCase):
@@ -108,14 +96,7 @@ def make_seq(c: SeqCase):
 
 def to_user(c: SeqCase, x, h0, c0, weights):
     """The arrays in the layout the case asks dnnkit for."""
-    if c.unbatched:
-        x = x[:, 0]
-        h0 = None if h0 is None else h0[:, 0]
-        c0 = None if c0 is None else c0[:, 0]
-    elif c.batch_first:
-        x = x.transpose(1, 0, 2)
-    w = dict(zip(param_names(c), weights)) if c.as_dict else weights
-    return x, h0, c0, w
+    return rnn_user_layout(c, x, h0, c0, weights, param_names(c))
 
 
 def from_user(c: SeqCase, out, state):

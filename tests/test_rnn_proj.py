@@ -14,20 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dnnkit
-from dnnkit import recurrent as rnn_module
 from dnnkit.problem import RnnProblem
 from dnnkit.reference import rel_l2, rnn_sequence_backward_ref, rnn_sequence_ref
-from helpers import FLOAT64_TOL, central_differences
+from helpers import FLOAT64_TOL, central_differences, rnn_param_names, rnn_user_layout
 
 FWD_TOL32 = 2e-5
 BWD_TOL32 = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def nan_outputs(monkeypatch):
-    def empty_nan(op, shape, dtype):
-        return np.full(shape, np.nan, dtype=dtype)
-    monkeypatch.setattr(rnn_module, "_empty", empty_nan)
+pytestmark = pytest.mark.usefixtures("nan_rnn_outputs")
 
 
 @dataclass
@@ -68,14 +63,7 @@ def proj_cases(draw, max_h=40):
 
 
 def param_names(c: ProjCase):
-    names = []
-    for layer in range(c.layers):
-        for suffix in ("", "_reverse")[:c.D]:
-            names += [f"weight_ih_l{layer}{suffix}", f"weight_hh_l{layer}{suffix}"]
-            if c.bias:
-                names += [f"bias_ih_l{layer}{suffix}", f"bias_hh_l{layer}{suffix}"]
-            names.append(f"weight_hr_l{layer}{suffix}")
-    return names
+    return rnn_param_names(c.layers, c.D, c.bias, proj=True)
 
 
 def make(c: ProjCase):
@@ -98,13 +86,7 @@ def make(c: ProjCase):
 
 
 def to_user(c: ProjCase, x, h0, c0, weights):
-    if c.unbatched:
-        x = x[:, 0]
-        h0 = None if h0 is None else h0[:, 0]
-        c0 = None if c0 is None else c0[:, 0]
-    elif c.batch_first:
-        x = x.transpose(1, 0, 2)
-    return x, h0, c0, (dict(zip(param_names(c), weights)) if c.as_dict else weights)
+    return rnn_user_layout(c, x, h0, c0, weights, param_names(c))
 
 
 def to_time_major(c: ProjCase, a, state=False):
