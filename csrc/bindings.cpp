@@ -665,6 +665,9 @@ PYBIND11_MODULE(_cpu, m) {
     if (n < 1) throw py::value_error("set_num_threads: n must be >= 1");
     set_num_threads(n);
   });
+  m.def("block_cache_release", [] { return block_cache_release(); },
+        "Frees the large blocks kept for reuse (DNNKIT_BLOCK_CACHE_MB); returns the bytes released.");
+  m.def("block_cache_bytes", [] { return block_cache_bytes(); }, "Bytes of large blocks now kept for reuse.");
   m.def("has_openmp", [] {
 #ifdef _OPENMP
     return true;

@@ -26,39 +26,60 @@ constexpr std::size_t kAlign = 64;
 constexpr std::size_t kHugeBytes = std::size_t(4) << 20;
 constexpr std::size_t kHugeAlign = std::size_t(2) << 20;
 
+// Large blocks (kHugeBytes or more) are recycled: a freed one is kept, up to a process-wide budget
+// (DNNKIT_BLOCK_CACHE_MB, default 256; 0 keeps none), and handed to the next request it fits (at most
+// twice the size asked for), so an operator called again and again (an RNN's per-call buffers of tens
+// of MB) neither maps fresh pages nor has the kernel zero them on every call. Thread-safe.
+// block_cache_take returns a block of at least `bytes` (2 MiB aligned) and sets *got to its size, or
+// null; block_cache_give keeps or frees a block from block_cache_take or std::aligned_alloc(kHugeAlign).
+void* block_cache_take(std::size_t bytes, std::size_t* got);
+void block_cache_give(void* p, std::size_t bytes);
+// Frees every kept block; returns the bytes released.
+std::size_t block_cache_release();
+// Bytes now kept.
+std::size_t block_cache_bytes();
+
 // An owning, aligned, uninitialised buffer of T. Throws std::bad_alloc (MemoryError in Python).
 template <typename T>
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
   explicit AlignedBuffer(std::size_t n) { resize(n); }
-  ~AlignedBuffer() { std::free(ptr_); }
+  ~AlignedBuffer() { release(); }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
 
   // Grows (never shrinks) to hold n elements; contents are not preserved.
   void resize(std::size_t n) {
     if (n <= cap_) return;
-    std::free(ptr_);
-    ptr_ = nullptr;
-    cap_ = 0;
+    release();
     if (n > (SIZE_MAX - kHugeAlign) / sizeof(T)) throw std::bad_alloc();
     const std::size_t align = n * sizeof(T) >= kHugeBytes ? kHugeAlign : kAlign;
     std::size_t bytes = (n * sizeof(T) + align - 1) / align * align;
-    void* p = std::aligned_alloc(align, bytes);
-    if (!p) throw std::bad_alloc();
+    void* p = align == kHugeAlign ? block_cache_take(bytes, &bytes) : nullptr;
+    if (!p) {
+      p = std::aligned_alloc(align, bytes);
+      if (!p) throw std::bad_alloc();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (align == kHugeAlign) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: failure changes nothing
+      if (align == kHugeAlign) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: failure changes nothing
 #endif
+    }
     ptr_ = static_cast<T*>(p);
-    cap_ = n;
+    cap_ = bytes / sizeof(T);
+    bytes_ = bytes;
   }
   T* data() { return ptr_; }
   const T* data() const { return ptr_; }
 
  private:
+  void release() {
+    if (bytes_ >= kHugeBytes) block_cache_give(ptr_, bytes_);
+    else std::free(ptr_);
+    ptr_ = nullptr;
+    cap_ = bytes_ = 0;
+  }
   T* ptr_ = nullptr;
-  std::size_t cap_ = 0;
+  std::size_t cap_ = 0, bytes_ = 0;
 };
 
 inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }

@@ -6,7 +6,7 @@ __version__ = "0.2.0"
 
 from . import _cpu
 from ._config import (
-    get_num_threads, get_tuning, get_workspace_limit, set_num_threads, set_tuning, set_workspace_limit,
+    empty_cache, get_num_threads, get_tuning, get_workspace_limit, set_num_threads, set_tuning, set_workspace_limit,
 )
 from .api import (
     conv2d, conv2d_backward_bias, conv2d_backward_data, conv2d_backward_filter, explain, gemm, linear,
@@ -33,6 +33,7 @@ def info() -> dict:
         "ukernels": machine.ukernels(),
         "tuning": get_tuning(),
         "workspace_limit": get_workspace_limit(),
+        "block_cache_bytes": _cpu.block_cache_bytes(),
     }
 
 
@@ -42,5 +43,5 @@ __all__ = [
     "set_num_threads", "get_num_threads", "set_tuning", "get_tuning", "set_workspace_limit",
     "get_workspace_limit", "lstm", "gru", "rnn", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
     "lstm_backward", "gru_backward", "rnn_backward", "lstm_cell_backward", "gru_cell_backward", "rnn_cell_backward",
-    "RnnReserve",
+    "RnnReserve", "empty_cache",
 ]

@@ -42,6 +42,12 @@ def get_num_threads() -> int:
     return _cpu.get_num_threads()
 
 
+def empty_cache() -> int:
+    """Frees the large scratch blocks (4 MiB and up) that kernels keep for their next call, and returns the
+    bytes released. At most DNNKIT_BLOCK_CACHE_MB (default 256; 0 keeps none) are kept."""
+    return _cpu.block_cache_release()
+
+
 _state = {"tuning": "heuristic", "workspace_limit": None}
 
 

@@ -1,0 +1,102 @@
+// The recycled large blocks of AlignedBuffer (common.h).
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace dnnkit {
+namespace {
+
+struct Block {
+  void* p;
+  std::size_t bytes;
+};
+
+struct BlockCache {
+  std::mutex mu;
+  std::vector<Block> blocks;  // oldest first
+  std::size_t held = 0;
+  std::size_t budget = 0;
+
+  BlockCache() {
+    std::size_t mb = 256;
+    if (const char* e = std::getenv("DNNKIT_BLOCK_CACHE_MB")) {
+      char* end = nullptr;
+      const unsigned long long v = std::strtoull(e, &end, 10);
+      if (end != e && *end == '\0') mb = static_cast<std::size_t>(v);
+    }
+    budget = mb > (SIZE_MAX >> 20) ? SIZE_MAX : mb << 20;
+  }
+};
+
+BlockCache& cache() {
+  static BlockCache* c = new BlockCache();  // never destroyed: buffers may be freed during exit
+  return *c;
+}
+
+}  // namespace
+
+void* block_cache_take(std::size_t bytes, std::size_t* got) {
+  BlockCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  std::size_t best = c.blocks.size();
+  for (std::size_t i = 0; i < c.blocks.size(); ++i) {
+    const std::size_t b = c.blocks[i].bytes;
+    if (b >= bytes && b / 2 <= bytes && (best == c.blocks.size() || b < c.blocks[best].bytes)) best = i;
+  }
+  if (best == c.blocks.size()) return nullptr;
+  const Block blk = c.blocks[best];
+  c.blocks.erase(c.blocks.begin() + static_cast<std::ptrdiff_t>(best));
+  c.held -= blk.bytes;
+  *got = blk.bytes;
+  return blk.p;
+}
+
+void block_cache_give(void* p, std::size_t bytes) {
+  if (!p) return;
+  BlockCache& c = cache();
+  std::vector<void*> drop;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (bytes > c.budget) {
+      drop.push_back(p);
+    } else {
+      while (c.held + bytes > c.budget) {  // the oldest blocks make room
+        drop.push_back(c.blocks.front().p);
+        c.held -= c.blocks.front().bytes;
+        c.blocks.erase(c.blocks.begin());
+      }
+      try {
+        c.blocks.push_back(Block{p, bytes});
+        c.held += bytes;
+      } catch (const std::bad_alloc&) {
+        drop.push_back(p);
+      }
+    }
+  }
+  for (void* q : drop) std::free(q);
+}
+
+std::size_t block_cache_release() {
+  BlockCache& c = cache();
+  std::vector<Block> blocks;
+  std::size_t held;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    blocks.swap(c.blocks);
+    held = c.held;
+    c.held = 0;
+  }
+  for (const Block& b : blocks) std::free(b.p);
+  return held;
+}
+
+std::size_t block_cache_bytes() {
+  BlockCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.held;
+}
+
+}  // namespace dnnkit

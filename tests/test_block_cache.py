@@ -1,0 +1,65 @@
+"""The recycled large scratch blocks (4 MiB and up) that kernels keep between calls: results do not depend
+on what a recycled block held, the budget holds, and empty_cache gives the memory back."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+import dnnkit
+from dnnkit.reference import rnn_sequence_ref
+
+# T * B * 4H * 4 bytes = 5 MiB of input projections: a recycled block.
+T, B, I, H = 10, 32, 24, 1024
+
+
+def _lstm_case(seed, poison=False):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, B, I)).astype(np.float32)
+    if poison:
+        x[:, :, 0] = np.nan  # every input projection of this call is NaN
+    w = [(rng.standard_normal(s) * 0.1).astype(np.float32) for s in ((4 * H, I), (4 * H, H), (4 * H,), (4 * H,))]
+    return x, w
+
+
+def test_recycled_blocks_do_not_leak_into_results():
+    """A call that fills its blocks with NaN, then calls that reuse them: each matches the reference."""
+    dnnkit.empty_cache()
+    x, w = _lstm_case(0, poison=True)
+    out, _ = dnnkit.lstm(x, None, None, w)
+    assert np.isnan(out).all()
+    assert dnnkit.info()["block_cache_bytes"] >= 4 << 20
+    for seed in (1, 2):
+        x, w = _lstm_case(seed)
+        out, (hn, cn), reserve = dnnkit.lstm(x, None, None, w, train=True)
+        ref, ref_h, ref_c = rnn_sequence_ref("lstm", x, None, None, w)
+        for got, want in ((out, ref), (hn, ref_h), (cn, ref_c)):
+            assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
+        grads = dnnkit.lstm_backward(np.ones_like(out), None, None, reserve)
+        flat = [g for g in grads if isinstance(g, np.ndarray)] + [g for g in grads if isinstance(g, list)][0]
+        assert len(flat) == 7 and all(np.isfinite(g).all() for g in flat)
+
+
+def test_empty_cache_releases_everything():
+    x, w = _lstm_case(3)
+    dnnkit.lstm(x, None, None, w)
+    held = dnnkit.info()["block_cache_bytes"]
+    assert held >= 4 << 20
+    assert dnnkit.empty_cache() == held
+    assert dnnkit.info()["block_cache_bytes"] == 0
+    assert dnnkit.empty_cache() == 0
+
+
+def test_budget_from_the_environment():
+    """DNNKIT_BLOCK_CACHE_MB=0 keeps nothing; a budget below a block keeps nothing either."""
+    code = ("import numpy as np, dnnkit; x = np.ones((10, 32, 24), np.float32); "
+            "w = [np.zeros((4096, 24), np.float32), np.zeros((4096, 1024), np.float32)]; "
+            "dnnkit.lstm(x, None, None, w); print(dnnkit.info()['block_cache_bytes'])")
+    for budget, expect_zero in (("0", True), ("3", True), ("64", False)):
+        env = dict(os.environ, DNNKIT_BLOCK_CACHE_MB=budget)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        held = int(out.stdout.strip())
+        assert (held == 0) == expect_zero, (budget, held)
+        assert held <= int(budget) << 20
