@@ -407,8 +407,9 @@ def test_cells_match_torch(mode, dtype):
 
 
 # ------------------------------------------------------------------------------ fast math, edge cases
-def test_fast_math_accuracy():
-    """The post-GEMM's float32 exp, sigmoid and tanh: relative error <= 2e-7 (about 2 ulp); NaN passes."""
+def test_fast_math_accuracy(isa):
+    """The post-GEMM's float32 exp, sigmoid and tanh (each ISA's vector code, the portable loops on ref):
+    relative error <= 2e-7 (about 2 ulp); NaN passes."""
     x = np.concatenate([np.linspace(-87, 88, 400001), np.logspace(-30, 1, 20001), -np.logspace(-30, 1, 20001),
                         [0.0, 0.625, -0.625, np.nextafter(0.625, 0), 9.0, 20.0, -20.0]]).astype(np.float32)
     x64 = x.astype(np.float64)
@@ -426,6 +427,32 @@ def test_fast_math_accuracy():
     y64 = np.empty_like(x64)
     dnnkit._cpu.rnn_math_test(2, x64, y64)
     assert np.max(np.abs(y64 - np.tanh(x64))) <= 1e-15
+
+
+def test_fast_math_vector_tails(isa):
+    """Arrays of every length up to three vectors: the masked tail gives what a full vector gives, reads
+    and writes nothing past the end, and NaN or inf in any lane stays in that lane."""
+    rng = np.random.default_rng(5)
+    base = rng.uniform(-12, 12, 48).astype(np.float32)
+    for fn in range(3):
+        full = np.empty_like(base)
+        dnnkit._cpu.rnn_math_test(fn, base, full)
+        for n in range(1, 49):
+            out = np.full(n + 3, -7.0, np.float32)
+            dnnkit._cpu.rnn_math_test(fn, base[:n], out[:n])
+            assert np.array_equal(out[:n], full[:n]), (fn, n)
+            assert np.all(out[n:] == -7.0), (fn, n)
+        special = base[:19].copy()
+        special[[3, 17]] = np.nan
+        special[5], special[18] = np.inf, -np.inf
+        out = np.empty_like(special)
+        dnnkit._cpu.rnn_math_test(fn, special, out)
+        assert np.isnan(out[[3, 17]]).all()
+        # exp saturates at its range's ends (0 and inf with AVX-512; exp(-87) and exp(88) elsewhere)
+        assert out[5] == 1.0 if fn else out[5] > 1e38
+        assert out[18] == -1.0 if fn == 2 else 0 <= out[18] < 1e-37
+        keep = np.isfinite(special)
+        assert np.array_equal(out[keep], full[:19][keep])
 
 
 def test_sequence_state_is_continued():

@@ -7,11 +7,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "../eltwise/eltwise.h"
 #include "../gemm/gemm.h"
 #include "fast_math.h"
+#include "gates.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -23,9 +25,14 @@
 namespace dnnkit {
 namespace {
 
-// Batch rows up to which a single-step GEMM (a cell, or a sequence of length 1) uses gemm_small_m's
-// unpacked dot products rather than the packing GEMM.
-constexpr index_t kSmallBatch = 16;
+// Whether A W^T with m rows runs faster as gemm_small_m's unpacked dot products than through the packing
+// GEMM: packing W costs a read and a write of it, which few rows do not repay, and more rows repay sooner
+// when W is in cache. Measured on AVX-512, 2 threads (W n x k float32): W of 1 MB, packed wins from 8
+// rows; 4 MB, from 16 rows; 16 MB, small_m still wins at 16 rows.
+inline bool small_m_wins(index_t m, index_t n, index_t k, std::size_t elem) {
+  const double w_bytes = double(n) * double(k) * double(elem);
+  return k > 0 && (m <= 4 || (m <= 8 && w_bytes > (2 << 20)) || (m <= 16 && w_bytes > (8 << 20)));
+}
 
 // A reusable barrier for the threads of one group (the threads running one direction). Each step
 // synchronizes once; the work between barriers is microseconds, so waiting threads spin (and yield
@@ -71,12 +78,14 @@ ThreadGroup thread_group(int tid, int nt, int dirs) {
 }
 
 // C (m x n, row stride ldc) := beta*C + A W^T + bias, A (m x k, row stride lda), W (n x k) row-major.
+// The kernel is the one small_m_wins picks for `rows` rows (m by default; a part of a larger product
+// passes the whole product's rows, so that every part sums in the same order).
 template <typename T>
 void gemm_a_wt(index_t m, index_t n, index_t k, const T* a, index_t lda, const T* w, T* c, index_t ldc,
-               const T* bias, T beta, int nthreads = 0) {
+               const T* bias, T beta, int nthreads = 0, index_t rows = -1) {
   GemmArgs<T> g = strided_gemm_args<T>(m, n, k, a, lda, 1, w, 1, k, c, ldc, beta);
   g.bias = bias;
-  if (m <= kSmallBatch && k > 0)
+  if (small_m_wins(rows < 0 ? m : rows, n, k, sizeof(T)))
     gemm_small_m<T>(g, nthreads);
   else
     gemm<T>(g, nthreads);
@@ -163,6 +172,13 @@ void rnn_fwd(bool relu, index_t j0, index_t j1, const T* __restrict xp, const T*
   }
 }
 
+// The vector post-GEMM kernels for the active ISA (float only; null: the portable loops above).
+template <typename T>
+const GateKernelsF32* vector_gates() {
+  if constexpr (std::is_same_v<T, float>) return gate_kernels_f32();
+  return nullptr;
+}
+
 // One forward step after its GEMMs, for the B batch rows and hidden units [j0, j1). Row r of each operand:
 // xp + r*GH (input projections, bias included); gh + r*GH (W_hh h_{t-1}, or null when h_{t-1} = 0);
 // hprev + r*ldh (h_{t-1}, or null); cprev + r*H (c_{t-1}, or null); h + r*ldy (h_t, written); c + r*H
@@ -177,18 +193,27 @@ template <typename T>
 void forward_rows(const StepRows& s, const T* xp, const T* gh, const T* bhn, const T* hprev, index_t ldh,
                   const T* cprev, T* c, T* h, index_t ldy, T* save, T* aux, const T* zeros) {
   const index_t H = s.H, GH = rnn_gates(s.cell) * H;
+  const GateKernelsF32* vk = vector_gates<T>();
   for (index_t r = 0; r < s.B; ++r) {
     const T* xr = xp + r * GH;
     const T* gr = gh ? gh + r * GH : zeros;
     T* hr = h + r * ldy;
     T* sr = save ? save + r * GH : nullptr;
-    if (s.cell == RnnCell::lstm) {
-      lstm_fwd<T>(H, s.j0, s.j1, xr, gr, cprev ? cprev + r * H : zeros, c + r * H, hr, sr);
-    } else if (s.cell == RnnCell::gru) {
-      gru_fwd<T>(H, s.j0, s.j1, xr, gr, bhn, hprev ? hprev + r * ldh : zeros, hr, sr, aux ? aux + r * H : nullptr);
-    } else {
-      rnn_fwd<T>(s.cell == RnnCell::rnn_relu, s.j0, s.j1, xr, gr, hr);
+    const T* cr = cprev ? cprev + r * H : zeros;
+    const T* hp = hprev ? hprev + r * ldh : zeros;
+    T* ar = aux ? aux + r * H : nullptr;
+    const bool relu = s.cell == RnnCell::rnn_relu;
+    if constexpr (std::is_same_v<T, float>) {
+      if (vk) {
+        if (s.cell == RnnCell::lstm) vk->lstm_fwd(H, s.j0, s.j1, xr, gr, cr, c + r * H, hr, sr);
+        else if (s.cell == RnnCell::gru) vk->gru_fwd(H, s.j0, s.j1, xr, gr, bhn, hp, hr, sr, ar);
+        else vk->rnn_fwd(relu, s.j0, s.j1, xr, gr, hr);
+        continue;
+      }
     }
+    if (s.cell == RnnCell::lstm) lstm_fwd<T>(H, s.j0, s.j1, xr, gr, cr, c + r * H, hr, sr);
+    else if (s.cell == RnnCell::gru) gru_fwd<T>(H, s.j0, s.j1, xr, gr, bhn, hp, hr, sr, ar);
+    else rnn_fwd<T>(relu, s.j0, s.j1, xr, gr, hr);
   }
 }
 
@@ -367,7 +392,7 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
     for (index_t j = 0; j < H; ++j) bias[GH + j] = gru && bhh ? bhh[2 * H + j] : T(0);
     for (int q = 0; q < G; ++q) b.whh[q].pack(H, H, w.w_hh[l] + q * H * H, 1, H);
     const index_t Il = s.input_of(l);
-    if (Tn * B > kSmallBatch && Il > 0) {
+    if (!small_m_wins(Tn * B, GH, Il, sizeof(T)) && Il > 0) {
       b.wih.pack(Il, GH, w.w_ih[l], 1, Il);
       b.axp.resize(static_cast<std::size_t>(packed_a_elems(uk, C * B, Il)));
     }
@@ -389,8 +414,8 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
     const index_t rows = (t1 - t0) * B;
     const T* xc = xl + t0 * B * Il;
     T* xp = b.xp.data();
-    if (Tn * B <= kSmallBatch || Il == 0) {
-      gemm_a_wt<T>(rows, GH, Il, xc, Il, w.w_ih[l], xp, GH, b.bias.data(), T(0), 1);
+    if (small_m_wins(Tn * B, GH, Il, sizeof(T)) || Il == 0) {
+      gemm_a_wt<T>(rows, GH, Il, xc, Il, w.w_ih[l], xp, GH, b.bias.data(), T(0), 1, Tn * B);
     } else {
       pack_a_rows<T>(uk, rows, Il, xc, Il, 1, b.axp.data());
       gemm_packed_b<T>(rows, b.axp.data(), b.wih, 0, b.wih.panels(), T(0), xp, GH);
@@ -558,6 +583,7 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   const int nt = team_size(H, uk.nr, D);
   const index_t per_dir = rnn_reserve_elems_per_dir(s);
+  const GateKernelsF32* vk = vector_gates<T>();
 
   DirBuffers<T> buf[2];
   const index_t zlen = std::max<index_t>(D * std::max(H, S), 1);
@@ -644,6 +670,13 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
             T* dg = b.dg.data() + row * GH;
             if (lstm) {
               const T* cp = st == 0 ? (c0 ? c0 + (li * B + r) * H : zeros.data()) : aux + (tp * B + r) * H;
+              if constexpr (std::is_same_v<T, float>) {
+                if (vk) {
+                  vk->lstm_bwd(H, own.j0, own.j1, dyr, dhr, save + row * GH, aux + row * H, cp, b.dstate.data() + r * H,
+                               dg);
+                  continue;
+                }
+              }
               lstm_bwd<T>(H, own.j0, own.j1, dyr, dhr, save + row * GH, aux + row * H, cp,
                           b.dstate.data() + r * H, dg);
             } else if (gru) {
@@ -706,6 +739,9 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
 
 template <typename T>
 void rnn_math_test(int fn, const T* x, T* y, index_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (const GateKernelsF32* vk = gate_kernels_f32()) return vk->math(fn, x, y, n);
+  }
   if (fn == 0) {
 #pragma omp simd
     for (index_t i = 0; i < n; ++i) y[i] = fastmath::exp(x[i]);

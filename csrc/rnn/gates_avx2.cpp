@@ -1,0 +1,65 @@
+// The RNN post-GEMM kernels of gates.h for AVX2 and FMA: 8 floats a vector, tails through VMASKMOVPS,
+// 2^n built in the exponent bits (x clamped to [-87, 88], as fastmath::exp), reciprocals by
+// division (VRCPPS's 12 bits would need two Newton steps).
+#include <immintrin.h>
+
+#include <type_traits>
+
+#include "gates.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+#include "gates_simd.h"
+
+namespace dnnkit {
+namespace {
+
+struct Avx2 {
+  using reg = __m256;
+  using mask = __m256i;
+  static constexpr index_t width = 8;
+  // 2^n built in the exponent bits must stay a normal float: n in [-126, 127] (fastmath::exp's range).
+  static constexpr float kExpLo = -87.0f, kExpHi = 88.0f;
+  static inline mask tail(index_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n < 8 ? n : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static inline reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static inline reg loadm(const float* p, mask m) { return _mm256_maskload_ps(p, m); }
+  static inline void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
+  static inline void storem(float* p, mask m, reg v) { _mm256_maskstore_ps(p, m, v); }
+  static inline reg set1(float x) { return _mm256_set1_ps(x); }
+  static inline reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static inline reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  static inline reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static inline reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline reg fnma(reg a, reg b, reg c) { return _mm256_fnmadd_ps(a, b, c); }
+  // VMAXPS/VMINPS return the second operand when either is NaN.
+  static inline reg max_nan(reg lo, reg x) { return _mm256_max_ps(lo, x); }
+  static inline reg min_nan(reg hi, reg x) { return _mm256_min_ps(hi, x); }
+  static inline reg abs(reg x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
+  static inline reg copysign(reg mag, reg sgn) {
+    const reg s = _mm256_set1_ps(-0.0f);
+    return _mm256_or_ps(_mm256_andnot_ps(s, mag), _mm256_and_ps(s, sgn));
+  }
+  static inline reg lt(reg a, reg b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static inline reg ge(reg a, reg b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+  static inline reg blend(reg m, reg f, reg t) { return _mm256_blendv_ps(f, t, m); }
+  static inline reg round(reg x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static inline reg exp2i(reg p, reg n) {
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  }
+  static inline reg recip(reg d) { return _mm256_div_ps(_mm256_set1_ps(1.0f), d); }
+};
+
+const GateKernelsF32 kAvx2 = {gates_simd::lstm_fwd<Avx2>, gates_simd::gru_fwd<Avx2>, gates_simd::rnn_fwd<Avx2>,
+                              gates_simd::lstm_bwd<Avx2>, gates_simd::math<Avx2>};
+
+}  // namespace
+
+const GateKernelsF32* gate_kernels_avx2() { return &kAvx2; }
+
+}  // namespace dnnkit
+
+#pragma GCC pop_options
