@@ -668,6 +668,9 @@ PYBIND11_MODULE(_cpu, m) {
   m.def("block_cache_release", [] { return block_cache_release(); },
         "Frees the large blocks kept for reuse (DNNKIT_BLOCK_CACHE_MB); returns the bytes released.");
   m.def("block_cache_bytes", [] { return block_cache_bytes(); }, "Bytes of large blocks now kept for reuse.");
+  m.def("set_min_parallel_work", [](double fmas) { set_min_parallel_work(fmas); }, py::arg("fmas"),
+        "Test-only: multiply-adds below which a GEMM runs on one thread (default 2^17; 0: always threaded).");
+  m.def("min_parallel_work", [] { return min_parallel_work(); });
   m.def("has_openmp", [] {
 #ifdef _OPENMP
     return true;

@@ -82,6 +82,12 @@ class AlignedBuffer {
   std::size_t cap_ = 0, bytes_ = 0;
 };
 
+// Multiply-adds below which a product runs on one thread (default 2^17): waking the other threads and
+// meeting them at the end costs a few microseconds, as long as such a product takes on one core. Tests
+// set it to 0 so that small shapes reach the multi-threaded code.
+double min_parallel_work();
+void set_min_parallel_work(double fmas);
+
 inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
 inline index_t round_up(index_t a, index_t b) { return ceil_div(a, b) * b; }
 

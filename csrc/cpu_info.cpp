@@ -62,6 +62,11 @@ std::string cpu_model_name() {
   return "unknown";
 }
 
+static std::atomic<double> g_min_parallel_work{double(1 << 17)};
+
+double min_parallel_work() { return g_min_parallel_work.load(std::memory_order_relaxed); }
+void set_min_parallel_work(double fmas) { g_min_parallel_work.store(fmas < 0 ? 0 : fmas); }
+
 static std::atomic<int> g_num_threads{0};
 
 int get_num_threads() {

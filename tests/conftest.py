@@ -31,6 +31,10 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, max_examples=300, suppress_health_check=_SUPPRESS)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Small shapes are what the tests can afford: let them reach the multi-threaded code, which products
+# below a size (a few microseconds of work) otherwise skip.
+dnnkit._cpu.set_min_parallel_work(0)
+
 ISA_ORDER = ("ref", "avx2", "avx512")  # each ISA's CPUs run every ISA before it
 SUPPORTED_ISAS = ISA_ORDER[: ISA_ORDER.index(dnnkit._cpu.detected_isa()) + 1]
 THREAD_COUNTS = (1, 2)

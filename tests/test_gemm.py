@@ -240,3 +240,23 @@ def test_gemm_concurrent_callers(isa, gemm_algo):
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "a gemm call hung"
     assert not failures, failures
+
+
+def test_products_around_the_parallel_threshold():
+    """With the default threshold (tests otherwise run with 0), products just under it run on one thread
+    and just over it on all: both give the reference's result, for the packing GEMM and small_m."""
+    previous = dnnkit._cpu.min_parallel_work()
+    dnnkit._cpu.set_min_parallel_work(2 ** 17)
+    dnnkit.set_num_threads(2)
+    try:
+        rng = np.random.default_rng(4)
+        for m, n, k in ((50, 50, 50), (64, 64, 64), (1, 512, 255), (1, 520, 260), (4, 130, 250)):
+            a = rng.standard_normal((m, k)).astype(np.float32)
+            w = rng.standard_normal((n, k)).astype(np.float32)
+            want = a.astype(np.float64) @ w.T.astype(np.float64)
+            for kernel in (dnnkit._cpu.gemm, dnnkit._cpu.gemm_small_m):
+                c = np.full((m, n), np.nan, np.float32)
+                kernel(a, w.T, c)
+                assert np.linalg.norm(c - want) <= 1e-5 * np.linalg.norm(want), (kernel.__name__, m, n, k)
+    finally:
+        dnnkit._cpu.set_min_parallel_work(previous)

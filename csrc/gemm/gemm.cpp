@@ -57,6 +57,7 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   // Never more threads than there is work for: a thread needs at least one MR x NR tile.
   int nt = std::max(1, nthreads);
   nt = static_cast<int>(std::min<index_t>(nt, std::max<index_t>(panels_m * panels_n, 1)));
+  if (double(m) * double(n) * double(k) < min_parallel_work()) nt = 1;
   p.nthreads = nt;
   // Splitting n keeps each B block in one core's L2 and reuses each A micro-panel over all of it; it
   // needs 8 or more panels per thread (measured, 2 threads: n = 512 gains 15% from splitting n, n = 256

@@ -16,8 +16,9 @@ void gemm_small_m(const GemmArgs<T>& g, int nthreads) {
   const DotKernel<T> dk = select_dot_kernel<T>(active_isa());
   const int nj = dk.nj;
   const index_t n_jb = ceil_div(g.n, nj);
-  const int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(),
+  const int nt_max = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(),
                                                                          ceil_div(n_jb, 4))));
+  const int nt = double(g.m) * double(g.n) * double(g.k) < min_parallel_work() ? 1 : nt_max;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
   for (index_t jb = 0; jb < n_jb; ++jb) {
     const index_t j0 = jb * nj;
