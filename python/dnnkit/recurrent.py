@@ -49,7 +49,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import _cpu
+from ._config import get_workspace_limit
 from .api import _DTYPE_NAMES, _array, _choose, _empty, _flag, _FLOAT_DTYPES
+from .dispatch import dispatch_state
 from .problem import RnnProblem
 
 _CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
@@ -509,8 +511,51 @@ def _cell_array(op, name, a, dtype):
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
+# Cell calls already validated and dispatched, by signature (every array's shape and dtype, which state
+# was given, train, the workspace limit and the dispatch state) -> (problem, algorithm, kernel shape). A
+# cell stepped in a Python loop repeats one signature; a hit skips the checks and the dispatch, several
+# microseconds of a small cell's tens.
+_cell_calls: dict = {}
+
+
+def _sig(a):
+    """(shape, dtype) of a C-contiguous ndarray, None for None; raises AttributeError for anything else
+    (the caller then takes the checked path)."""
+    if a is None:
+        return None
+    if type(a) is not np.ndarray or not a.flags.c_contiguous:
+        raise AttributeError
+    return a.shape, a.dtype
+
+
+def _cell_key(op, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
+    if type(train) is not bool:
+        return None
+    try:
+        return (op, train, _sig(x), _sig(h), _sig(c), _sig(w_ih), _sig(w_hh), _sig(b_ih), _sig(b_hh),
+                get_workspace_limit(), dispatch_state())
+    except AttributeError:
+        return None
+
+
+def _cell_run(op, mode, hit, x, h, c, flat, train):
+    p, algorithm, shape, unbatched = hit
+    B, H = shape[2], shape[4]
+    h_out = _empty(op, (B, H), x.dtype)
+    c_out = _empty(op, (B, H), x.dtype) if mode == "lstm" else None
+    buffer = _empty(op, (_cpu.rnn_reserve_elems(shape),), x.dtype) if train else None
+    algorithm.run(p, x, h, c, flat, out=[h_out], h_n=None, c_n=c_out, reserve=buffer)
+    return h_out, c_out, buffer
+
+
 def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
     """One step of a single-layer, one-direction sequence (the same kernel, which skips the packing)."""
+    key = _cell_key(op, x, h, c, w_ih, w_hh, b_ih, b_hh, train)
+    hit = None if key is None else _cell_calls.get(key)
+    if hit is not None:
+        h_out, c_out, buffer = _cell_run(op, mode, hit, x, h, c, [w_ih, w_hh, b_ih, b_hh], train)
+        return _cell_result(op, mode, hit[0], hit[2], hit[3], x, h, c, [w_ih, w_hh, b_ih, b_hh], h_out, c_out,
+                            buffer, train)
     x = _array(op, "input", x, ndim=(1, 2))
     dtype = x.dtype
     unbatched = x.ndim == 1
@@ -544,12 +589,20 @@ def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
             raise ValueError(f"{op}: {names[1]} must have shape {state_shape}, got {c.shape}")
     x = x if x.flags.c_contiguous else np.ascontiguousarray(x)
     shape = (_CELL_CODES[mode], 1, B, I, H, 1, 1, 0)
-    h_out = _empty(op, (B, H), dtype)
-    c_out = _empty(op, (B, H), dtype) if mode == "lstm" else None
-    buffer = _empty(op, (_cpu.rnn_reserve_elems(shape),), dtype) if _flag(op, "train", train) else None
+    train = _flag(op, "train", train)
     flat = [w_ih, w_hh, b_ih, b_hh]
     p = _problem(mode, 1, B, I, H, 1, 1, b_ih is not None, "fwd", dtype)
-    _choose(op, p, "auto").run(p, x, h, c, flat, out=[h_out], h_n=None, c_n=c_out, reserve=buffer)
+    hit = (p, _choose(op, p, "auto"), shape, unbatched)
+    h_out, c_out, buffer = _cell_run(op, mode, hit, x, h, c, flat, train)
+    if key is not None:
+        if len(_cell_calls) > 1024:
+            _cell_calls.clear()
+        _cell_calls[key] = hit
+    return _cell_result(op, mode, p, shape, unbatched, x, h, c, flat, h_out, c_out, buffer, train)
+
+
+def _cell_result(op, mode, p, shape, unbatched, x, h, c, flat, h_out, c_out, buffer, train):
+    B, H = shape[2], shape[4]
     if unbatched:
         h_out = h_out[0]
         c_out = None if c_out is None else c_out[0]
@@ -557,7 +610,7 @@ def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
     if not train:
         return result
     reserve = RnnReserve(op=op, mode=mode, cell=True, shape=shape, problem=p, x=x, h0=h, c0=c, weights=flat, names=None,
-                         as_dict=False, has_bias=b_ih is not None, ys=[h_out.reshape(1, B, H)], buffer=buffer,
+                         as_dict=False, has_bias=flat[2] is not None, ys=[h_out.reshape(1, B, H)], buffer=buffer,
                          batch_first=False, unbatched=unbatched)
     return result, reserve
 
