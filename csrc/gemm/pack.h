@@ -161,18 +161,18 @@ void pack_b_panel(index_t k, index_t n, const T* b, index_t rs, index_t cs, int 
   }
   if (rs == 1) {
     // Transposed B (the weight of a linear layer): each column is contiguous. W x W blocks (W columns by
-    // W k steps) are loaded as vectors, transposed in registers and stored as rows of the panel. k steps
-    // outermost, so each pass writes whole panel rows (full cache lines) while reading every column
-    // sequentially; the column and k tails go element by element.
+    // W k steps) are loaded as vectors, transposed in registers and stored as rows of the panel. Groups
+    // of W columns outermost, each read down its k range before the next: W sequential streams at a
+    // time rather than all NR columns a few bytes each, which matters when B comes from memory (a 16 MB
+    // weight: 6-8% of an LSTM cell at batch 64 and of linear at batch 64 and 256, timed in turns). The
+    // column and k tails go element by element.
     constexpr index_t W = kTransposeBlock<T>;
-    const index_t n_full = n / W * W;
-    index_t p = 0;
-    for (; p + W <= k; p += W) {
-      for (index_t j0 = 0; j0 < n_full; j0 += W) transpose_block<T>(b + j0 * cs + p, cs, bp + p * nr + j0, nr);
-      for (index_t j = n_full; j < n; ++j)
-        for (index_t pp = p; pp < p + W; ++pp) bp[pp * nr + j] = b[j * cs + pp];
-    }
-    for (; p < k; ++p)
+    const index_t n_full = n / W * W, k_full = k / W * W;
+    for (index_t j0 = 0; j0 < n_full; j0 += W)
+      for (index_t p = 0; p < k_full; p += W) transpose_block<T>(b + j0 * cs + p, cs, bp + p * nr + j0, nr);
+    for (index_t j = n_full; j < n; ++j)
+      for (index_t p = 0; p < k_full; ++p) bp[p * nr + j] = b[j * cs + p];
+    for (index_t p = k_full; p < k; ++p)
       for (index_t j = 0; j < n; ++j) bp[p * nr + j] = b[j * cs + p];
   } else {
     for (index_t p = 0; p < k; ++p)
