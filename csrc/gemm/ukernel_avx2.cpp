@@ -1,6 +1,8 @@
 // AVX2+FMA micro-kernels: float32 6x16 (12 accumulators), float64 6x8 (12 accumulators).
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "ukernel.h"
 
 #pragma GCC push_options
@@ -22,6 +24,11 @@ struct Avx2F32 {
   static inline reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
   static inline reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
   static inline reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  // out[0..4) = the lane sums of a, b, c, d: two horizontal adds, then the two 128-bit halves added.
+  static inline void reduce4(reg a, reg b, reg c, reg d, T* out) {
+    const reg s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));  // a b c d in each half
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+  }
 };
 
 struct Avx2F64 {

@@ -89,6 +89,12 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
   }
 }
 
+// Whether V has reduce4 (four accumulators' lane sums at once).
+template <class V, class = void>
+struct has_reduce4 : std::false_type {};
+template <class V>
+struct has_reduce4<V, std::void_t<decltype(&V::reduce4)>> : std::true_type {};
+
 // Small-M dot tile (no packing): out[i*ldo + j] = sum_p x[i*ldx + p] * w[j*ldw + p] for i < MI, j < NJ.
 // Both operands are contiguous along k (a fully-connected layer: x rows and weight rows); vector
 // accumulators along k, one horizontal sum per output at the end. nj <= NJ rows of w are valid.
@@ -119,14 +125,24 @@ void dot_tile(dnnkit::index_t k, const typename V::T* __restrict x, dnnkit::inde
     }
   }
   alignas(64) T lanes[W];
-  for (int i = 0; i < MI; ++i)
+  for (int i = 0; i < MI; ++i) {
+    T sums[NJ];
+    if constexpr (NJ == 4 && has_reduce4<V>::value) {
+      V::reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3], sums);
+    } else {
+      for (int j = 0; j < NJ; ++j) {
+        V::store(lanes, acc[i][j]);
+        T s = T(0);
+        for (int l = 0; l < W; ++l) s += lanes[l];
+        sums[j] = s;
+      }
+    }
     for (int j = 0; j < nj; ++j) {
-      V::store(lanes, acc[i][j]);
-      T s = T(0);
-      for (int l = 0; l < W; ++l) s += lanes[l];
+      T s = sums[j];
       for (dnnkit::index_t q = p; q < k; ++q) s += x[i * ldx + q] * wr[j][q];
       out[i * ldo + j] = s;
     }
+  }
 }
 
 // dot_tile for a run-time mi in [1, MI_MAX], NJ rows of w (the small-M driver's entry point).

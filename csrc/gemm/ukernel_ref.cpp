@@ -1,4 +1,6 @@
 // Portable reference micro-kernels (any CPU): float32 and float64 4x8, plain C++ on a scalar "vector".
+#include <type_traits>
+
 #include "ukernel.h"
 
 namespace {
