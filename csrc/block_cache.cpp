@@ -25,7 +25,7 @@ struct BlockCache {
     if (const char* e = std::getenv("DNNKIT_BLOCK_CACHE_MB")) {
       char* end = nullptr;
       const unsigned long long v = std::strtoull(e, &end, 10);
-      if (end != e && *end == '\0') mb = static_cast<std::size_t>(v);
+      if (e[0] >= '0' && e[0] <= '9' && *end == '\0') mb = static_cast<std::size_t>(v);  // else the default
     }
     budget = mb > (SIZE_MAX >> 20) ? SIZE_MAX : mb << 20;
   }
