@@ -1,5 +1,8 @@
 // The recycled large blocks of AlignedBuffer (common.h).
 #include <cstdlib>
+#ifdef __unix__
+#include <pthread.h>
+#endif
 #include <mutex>
 #include <string>
 #include <vector>
@@ -31,8 +34,18 @@ struct BlockCache {
   }
 };
 
+BlockCache* g_cache = nullptr;
+
 BlockCache& cache() {
-  static BlockCache* c = new BlockCache();  // never destroyed: buffers may be freed during exit
+  static BlockCache* c = [] {
+    g_cache = new BlockCache();  // never destroyed: buffers may be freed during exit
+#ifdef __unix__
+    // A fork while another thread holds the lock would leave the child's copy locked for good: hold it
+    // across the fork, and release it on both sides.
+    pthread_atfork([] { g_cache->mu.lock(); }, [] { g_cache->mu.unlock(); }, [] { g_cache->mu.unlock(); });
+#endif
+    return g_cache;
+  }();
   return *c;
 }
 

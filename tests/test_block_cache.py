@@ -63,3 +63,36 @@ def test_budget_from_the_environment():
         held = int(out.stdout.strip())
         assert (held == 0) == expect_zero, (budget, held)
         assert held <= (int(budget) if budget.isdigit() else 256) << 20  # not a count: the default
+
+
+def test_fork_while_another_thread_allocates():
+    """A child forked while another thread is taking and giving blocks can still allocate (the cache's
+    lock is held across fork and released on both sides)."""
+    import threading
+    if not hasattr(os, "fork"):
+        return
+    x, w = _lstm_case(4)
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            dnnkit.lstm(x, None, None, w)
+
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:  # the child: one call, then exit without running the parent's cleanup
+                try:
+                    # one thread: libgomp's thread pool does not survive a fork (not dnnkit's to fix)
+                    dnnkit.set_num_threads(1)
+                    out, _ = dnnkit.lstm(x, None, None, w)
+                    os._exit(0 if np.isfinite(out).all() else 1)
+                except BaseException:
+                    os._exit(2)
+            _, status = os.waitpid(pid, 0)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    finally:
+        stop.set()
+        t.join()
