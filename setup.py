@@ -10,7 +10,9 @@ import os
 import sys
 from glob import glob
 
-from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
+import platform
+
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext, has_flag
 from setuptools import find_packages, setup
 
 ParallelCompile("DNNKIT_BUILD_JOBS", default=0).install()
@@ -35,12 +37,26 @@ ext = Pybind11Extension(
     depends=sorted(glob("csrc/**/*.h", recursive=True)),
 )
 
+class BuildExt(build_ext):
+    """On x86-64, where the assembler supports it: no jump crosses or ends on a 32-byte boundary. Skylake-
+    derived Intel cores (the JCC erratum's microcode fix) otherwise run such a jump from the legacy
+    decoders, and an unrelated change that moves a kernel's inner loop by a few bytes can slow it by 15%
+    (measured on conv2d_backward_data of ResNet-50's conv1 on a Cascade Lake)."""
+
+    def build_extensions(self):
+        flag = "-Wa,-mbranches-within-32B-boundaries"
+        if platform.machine().lower() in ("x86_64", "amd64") and has_flag(self.compiler, flag):
+            for e in self.extensions:
+                e.extra_compile_args.append(flag)
+        super().build_extensions()
+
+
 packages = find_packages(where="python") + ["dnnkit.kernels"]
 setup(
     packages=packages,
     package_dir={"": "python", "dnnkit.kernels": "kernels"},
     package_data={"dnnkit": ["data/*.txt"]},
     ext_modules=[ext],
-    cmdclass={"build_ext": build_ext},
+    cmdclass={"build_ext": BuildExt},
     zip_safe=False,
 )
