@@ -210,6 +210,14 @@ void conv_run(const std::string& dir, const std::string& algo, const ConvShape& 
       T* col = conv_workspace<T>(ws, sh, chunk);
       py::gil_scoped_release nogil;
       conv2d_bwd_data_col2im<T>(sh, w, dy, dx, col, chunk);
+    } else if (algo == "winograd_f2x2_3x3" || algo == "winograd_f4x4_3x3") {
+      const int m = algo == "winograd_f2x2_3x3" ? 2 : 4;
+      if (sh.r != 3 || sh.s != 3 || sh.sh != 1 || sh.sw != 1 || sh.dh != 1 || sh.dw != 1 || sh.ph > 2 || sh.pw > 2)
+        throw py::value_error(
+            "conv2d_backward_data: winograd needs a 3x3 filter with stride 1, dilation 1 and padding at most 2");
+      T* wsp = conv_workspace_elems<T>(ws, winograd_bwd_data_workspace_elems(sh, m, chunk, sizeof(T)));
+      py::gil_scoped_release nogil;
+      conv2d_bwd_data_winograd<T>(sh, m, w, dy, dx, wsp, chunk);
     } else {
       throw py::value_error("conv2d_backward_data: unknown kernel " + algo);
     }
@@ -590,6 +598,15 @@ PYBIND11_MODULE(_cpu, m) {
     if (itemsize != 4 && itemsize != 8) throw py::value_error("winograd_workspace_elems: itemsize must be 4 or 8");
     return winograd_workspace_elems(conv_shape(shape), mt, tc, itemsize);
   });
+  m.def("winograd_bwd_data_workspace_elems", [](const py::tuple& shape, int mt, index_t tc, index_t itemsize) {
+    if (mt != 2 && mt != 4) throw py::value_error("winograd_bwd_data_workspace_elems: m must be 2 or 4");
+    if (itemsize != 4 && itemsize != 8)
+      throw py::value_error("winograd_bwd_data_workspace_elems: itemsize must be 4 or 8");
+    const ConvShape sh = conv_shape(shape);
+    if (sh.r != 3 || sh.s != 3 || sh.sh != 1 || sh.sw != 1 || sh.dh != 1 || sh.dw != 1 || sh.ph > 2 || sh.pw > 2)
+      throw py::value_error("winograd_bwd_data_workspace_elems: needs a 3x3 filter, stride 1, dilation 1, padding <= 2");
+    return winograd_bwd_data_workspace_elems(sh, mt, tc, itemsize);
+  }, "Workspace elements of backward data by Winograd: the turned filters, then the forward pass's.");
 
   // ----------------------------------------------------------------------------------------------- RNN
   m.def("rnn_forward",

@@ -86,7 +86,10 @@ def test_find_backward_directions(direction, fresh_cache):
     p = ConvProblem.parse("mb2ic4ih9oc6oh5kh3sh2ph1", direction=direction)
     result = find(p, store=False, prune=None, **QUICK)  # every algorithm timed, none pruned
     assert result.best is not None
-    assert all(r.ok for r in result)
+    supporting = [a.name for a in algos.algorithms(p.op, "cpu") if a.supports(p) is None]
+    assert len(supporting) >= 2
+    assert sorted(r.algorithm for r in result if r.ok) == sorted(supporting)
+    assert all(r.status == "unsupported" for r in result if not r.ok)  # stride 2: Winograd's backward data
 
 
 def test_find_gemm_and_unsupported_reason(fresh_cache):

@@ -444,6 +444,28 @@ def test_winograd_schedules_and_chunk_boundaries(isa, num_threads, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_winograd_backward_data_schedules(isa, num_threads, dtype):
+    """Backward data by Winograd (the forward pass on dy with the filters turned, at padding 2 - p) on the
+    same shapes, on every ISA and thread count, output and workspace poisoned with NaN; padding 3 is
+    refused with its reason."""
+    for algo in (a for a in ALGOS["bwd_data"] if a.name.startswith("winograd")):
+        for i, (n, c, k, h, w, g, pad) in enumerate(WINOGRAD_EDGE_SHAPES):
+            case = ConvCase(n, c, k, h, w, 3, 3, g, 1, pad, 1, dtype, False, "C", 150 + i)
+            _, wt, _, dy = arrays(case)
+            p = ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, dtype=np.dtype(dtype).name,
+                                        direction="bwd_data")
+            assert algo.supports(p) is None
+            nbytes = algo.workspace_bytes(p)
+            workspace = np.full(nbytes // np.dtype(dtype).itemsize, np.nan, dtype)
+            out = np.full(p.input_shape, np.nan, dtype)
+            algo.run(p, wt, dy, out=out, workspace=workspace)
+            _check_output(out, conv2d_backward_data_ref(case.x_shape, wt, dy, **case.args), np.dtype(dtype), algo,
+                          case)
+        p3 = ConvProblem.parse("mb1ic4ih5oc4oh9kh3ph3", direction="bwd_data")
+        assert "padding at most 2" in algo.supports(p3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_pointwise_images_side_by_side(isa, num_threads, dtype):
     """1x1 stride-1 convolutions on small planes, several images in one GEMM whose B is packed straight
     from the input planes: panels that straddle two or more images (planes of 1, 5x5, 3x7 pixels against

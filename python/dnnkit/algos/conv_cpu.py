@@ -15,7 +15,9 @@ winograd_f2x2_3x3 / winograd_f4x4_3x3 (fwd): F(m x m, 3 x 3) for 3x3 stride-1 de
     then chunks of 64 tiles, each transformed, multiplied (alpha^2 products on the micro-kernel) and
     transformed back by one thread in its own cache-sized buffers; at most 32 tiles, a transposed
     schedule that keeps the transformed input resident instead. Workspace: the packed filters and one
-    chunk's buffers per thread. F(4x4) is less accurate (tolerance 1e-4 in float32).
+    chunk's buffers per thread. F(4x4) is less accurate (tolerance 1e-4 in float32). Backward data (3x3,
+    stride 1, padding at most 2) is the same forward pass on dy with the filters transposed per group
+    and turned by 180 degrees (built at the front of the workspace), at padding 2 - p.
 fft (fwd): real 2-D FFTs of the padded input and of the dilated, zero-padded filter (scipy.fft,
     multithreaded), the per-frequency channel reduction in dnnkit's kernel, one inverse FFT per output
     channel; images in chunks so memory stays bounded. Meant for large filters; a stride above 1 is
@@ -27,6 +29,8 @@ depthwise (fwd): one input channel per group (depthwise and channel-multiplier c
     by one vector of columns at a time in registers; memory-bound, one pass over input and output.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -142,6 +146,45 @@ class WinogradF2x2(_Winograd):
 
 
 class WinogradF4x4(_Winograd):
+    name = kernel = "winograd_f4x4_3x3"
+    m = 4
+    tolerance = 1e-4
+
+
+def as_forward(p):
+    """The forward convolution that computes p's backward data when p is 3x3, stride 1, dilation 1 and
+    pads at most 2: dy convolved with the filters transposed per group and turned by 180 degrees, at
+    padding 2 - ph, 2 - pw."""
+    return dataclasses.replace(p, ic=p.oc, oc=p.ic, ih=p.oh, iw=p.ow, oh=p.ih, ow=p.iw, ph=2 - p.ph, pw=2 - p.pw,
+                               direction="fwd", bias=False)
+
+
+class _WinogradBwdData(_Winograd):
+    op, direction = "conv2d_bwd_data", "bwd_data"
+
+    def supports(self, p) -> str | None:
+        reason = super().supports(p)
+        if reason:
+            return reason
+        if p.ph > 2 or p.pw > 2:
+            return f"needs padding at most 2 (run as a forward pass at padding 2 - p), got {p.ph}x{p.pw}"
+        return None
+
+    def chunk(self, p) -> int:
+        return super().chunk(as_forward(p))
+
+    def workspace_bytes(self, p) -> int:
+        elems = _cpu.winograd_bwd_data_workspace_elems(shape_tuple(p), self.m, self.chunk(p), p.itemsize)
+        return int(elems) * p.itemsize
+
+
+class WinogradF2x2BwdData(_WinogradBwdData):
+    name = kernel = "winograd_f2x2_3x3"
+    m = 2
+    tolerance = 1e-5
+
+
+class WinogradF4x4BwdData(_WinogradBwdData):
     name = kernel = "winograd_f4x4_3x3"
     m = 4
     tolerance = 1e-4

@@ -23,6 +23,7 @@ import warnings
 
 from .. import _cpu
 from .._config import get_num_threads
+from ..algos.conv_cpu import as_forward
 
 _FLOPS_PER_CYCLE = {"avx512": 64, "avx2": 32, "ref": 4}  # float32 FMA throughput per core, nominal
 _GHZ = 2.5
@@ -177,6 +178,10 @@ def _conv_bwd(p, name):
         return t
     if name == "direct":
         return direct / (peak * 0.06)
+    if name in ("winograd_f4x4_3x3", "winograd_f2x2_3x3") and p.direction == "bwd_data":
+        # The forward pass on dy with the filters turned (csrc/conv/winograd.cpp), after copying them.
+        turn = 2 * k * cg * p.kh * p.kw * p.itemsize / (_copy_bytes_per_s() * get_num_threads())
+        return _conv_fwd(as_forward(p), name) + turn
     return None
 
 
