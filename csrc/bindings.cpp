@@ -232,6 +232,13 @@ void conv_run(const std::string& dir, const std::string& algo, const ConvShape& 
       T* col = conv_workspace<T>(ws, sh, chunk);
       py::gil_scoped_release nogil;
       conv2d_bwd_filter_im2col<T>(sh, x, dy, dw, col, chunk);
+    } else if (algo == "winograd_f2x2_3x3" || algo == "winograd_f4x4_3x3") {
+      const int m = algo == "winograd_f2x2_3x3" ? 2 : 4;
+      if (sh.r != 3 || sh.s != 3 || sh.sh != 1 || sh.sw != 1 || sh.dh != 1 || sh.dw != 1)
+        throw py::value_error("conv2d_backward_filter: winograd needs a 3x3 filter with stride 1 and dilation 1");
+      T* wsp = conv_workspace_elems<T>(ws, winograd_bwd_filter_workspace_elems(sh, m, sizeof(T)));
+      py::gil_scoped_release nogil;
+      conv2d_bwd_filter_winograd<T>(sh, m, x, dy, dw, wsp);
     } else {
       throw py::value_error("conv2d_backward_filter: unknown kernel " + algo);
     }
@@ -598,6 +605,12 @@ PYBIND11_MODULE(_cpu, m) {
     if (itemsize != 4 && itemsize != 8) throw py::value_error("winograd_workspace_elems: itemsize must be 4 or 8");
     return winograd_workspace_elems(conv_shape(shape), mt, tc, itemsize);
   });
+  m.def("winograd_bwd_filter_workspace_elems", [](const py::tuple& shape, int mt, index_t itemsize) {
+    if (mt != 2 && mt != 4) throw py::value_error("winograd_bwd_filter_workspace_elems: m must be 2 or 4");
+    if (itemsize != 4 && itemsize != 8)
+      throw py::value_error("winograd_bwd_filter_workspace_elems: itemsize must be 4 or 8");
+    return winograd_bwd_filter_workspace_elems(conv_shape(shape), mt, itemsize);
+  }, "Workspace elements of backward filter by Winograd: a chunk's panels and one group's point sums.");
   m.def("winograd_bwd_data_workspace_elems", [](const py::tuple& shape, int mt, index_t tc, index_t itemsize) {
     if (mt != 2 && mt != 4) throw py::value_error("winograd_bwd_data_workspace_elems: m must be 2 or 4");
     if (itemsize != 4 && itemsize != 8)
@@ -685,6 +698,13 @@ PYBIND11_MODULE(_cpu, m) {
   m.def("block_cache_release", [] { return block_cache_release(); },
         "Frees the large blocks kept for reuse (DNNKIT_BLOCK_CACHE_MB); returns the bytes released.");
   m.def("block_cache_bytes", [] { return block_cache_bytes(); }, "Bytes of large blocks now kept for reuse.");
+  m.def("scratch", [](std::size_t nbytes) {
+    auto* buf = new AlignedBuffer<std::uint8_t>(std::max<std::size_t>(nbytes, 1));  // bad_alloc: MemoryError
+    py::capsule owner(buf, [](void* p) { delete static_cast<AlignedBuffer<std::uint8_t>*>(p); });
+    return py::array_t<std::uint8_t>({static_cast<py::ssize_t>(nbytes)}, {static_cast<py::ssize_t>(1)}, buf->data(),
+                                     owner);
+  }, "An uninitialised, 64-byte aligned byte array; blocks of 4 MiB and up come from the block cache and go "
+     "back to it when the array is freed.");
   m.def("set_min_parallel_work", [](double fmas) { set_min_parallel_work(fmas); }, py::arg("fmas"),
         "Test-only: multiply-adds below which a GEMM runs on one thread (default 2^17; 0: always threaded).");
   m.def("min_parallel_work", [] { return min_parallel_work(); });

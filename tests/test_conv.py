@@ -466,6 +466,28 @@ def test_winograd_backward_data_schedules(isa, num_threads, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_winograd_backward_filter_schedules(isa, num_threads, dtype):
+    """Backward filter by Winograd (the transposed algorithm, tiles as the GEMM's depth in chunks of 256)
+    on the same shapes and on more tiles than one chunk, on every ISA and thread count, output and
+    workspace poisoned with NaN."""
+    shapes = WINOGRAD_EDGE_SHAPES + [(3, 6, 9, 48, 40, 1, 1),    # 360 tiles (F(4x4)), 1440 (F(2x2)): 2 and 6 chunks
+                                     (1, 33, 5, 44, 23, 1, 2)]    # 84 tiles (F(4x4)), 299 (F(2x2)): 1 and 2 chunks
+    for algo in (a for a in ALGOS["bwd_filter"] if a.name.startswith("winograd")):
+        for i, (n, c, k, h, w, g, pad) in enumerate(shapes):
+            case = ConvCase(n, c, k, h, w, 3, 3, g, 1, pad, 1, dtype, False, "C", 170 + i)
+            x, wt, _, dy = arrays(case)
+            p = ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, dtype=np.dtype(dtype).name,
+                                        direction="bwd_filter")
+            assert algo.supports(p) is None
+            nbytes = algo.workspace_bytes(p)
+            workspace = np.full(nbytes // np.dtype(dtype).itemsize, np.nan, dtype)
+            out = np.full(p.weight_shape, np.nan, dtype)
+            algo.run(p, x, dy, out=out, workspace=workspace)
+            _check_output(out, conv2d_backward_filter_ref(x, case.w_shape, dy, **case.args), np.dtype(dtype), algo,
+                          case)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_pointwise_images_side_by_side(isa, num_threads, dtype):
     """1x1 stride-1 convolutions on small planes, several images in one GEMM whose B is packed straight
     from the input planes: panels that straddle two or more images (planes of 1, 5x5, 3x7 pixels against

@@ -23,4 +23,12 @@ index_t winograd_bwd_data_workspace_elems(const ConvShape& sh, int m, index_t tc
 template <typename T>
 void conv2d_bwd_data_winograd(const ConvShape& sh, int m, const T* w, const T* dy, T* dx, T* ws, index_t tc);
 
+// Backward filter (3x3, stride 1, dilation 1, any padding) by the transposed algorithm F(3x3, m x m):
+// per transform point, the sum over tiles of the transformed gradient and input tiles as GEMMs over
+// chunks of tiles. Workspace: one chunk's transformed input and gradient panels, and the alpha^2 x Kg x
+// Cg sums of one group.
+index_t winograd_bwd_filter_workspace_elems(const ConvShape& sh, int m, index_t elem_size);
+template <typename T>
+void conv2d_bwd_filter_winograd(const ConvShape& sh, int m, const T* x, const T* dy, T* dw, T* ws);
+
 }  // namespace dnnkit

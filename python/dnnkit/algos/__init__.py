@@ -68,6 +68,8 @@ register(conv_cpu.WinogradF4x4BwdData())
 register(conv_cpu.WinogradF2x2BwdData())
 register(conv_cpu.DirectBwdData())
 register(conv_cpu.Im2colGemmBwdFilter())
+register(conv_cpu.WinogradF4x4BwdFilter())
+register(conv_cpu.WinogradF2x2BwdFilter())
 register(conv_cpu.DirectBwdFilter())
 for _algo in rnn_cpu.all_fused():
     register(_algo)

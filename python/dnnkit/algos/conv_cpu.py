@@ -190,6 +190,28 @@ class WinogradF4x4BwdData(_WinogradBwdData):
     tolerance = 1e-4
 
 
+class _WinogradBwdFilter(_Winograd):
+    op, direction = "conv2d_bwd_filter", "bwd_filter"
+
+    def chunk(self, p) -> int:
+        return 1  # the kernel cuts its chunks of tiles itself
+
+    def workspace_bytes(self, p) -> int:
+        return int(_cpu.winograd_bwd_filter_workspace_elems(shape_tuple(p), self.m, p.itemsize)) * p.itemsize
+
+
+class WinogradF2x2BwdFilter(_WinogradBwdFilter):
+    name = kernel = "winograd_f2x2_3x3"
+    m = 2
+    tolerance = 1e-5
+
+
+class WinogradF4x4BwdFilter(_WinogradBwdFilter):
+    name = kernel = "winograd_f4x4_3x3"
+    m = 4
+    tolerance = 1e-4
+
+
 class DepthwiseFwd(_CpuConv):
     name = kernel = "depthwise"
     op = "conv2d_fwd"

@@ -34,6 +34,7 @@ _FILTER_S_PER_ELEMENT = 3.0e-9  # per thread: one element of U, transformed, sto
 _FILTER_FEW_S_PER_ELEMENT = 0.6e-9  # the same in the few-tiles schedule (U^T built in L2, never stored)
 _WINOGRAD_GEMM_EFFICIENCY = 0.7  # the transform-domain products on the micro-kernel, operands in L2
 _WINOGRAD_FEW_TILES = 32
+_WINOGRAD_BWD_DEPTH = 256  # csrc/conv/winograd.cpp kBwdDepth: tiles per chunk of the backward filter
 
 
 MIN_SAMPLES = 2
@@ -178,6 +179,22 @@ def _conv_bwd(p, name):
         return t
     if name == "direct":
         return direct / (peak * 0.06)
+    if name in ("winograd_f4x4_3x3", "winograd_f2x2_3x3") and p.direction == "bwd_filter":
+        # csrc/conv/winograd.cpp's transposed algorithm: per point a GEMM over the tiles (kBwdDepth at a
+        # time) accumulated in M (alpha^2 x Kg x Cg a group), written by every chunk, read by every chunk
+        # after the first and by the final transform; two transforms a tile as the forward pass has,
+        # each followed by a transpose into the panels (about twice the forward's cost, measured on
+        # ResNet-50's 3x3 layers at batch 8).
+        m = 4 if name == "winograd_f4x4_3x3" else 2
+        a2 = (m + 2) ** 2
+        tiles = n * math.ceil(p.oh / m) * math.ceil(p.ow / m)
+        mr = micro_rows(p.itemsize)
+        threads = get_num_threads()
+        t = 2 * a2 * math.ceil(kg / mr) * mr * cg * tiles * g / (peak * _WINOGRAD_GEMM_EFFICIENCY)
+        t += 2 * (cg + kg) * g * tiles * a2 * _TRANSFORM_S_PER_ELEMENT / threads
+        chunks = math.ceil(tiles / _WINOGRAD_BWD_DEPTH)
+        t += a2 * kg * cg * g * p.itemsize * 2 * chunks / (_copy_bytes_per_s() * threads)
+        return t
     if name in ("winograd_f4x4_3x3", "winograd_f2x2_3x3") and p.direction == "bwd_data":
         # The forward pass on dy with the filters turned (csrc/conv/winograd.cpp), after copying them.
         turn = 2 * k * cg * p.kh * p.kw * p.itemsize / (_copy_bytes_per_s() * get_num_threads())
