@@ -346,21 +346,29 @@ Plan make_plan(const ConvShape& sh, int m, index_t tc, index_t elem_size) {
 
 // Fills one output-channel panel of U: the filters w[k0 + i][c] in order (c, i) are transformed
 // independently, so the work is vectorized over the flattened index f = c*rows + i.
+// turned: w holds the filters of the convolution whose backward data this forward pass computes,
+// (C x Kg x 3 x 3) for this pass's (K x Cg x 3 x 3): this pass's w[k][c][ab] is w[c][k][8 - ab] there.
 template <typename T, int M>
-void filter_panel(const ConvShape& sh, const T* w, index_t g, index_t k0, int rows, T* dst) {
+void filter_panel(const ConvShape& sh, const T* w, bool turned, index_t g, index_t k0, int rows, T* dst) {
   using V = typename Vec<T>::type;
   constexpr int L = Vec<T>::lanes;
   constexpr int A = WinogradMatrices<M>::alpha;
   const index_t Kg = sh.kg(), Cg = sh.cg(), n = rows * Cg, es = u_point_stride(rows, Cg, sizeof(T));
-  const T* wk = w + (g * Kg + k0) * Cg * 9;  // w[k0 + i][c][ab] at wk[(i*Cg + c)*9 + ab]
+  // w[k0 + i][c][ab] at wk[(i*Cg + c)*9 + ab]; turned, at wk[(c*Kg + i)*9 + 8 - ab]
+  const T* wk = turned ? w + (g * Cg * Kg + k0) * 9 : w + (g * Kg + k0) * Cg * 9;
   index_t c = 0;
   int i = 0;
   for (index_t f = 0; f < n; f += L) {
     const int nl = static_cast<int>(std::min<index_t>(L, n - f));
     alignas(64) T gb[9][L];
     for (int l = 0; l < nl; ++l) {
-      const T* src = wk + (i * Cg + c) * 9;
-      for (int ab = 0; ab < 9; ++ab) gb[ab][l] = src[ab];
+      if (turned) {
+        const T* src = wk + (c * Kg + i) * 9;
+        for (int ab = 0; ab < 9; ++ab) gb[ab][l] = src[8 - ab];
+      } else {
+        const T* src = wk + (i * Cg + c) * 9;
+        for (int ab = 0; ab < 9; ++ab) gb[ab][l] = src[ab];
+      }
       if (++i == rows) i = 0, ++c;
     }
     for (int l = nl; l < L; ++l)
@@ -582,8 +590,8 @@ void input_channel_t(const ConvShape& sh, const ChunkTiles& ct, const T* x, inde
 // into its panel, front to back at every point, so U^T crosses to L2 once. The stores are what this
 // costs (a filter's 9 weights become alpha^2 values, each vector store a new cache line).
 template <typename T, int M>
-void filter_block_t(const ConvShape& sh, const T* w, index_t g, index_t k0, index_t kn, index_t cs, index_t kc, int nr,
-                    T* ut) {
+void filter_block_t(const ConvShape& sh, const T* w, bool turned, index_t g, index_t k0, index_t kn, index_t cs,
+                    index_t kc, int nr, T* ut) {
   using V = typename Vec<T>::type;
   constexpr int L = Vec<T>::lanes;
   constexpr int A = WinogradMatrices<M>::alpha;
@@ -602,7 +610,17 @@ void filter_block_t(const ConvShape& sh, const T* w, index_t g, index_t k0, inde
     for (index_t c0 = 0; c0 < kc; c0 += kFilterC) {
       const int cb = static_cast<int>(std::min<index_t>(kFilterC, kc - c0));
       int j = j0;
-      if (cb == kFilterC)
+      if (turned) {  // filter_panel's turned w: this pass's channels j are contiguous there, per channel c
+        const T* wt = w + ((g * Cg + cs + c0) * Kg + k0) * 9;  // w[k0 + j][cs + c0 + cc][ab] at wt[(cc*Kg + j)*9 + 8 - ab]
+        for (int cc = 0; cc < cb; ++cc)
+          for (int jj = 0; jj < jw; ++jj) {
+            const bool in = j0 + jj < kn;
+            const T* src = wt + (cc * Kg + j0 + jj) * 9;
+            for (int ab = 0; ab < 9; ++ab) gb[cc][ab][jj] = in ? src[8 - ab] : T(0);
+          }
+        j = j0 + jw;
+      }
+      if (cb == kFilterC && !turned)
         for (; j + L <= std::min<index_t>(kn, j0 + jw); j += L)
           for (int q = 0; q < 9; ++q) {  // weights f = q*L + i of the block: channel c0 + f/9, position f%9
             V r[L];
@@ -726,7 +744,7 @@ void output_block_t(const ConvShape& sh, const Tiling& tl, const T* mt, index_t 
 
 template <typename T, int M>
 void winograd_few_tiles(const ConvShape& sh, const Plan& pl, const Tiling& tl, const UKernel<T>& uk, const T* x,
-                        const T* w, const T* bias, T* y, T* base) {
+                        const T* w, bool turned, const T* bias, T* y, T* base) {
   constexpr int A = WinogradMatrices<M>::alpha;
   constexpr int A2 = A * A;
   const index_t Kg = sh.kg(), Cg = sh.cg(), tiles = tl.tiles;
@@ -765,7 +783,7 @@ void winograd_few_tiles(const ConvShape& sh, const Plan& pl, const Tiling& tl, c
       if (ta >= tb) continue;
       for (index_t cs = 0; cs < Cg; cs += kcb) {
         const index_t kc = std::min(kcb, Cg - cs);
-        filter_block_t<T, M>(sh, w, g, k0, kn, cs, kc, uk.nr, ut);
+        filter_block_t<T, M>(sh, w, turned, g, k0, kn, cs, kc, uk.nr, ut);
         products_t<T>(uk, Cg, A2, tiles, vt + g * vt_group, ut, ta, tb, kn, cs, kc, cs == 0 ? T(0) : T(1), ms, mt);
       }
       output_block_t<T, M>(sh, tl, mt, ms, bias, g, k0, kn, ta, tb, y);
@@ -786,7 +804,8 @@ index_t winograd_workspace_elems(const ConvShape& sh, int m, index_t tc, index_t
 }
 
 template <typename T, int M>
-void conv2d_fwd_winograd_impl(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y, T* ws, index_t tc) {
+void conv2d_fwd_winograd_impl(const ConvShape& sh, const T* x, const T* w, bool turned, const T* bias, T* y, T* ws,
+                              index_t tc) {
   constexpr int A = WinogradMatrices<M>::alpha;
   constexpr int A2 = A * A;
   const Tiling tl = tiling(sh, M);
@@ -799,7 +818,7 @@ void conv2d_fwd_winograd_impl(const ConvShape& sh, const T* x, const T* w, const
   // Buffers: packed U, then per thread V and an M block, each 64-byte aligned.
   T* base = ws;
   while (reinterpret_cast<std::uintptr_t>(base) % kAlign) ++base;
-  if (pl.few_tiles) return winograd_few_tiles<T, M>(sh, pl, tl, uk, x, w, bias, y, base);
+  if (pl.few_tiles) return winograd_few_tiles<T, M>(sh, pl, tl, uk, x, w, turned, bias, y, base);
   T* const u = base;
   T* const thread_bufs = u + pl.u_elems;
   const index_t chunks = ceil_div(tl.tiles, pl.tc);
@@ -823,7 +842,7 @@ void conv2d_fwd_winograd_impl(const ConvShape& sh, const T* x, const T* w, const
 #pragma omp for schedule(dynamic, 1)
     for (index_t item = 0; item < sh.g * kpanels; ++item) {
       const index_t g = item / kpanels, k0 = (item % kpanels) * mr;
-      filter_panel<T, M>(sh, w, g, k0, static_cast<int>(std::min<index_t>(mr, Kg - k0)),
+      filter_panel<T, M>(sh, w, turned, g, k0, static_cast<int>(std::min<index_t>(mr, Kg - k0)),
                          u + g * ug_elems + k0 / mr * A2 * u_point_stride(mr, Cg, sizeof(T)));
     }  // barrier: U complete
 
@@ -864,8 +883,9 @@ void conv2d_fwd_winograd_impl(const ConvShape& sh, const T* x, const T* w, const
 
 // ---- Backward data. With stride 1 and dilation 1, dx is the forward convolution of dy with the filters
 // transposed per group and turned by 180 degrees, w'[c][k][r][s] = w[k][c][2 - r][2 - s], at padding
-// 2 - ph, 2 - pw (so it needs ph, pw <= 2): the forward algorithm runs unchanged on that problem, with
-// w' built at the front of the workspace.
+// 2 - ph, 2 - pw (so it needs ph, pw <= 2): the forward algorithm runs on that problem, its filter
+// transforms reading w' out of w as they go ("turned"), so w' is never stored (a copy of it cost 1 ms
+// for ResNet-50's 256 x 256 filters and 3 ms for its 512 x 512 ones, a quarter of the whole pass).
 
 ConvShape winograd_bwd_data_as_fwd(const ConvShape& sh) {
   ConvShape f = sh;
@@ -875,41 +895,17 @@ ConvShape winograd_bwd_data_as_fwd(const ConvShape& sh) {
   return f;
 }
 
-namespace {
-inline index_t flipped_weight_elems(const ConvShape& sh, index_t elem_size) {
-  return round_up(sh.k * sh.cg() * 9, static_cast<index_t>(kAlign) / elem_size);
-}
-}  // namespace
-
 index_t winograd_bwd_data_workspace_elems(const ConvShape& sh, int m, index_t tc, index_t elem_size) {
-  return flipped_weight_elems(sh, elem_size) + winograd_workspace_elems(winograd_bwd_data_as_fwd(sh), m, tc, elem_size);
+  return winograd_workspace_elems(winograd_bwd_data_as_fwd(sh), m, tc, elem_size);
 }
 
 template <typename T>
 void conv2d_bwd_data_winograd(const ConvShape& sh, int m, const T* w, const T* dy, T* dx, T* ws, index_t tc) {
   const ConvShape f = winograd_bwd_data_as_fwd(sh);
-  const index_t Kg = sh.kg(), Cg = sh.cg();
-  T* const wf = ws;  // w' (C x Kg x 3 x 3): wf[((g*Cg + c)*Kg + k)*9 + 8 - j] = w[((g*Kg + k)*Cg + c)*9 + j]
-  // Tiles of kTb output x kTb input channels: kTb runs of kTb*9 contiguous weights read, kTb runs written,
-  // both in L1. The copy is bound by memory: about 1 ms for ResNet-50's 256 x 256 filters and 3 ms for
-  // its 512 x 512 ones (9.4 MB each way) on 2 cores, against 9-10 ms for the convolution itself.
-  constexpr index_t kTb = 16;
-  const index_t cblocks = ceil_div(Cg, kTb), kblocks = ceil_div(Kg, kTb);
-#pragma omp parallel for schedule(static) collapse(2)
-  for (index_t g = 0; g < sh.g; ++g)
-    for (index_t cb = 0; cb < cblocks; ++cb) {
-      const index_t c0 = cb * kTb, cn = std::min(kTb, Cg - c0);
-      for (index_t kb = 0; kb < kblocks; ++kb) {
-        const index_t k0 = kb * kTb, kn = std::min(kTb, Kg - k0);
-        for (index_t cc = 0; cc < cn; ++cc) {
-          T* dst = wf + ((g * Cg + c0 + cc) * Kg + k0) * 9;
-          const T* src = w + ((g * Kg + k0) * Cg + c0 + cc) * 9;
-          for (index_t kk = 0; kk < kn; ++kk)
-            for (int j = 0; j < 9; ++j) dst[kk * 9 + 8 - j] = src[kk * Cg * 9 + j];
-        }
-      }
-    }
-  conv2d_fwd_winograd<T>(f, m, dy, wf, nullptr, dx, ws + flipped_weight_elems(sh, sizeof(T)), tc);
+  if (m == 2)
+    conv2d_fwd_winograd_impl<T, 2>(f, dy, w, true, nullptr, dx, ws, tc);
+  else
+    conv2d_fwd_winograd_impl<T, 4>(f, dy, w, true, nullptr, dx, ws, tc);
 }
 
 // ---- Backward filter, F(3x3, m x m): the transposed algorithm. Differentiating <dy, y> for the
@@ -1138,9 +1134,9 @@ void conv2d_bwd_filter_winograd(const ConvShape& sh, int m, const T* x, const T*
 template <typename T>
 void conv2d_fwd_winograd(const ConvShape& sh, int m, const T* x, const T* w, const T* bias, T* y, T* ws, index_t tc) {
   if (m == 2)
-    conv2d_fwd_winograd_impl<T, 2>(sh, x, w, bias, y, ws, tc);
+    conv2d_fwd_winograd_impl<T, 2>(sh, x, w, false, bias, y, ws, tc);
   else
-    conv2d_fwd_winograd_impl<T, 4>(sh, x, w, bias, y, ws, tc);
+    conv2d_fwd_winograd_impl<T, 4>(sh, x, w, false, bias, y, ws, tc);
 }
 
 template void conv2d_fwd_winograd<float>(const ConvShape&, int, const float*, const float*, const float*, float*,

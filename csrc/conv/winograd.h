@@ -16,8 +16,8 @@ template <typename T>
 void conv2d_fwd_winograd(const ConvShape& sh, int m, const T* x, const T* w, const T* bias, T* y, T* ws, index_t tc);
 
 // Backward data (stride 1, dilation 1, ph and pw at most 2) as the forward algorithm on dy with the
-// filters transposed and turned by 180 degrees: the forward problem it runs, and its workspace (those
-// filters, then the forward pass's workspace for tile chunk tc of that problem).
+// filters transposed and turned by 180 degrees (read so out of w): the forward problem it runs, and its
+// workspace (the forward pass's for tile chunk tc of that problem).
 ConvShape winograd_bwd_data_as_fwd(const ConvShape& sh);
 index_t winograd_bwd_data_workspace_elems(const ConvShape& sh, int m, index_t tc, index_t elem_size);
 template <typename T>

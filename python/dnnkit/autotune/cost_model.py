@@ -196,9 +196,8 @@ def _conv_bwd(p, name):
         t += a2 * kg * cg * g * p.itemsize * 2 * chunks / (_copy_bytes_per_s() * threads)
         return t
     if name in ("winograd_f4x4_3x3", "winograd_f2x2_3x3") and p.direction == "bwd_data":
-        # The forward pass on dy with the filters turned (csrc/conv/winograd.cpp), after copying them.
-        turn = 2 * k * cg * p.kh * p.kw * p.itemsize / (_copy_bytes_per_s() * get_num_threads())
-        return _conv_fwd(as_forward(p), name) + turn
+        # The forward pass on dy, its filter transforms reading the filters turned (csrc/conv/winograd.cpp).
+        return _conv_fwd(as_forward(p), name)
     return None
 
 
