@@ -118,11 +118,27 @@ void pack_b_block(const GemmArgs<T>& g, int nr, index_t pc, index_t kc, index_t 
       pack_b_panel<T>(kc, n_t, b0 + jj * g.cs_b, g.rs_b, g.cs_b, nr, dst);
       continue;
     }
-    for (index_t p = 0; p < kc; ++p)  // a panel across groups: element by element
-      for (index_t l = 0; l < nr; ++l) {
-        const index_t col = j + l;
-        dst[p * nr + l] = l < n_t ? g.b[(col / gc) * g.b_group_stride + (pc + p) * g.rs_b + (col % gc) * g.cs_b] : T(0);
+    // A panel across groups (images side by side, a plane narrower than NR or straddling a panel): its
+    // columns cut into runs, each within one group, copied run by run along every row.
+    const T* src[64];  // NR <= 64
+    int start[65];
+    int runs = 0;
+    for (int l = 0; l < n_t;) {
+      const index_t col = j + l, cg = col / gc, cj = col % gc;
+      const int len = static_cast<int>(std::min<index_t>(n_t - l, gc - cj));
+      src[runs] = g.b + cg * g.b_group_stride + pc * g.rs_b + cj * g.cs_b;
+      start[runs++] = l;
+      l += len;
+    }
+    start[runs] = static_cast<int>(n_t);
+    for (index_t p = 0; p < kc; ++p) {
+      T* d = dst + p * nr;
+      for (int r = 0; r < runs; ++r) {
+        const T* s = src[r] + p * g.rs_b;
+        for (int l = start[r]; l < start[r + 1]; ++l) d[l] = s[(l - start[r]) * g.cs_b];
       }
+      for (int l = static_cast<int>(n_t); l < nr; ++l) d[l] = T(0);
+    }
   }
 }
 
