@@ -489,13 +489,17 @@ def test_winograd_backward_filter_schedules(isa, num_threads, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_pointwise_images_side_by_side(isa, num_threads, dtype):
-    """1x1 stride-1 convolutions on small planes, several images in one GEMM whose B is packed straight
-    from the input planes: panels that straddle two or more images (planes of 1, 5x5, 3x7 pixels against
+    """1x1 stride-1 convolutions on small planes, forward and backward data, several images in one GEMM
+    whose B is packed straight from the input (gradient) planes: panels that straddle two or more images (planes of 1, 5x5, 3x7 pixels against
     every micro-kernel's NR), groups, a batch that does not fill the last chunk, strided input."""
     algo = next(a for a in ALGOS["fwd"] if a.name == "im2col_gemm")
+    bwd = next(a for a in ALGOS["bwd_data"] if a.name == "gemm_col2im")  # the same batching, gradient planes
     for i, (n, c, k, h, w, g, layout) in enumerate([(3, 5, 7, 5, 5, 1, "C"), (5, 4, 9, 3, 7, 1, "strided"),
-                                                    (9, 6, 4, 1, 1, 2, "C"), (4, 8, 8, 6, 5, 4, "C")]):
-        check_forward(algo, ConvCase(n, c, k, h, w, 1, 1, g, 1, 0, 1, dtype, True, layout, 200 + i))
+                                                    (9, 6, 4, 1, 1, 2, "C"), (4, 8, 8, 6, 5, 4, "C"),
+                                                    (6, 9, 3, 4, 4, 1, "C")]):
+        case = ConvCase(n, c, k, h, w, 1, 1, g, 1, 0, 1, dtype, True, layout, 200 + i)
+        check_forward(algo, case)
+        check_backward_data(bwd, case)
 
 
 # (n, c, k, h, w, r, s, groups, stride, padding, dilation): implicit_gemm's B panels against its runs

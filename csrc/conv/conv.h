@@ -40,10 +40,14 @@ inline index_t images_per_chunk(const ConvShape& sh, index_t chunk) {
   return std::min<index_t>(sh.n, chunk / pq);
 }
 
-// Workspace elements for a chunk: the column buffer, plus (batched forward) the GEMM's output block.
+// Rows of the GEMM's output block when images go side by side: Kg (forward) or Cg (backward data of a
+// 1x1 convolution); one size fits both.
+inline index_t batched_out_rows(const ConvShape& sh) { return std::max(sh.kg(), sh.cg()); }
+
+// Workspace elements for a chunk: the column buffer, plus (batched) the GEMM's output block.
 inline index_t col_elems(const ConvShape& sh, index_t chunk) {
   const index_t nb = images_per_chunk(sh, chunk);
-  if (nb > 1) return ((sh.is_pointwise() ? 0 : sh.crs()) + sh.kg()) * nb * sh.pq();  // 1x1: the GEMM reads x
+  if (nb > 1) return ((sh.is_pointwise() ? 0 : sh.crs()) + batched_out_rows(sh)) * nb * sh.pq();  // 1x1: the GEMM reads x
   return sh.is_pointwise() ? 0 : sh.crs() * chunk;
 }
 

@@ -16,7 +16,8 @@ index_t im2col_chunk(const ConvShape& sh, index_t max_workspace_elems, bool batc
   const index_t pq = sh.pq();
   if (pq == 0) return 1;
   if (batch_images && pq < kMinGemmColumns && sh.n >= 2) {
-    const index_t nb = std::min<index_t>(sh.n, max_workspace_elems / std::max<index_t>((sh.crs() + sh.kg()) * pq, 1));
+    const index_t per_image = ((sh.is_pointwise() ? 0 : sh.crs()) + batched_out_rows(sh)) * pq;
+    const index_t nb = std::min<index_t>(sh.n, max_workspace_elems / std::max<index_t>(per_image, 1));
     if (nb >= 2) return nb * pq;
   }
   if (sh.is_pointwise()) return pq;
@@ -153,6 +154,28 @@ void conv2d_fwd_im2col(const ConvShape& sh, const T* x, const T* w, const T* bia
 template <typename T>
 void conv2d_bwd_data_col2im(const ConvShape& sh, const T* w, const T* dy, T* dx, T* col, index_t chunk) {
   const index_t Kg = sh.kg(), CRS = sh.crs(), PQ = sh.pq(), HW = sh.h * sh.w;
+  const index_t nb = images_per_chunk(sh, chunk);
+  if (nb > 1 && sh.is_pointwise()) {
+    // A 1x1 layer's small planes, nb images side by side as in the forward pass: one GEMM, its B packed
+    // straight from the nb gradient planes, into xt (Cg x nb*PQ), then xt -> NCHW.
+    T* xt = col;
+    const index_t Cg = sh.cg();
+    for (index_t n0 = 0; n0 < sh.n; n0 += nb) {
+      const index_t nn = std::min(nb, sh.n - n0), J = nn * PQ;
+      for (index_t g = 0; g < sh.g; ++g) {
+        GemmArgs<T> a = strided_gemm_args<T>(Cg, J, Kg, w + g * Kg * CRS, 1, CRS, dy + (n0 * sh.k + g * Kg) * PQ, PQ,
+                                             1, xt, J, T(0));
+        a.b_group_cols = PQ;
+        a.b_group_stride = sh.k * PQ;
+        gemm<T>(a);
+#pragma omp parallel for collapse(2) schedule(static) num_threads(get_num_threads()) if (Cg * J > 32768)
+        for (index_t i = 0; i < nn; ++i)
+          for (index_t c = 0; c < Cg; ++c)
+            std::memcpy(dx + ((n0 + i) * sh.c + g * Cg + c) * HW, xt + c * J + i * PQ, sizeof(T) * PQ);
+      }
+    }
+    return;
+  }
   for (index_t n = 0; n < sh.n; ++n)
     for (index_t g = 0; g < sh.g; ++g) {
       const T* wg = w + g * Kg * CRS;

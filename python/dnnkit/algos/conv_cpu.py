@@ -76,9 +76,12 @@ class _Im2col(_CpuConv):
     trusted = True
     batch_images = False  # forward only: several small images side by side in one GEMM
 
+    def batch(self, p) -> bool:
+        return self.batch_images
+
     def chunk(self, p) -> int:
         bound = workspace_bound()
-        return int(_cpu.im2col_chunk(shape_tuple(p), bound // p.itemsize, self.batch_images))
+        return int(_cpu.im2col_chunk(shape_tuple(p), bound // p.itemsize, self.batch(p)))
 
     def workspace_bytes(self, p) -> int:
         return int(_cpu.col_elems(shape_tuple(p), self.chunk(p))) * p.itemsize
@@ -96,6 +99,10 @@ class Im2colGemmFwd(_Im2col):
 
 class GemmCol2imBwdData(_Im2col):
     name, op, kernel, direction = "gemm_col2im", "conv2d_bwd_data", "gemm_col2im", "bwd_data"
+
+    def batch(self, p) -> bool:
+        """A 1x1 stride-1 layer's small planes go side by side in one GEMM, as in the forward pass."""
+        return (p.kh, p.kw, p.sh, p.sw, p.ph, p.pw) == (1, 1, 1, 1, 0, 0)
 
 
 class Im2colGemmBwdFilter(_Im2col):
