@@ -229,7 +229,7 @@ void conv_run(const std::string& dir, const std::string& algo, const ConvShape& 
       py::gil_scoped_release nogil;
       conv2d_bwd_filter_direct<T>(sh, x, dy, dw);
     } else if (algo == "im2col_gemm") {
-      T* col = conv_workspace<T>(ws, sh, chunk);
+      T* col = conv_workspace_elems<T>(ws, im2col_bwd_filter_elems(sh, chunk));
       py::gil_scoped_release nogil;
       conv2d_bwd_filter_im2col<T>(sh, x, dy, dw, col, chunk);
     } else if (algo == "winograd_f2x2_3x3" || algo == "winograd_f4x4_3x3") {
@@ -536,6 +536,10 @@ PYBIND11_MODULE(_cpu, m) {
   }, py::arg("shape"), py::arg("max_elems"), py::arg("batch_images") = false,
      "Output pixels per im2col chunk for a workspace of at most max_elems elements (batch_images: forward).");
   m.def("col_elems", [](const py::tuple& shape, index_t chunk) { return col_elems(conv_shape(shape), chunk); });
+  m.def("im2col_bwd_filter_elems", [](const py::tuple& shape, index_t chunk) {
+    return im2col_bwd_filter_elems(conv_shape(shape), chunk);
+  }, "Workspace elements of im2col_gemm's backward filter: per thread (images split among them) a column "
+     "buffer of chunk columns and a partial dW.");
   m.def("fft_filter_transform", [](const py::array& w, py::array& out, index_t hf, index_t wf, index_t dh,
                                    index_t dw) {
     // w: K x Cg x R x S real; out: F x 2Cg x K real, F = hf * (wf/2 + 1); one real dtype, C-contiguous.

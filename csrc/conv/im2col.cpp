@@ -197,6 +197,46 @@ void conv2d_bwd_data_col2im(const ConvShape& sh, const T* w, const T* dy, T* dx,
 template <typename T>
 void conv2d_bwd_filter_im2col(const ConvShape& sh, const T* x, const T* dy, T* dw, T* col, index_t chunk) {
   const index_t Kg = sh.kg(), CRS = sh.crs(), PQ = sh.pq(), HW = sh.h * sh.w;
+  const int nt = im2col_bwd_filter_threads(sh);
+  if (nt > 1) {
+    const index_t col_part = round_up(col_elems(sh, chunk), 16), per = col_part + round_up(sh.k * CRS, 16);
+#pragma omp parallel num_threads(nt)
+    {
+      const int tid = thread_id();
+      T* const mycol = col + tid * per;
+      T* const mydw = mycol + col_part;
+      for (index_t g = 0; g < sh.g; ++g) {
+        T* dwg = mydw + g * Kg * CRS;
+        T beta = T(0);
+        for (index_t n = tid; n < sh.n; n += nt) {
+          const T* xg = x + (n * sh.c + g * sh.cg()) * HW;
+          const T* dyg = dy + (n * sh.k + g * Kg) * PQ;
+          for (index_t j0 = 0; j0 < PQ; j0 += chunk) {
+            const index_t J = std::min(chunk, PQ - j0);
+            const T* b = xg + j0;
+            index_t ldb = HW;
+            if (!sh.is_pointwise()) {
+              im2col(sh, xg, j0, j0 + J, mycol);  // nested: on this thread alone
+              b = mycol;
+              ldb = J;
+            }
+            gemm<T>(strided_gemm_args<T>(Kg, CRS, J, dyg + j0, PQ, 1, b, 1, ldb, dwg, CRS, beta), 1);
+            beta = T(1);
+          }
+        }
+        if (beta == T(0)) std::fill(dwg, dwg + Kg * CRS, T(0));
+      }
+#pragma omp barrier
+      const index_t total = sh.k * CRS;
+#pragma omp for schedule(static)
+      for (index_t i = 0; i < total; ++i) {
+        T s = col[col_part + i];
+        for (int t = 1; t < nt; ++t) s += col[t * per + col_part + i];
+        dw[i] = s;
+      }
+    }
+    return;
+  }
   for (index_t g = 0; g < sh.g; ++g) {
     T* dwg = dw + g * Kg * CRS;
     T beta = T(0);

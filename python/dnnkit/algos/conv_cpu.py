@@ -108,6 +108,23 @@ class GemmCol2imBwdData(_Im2col):
 class Im2colGemmBwdFilter(_Im2col):
     name, op, kernel, direction = "im2col_gemm", "conv2d_bwd_filter", "im2col_gemm", "bwd_filter"
 
+    @staticmethod
+    def _threads(p) -> int:
+        """csrc/conv/conv.h im2col_bwd_filter_threads: threads take whole images (each with a partial dW)
+        when there are two and dW holds at most 64K values."""
+        small = p.oc * (p.ic // p.g) * p.kh * p.kw <= 1 << 16
+        return min(get_num_threads(), p.mb) if p.mb >= 2 and small else 1
+
+    def chunk(self, p) -> int:
+        nt = self._threads(p)
+        if nt == 1:
+            return super().chunk(p)
+        bound = workspace_bound() // nt - p.oc * (p.ic // p.g) * p.kh * p.kw * p.itemsize
+        return int(_cpu.im2col_chunk(shape_tuple(p), max(bound, 0) // p.itemsize, False))
+
+    def workspace_bytes(self, p) -> int:
+        return int(_cpu.im2col_bwd_filter_elems(shape_tuple(p), self.chunk(p))) * p.itemsize
+
 
 class ImplicitGemmFwd(_CpuConv):
     name = kernel = "implicit_gemm"
