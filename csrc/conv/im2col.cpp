@@ -95,6 +95,16 @@ void col2im(const ConvShape& sh, const T* col, index_t j0, index_t j1, T* dx) {
   }
 }
 
+// The GEMM's output block for nn images side by side (rows x nn*PQ, row stride nn*PQ) back to NCHW:
+// row r of image n0 + i to out + ((n0 + i)*planes + r)*PQ.
+template <typename T>
+void unbatch(const T* blk, index_t rows, index_t nn, index_t PQ, index_t n0, index_t planes, T* out) {
+  const index_t J = nn * PQ;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(get_num_threads()) if (rows * J > 32768)
+  for (index_t i = 0; i < nn; ++i)
+    for (index_t r = 0; r < rows; ++r) std::memcpy(out + ((n0 + i) * planes + r) * PQ, blk + r * J + i * PQ, sizeof(T) * PQ);
+}
+
 }  // namespace
 
 template <typename T>
@@ -121,10 +131,7 @@ void conv2d_fwd_im2col(const ConvShape& sh, const T* x, const T* w, const T* bia
         a.bias = bias ? bias + g * Kg : nullptr;
         a.bias_per_row = true;
         gemm<T>(a);
-#pragma omp parallel for collapse(2) schedule(static) num_threads(get_num_threads()) if (Kg * J > 32768)
-        for (index_t i = 0; i < nn; ++i)
-          for (index_t k = 0; k < Kg; ++k)
-            std::memcpy(y + ((n0 + i) * sh.k + g * Kg + k) * PQ, yt + k * J + i * PQ, sizeof(T) * PQ);
+        unbatch(yt, Kg, nn, PQ, n0, sh.k, y + g * Kg * PQ);
       }
     }
     return;
@@ -168,10 +175,7 @@ void conv2d_bwd_data_col2im(const ConvShape& sh, const T* w, const T* dy, T* dx,
         a.b_group_cols = PQ;
         a.b_group_stride = sh.k * PQ;
         gemm<T>(a);
-#pragma omp parallel for collapse(2) schedule(static) num_threads(get_num_threads()) if (Cg * J > 32768)
-        for (index_t i = 0; i < nn; ++i)
-          for (index_t c = 0; c < Cg; ++c)
-            std::memcpy(dx + ((n0 + i) * sh.c + g * Cg + c) * HW, xt + c * J + i * PQ, sizeof(T) * PQ);
+        unbatch(xt, Cg, nn, PQ, n0, sh.c, dx + g * Cg * HW);  // 1x1 stride 1: HW == PQ
       }
     }
     return;

@@ -418,13 +418,31 @@ void chunk_tiles(const ConvShape& sh, const Tiling& tl, index_t t0, int nb, Chun
   }
 }
 
+// The vector pass after a transform's gather: db's lanes [nb, nbv) zeroed (tiles past the chunk's
+// end), then each block of L tiles, its EI values a tile loaded as vectors, through tile (EI vectors
+// in, EO out) into out[e][u].
+template <typename T, int EI, int EO, typename Tile>
+inline void transform_lanes(T (*db)[kTileBlock], int nb, int nbv, T (*out)[kTileBlock], Tile tile) {
+  using V = typename Vec<T>::type;
+  constexpr int L = Vec<T>::lanes;
+  for (int u = nb; u < nbv; ++u)
+    for (int e = 0; e < EI; ++e) db[e][u] = T(0);
+  for (int u = 0; u < nbv; u += L) {
+    V d[EI], r[EO];
+#pragma GCC unroll 36
+    for (int e = 0; e < EI; ++e) d[e] = vload<V>(&db[e][u]);
+    tile(d, r);
+#pragma GCC unroll 36
+    for (int e = 0; e < EO; ++e) vstore(&out[e][u], r[e]);
+  }
+}
+
 // vb[e][u] = (B^T d B)[e] of channel c of group g for the chunk's tiles u < nbv (nbv a multiple of
 // the vector length, <= kTileBlock); lanes past nb are zero tiles.
 template <typename T, int M>
 void transform_channel(const ConvShape& sh, const ChunkTiles& ct, const T* x, index_t g, index_t c, int nbv,
                        T (*vb)[kTileBlock]) {
   using V = typename Vec<T>::type;
-  constexpr int L = Vec<T>::lanes;
   constexpr int A = WinogradMatrices<M>::alpha;
   const index_t H = sh.h, Wd = sh.w, Cg = sh.cg();
   alignas(64) T db[A * A][kTileBlock];
@@ -449,16 +467,7 @@ void transform_channel(const ConvShape& sh, const ChunkTiles& ct, const T* x, in
       }
     }
   }
-  for (int u = nb; u < nbv; ++u)
-    for (int e = 0; e < A * A; ++e) db[e][u] = T(0);
-  for (int u = 0; u < nbv; u += L) {
-    V d[A * A], r[A * A];
-#pragma GCC unroll 36
-    for (int e = 0; e < A * A; ++e) d[e] = vload<V>(&db[e][u]);
-    input_tile<T, M>(d, r);
-#pragma GCC unroll 36
-    for (int e = 0; e < A * A; ++e) vstore(&vb[e][u], r[e]);
-  }
+  transform_lanes<T, A * A, A * A>(db, nb, nbv, vb, [](const V* d, V* r) { input_tile<T, M>(d, r); });
 }
 
 // V for channel c of group g over the chunk's tiles, into the B panels: point e, tile u at
@@ -969,7 +978,6 @@ template <typename T, int M>
 void transform_grad(const ConvShape& sh, const ChunkTiles& ct, const T* dy, index_t g, index_t k, int nbv,
                     T (*yb)[kTileBlock]) {
   using V = typename Vec<T>::type;
-  constexpr int L = Vec<T>::lanes;
   constexpr int A = WinogradMatrices<M>::alpha;
   const index_t P = sh.p, Q = sh.q, Kg = sh.kg();
   alignas(64) T db[M * M][kTileBlock];
@@ -988,16 +996,7 @@ void transform_grad(const ConvShape& sh, const ChunkTiles& ct, const T* dy, inde
         for (int j = 0; j < M; ++j) db[i * M + j][u] = (p0 + i < P && q0 + j < Q) ? yk[(p0 + i) * Q + q0 + j] : T(0);
     }
   }
-  for (int u = nb; u < nbv; ++u)
-    for (int e = 0; e < M * M; ++e) db[e][u] = T(0);
-  for (int u = 0; u < nbv; u += L) {
-    V d[M * M], r[A * A];
-#pragma GCC unroll 16
-    for (int e = 0; e < M * M; ++e) d[e] = vload<V>(&db[e][u]);
-    grad_tile<T, M>(d, r);
-#pragma GCC unroll 36
-    for (int e = 0; e < A * A; ++e) vstore(&yb[e][u], r[e]);
-  }
+  transform_lanes<T, M * M, A * A>(db, nb, nbv, yb, [](const V* d, V* r) { grad_tile<T, M>(d, r); });
 }
 
 template <typename T, int M>
