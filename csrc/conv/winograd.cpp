@@ -14,6 +14,9 @@
 // products and output transform over blocks of output channels. At most 32 tiles, a transposed
 // schedule runs instead (winograd_few_tiles): tiles are the micro-kernel's rows, U is never stored.
 // Multiplications per output drop from 9 to alpha^2 / m^2 (4 for m = 2, 2.25 for m = 4).
+// Both backward passes are here too (stride 1): backward data as this forward pass on dy with the
+// filters transposed and turned (conv2d_bwd_data_winograd), backward filter by the transposed
+// algorithm F(3x3, m x m) (conv2d_bwd_filter_winograd); see their sections below.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
