@@ -17,7 +17,9 @@ winograd_f2x2_3x3 / winograd_f4x4_3x3 (fwd): F(m x m, 3 x 3) for 3x3 stride-1 de
     schedule that keeps the transformed input resident instead. Workspace: the packed filters and one
     chunk's buffers per thread. F(4x4) is less accurate (tolerance 1e-4 in float32). Backward data (3x3,
     stride 1, padding at most 2) is the same forward pass on dy with the filters transposed per group
-    and turned by 180 degrees (the filter transforms read them so), at padding 2 - p.
+    and turned by 180 degrees (the filter transforms read them so), at padding 2 - p. Backward filter
+    (3x3, stride 1) is the transposed algorithm F(3x3, m x m): per transform point a GEMM over chunks
+    of tiles, accumulated in an alpha^2 x K x C/g workspace, then G^T M G per filter.
 fft (fwd): real 2-D FFTs of the padded input and of the dilated, zero-padded filter (scipy.fft,
     multithreaded), the per-frequency channel reduction in dnnkit's kernel, one inverse FFT per output
     channel; images in chunks so memory stays bounded. Meant for large filters; a stride above 1 is
