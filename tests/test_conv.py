@@ -382,6 +382,32 @@ def _fixed_cases():
     return cases
 
 
+def _problem(case: ConvCase, direction: str) -> ConvProblem:
+    return ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, direction=direction,
+                                   dtype=np.dtype(case.dtype).name, bias=direction == "fwd" and case.bias)
+
+
+def _run_poisoned(algo, case: ConvCase, direction: str, p: ConvProblem):
+    """algo called directly on case in direction, its output and workspace poisoned with NaN (scratch must
+    be written before it is read), checked against the reference."""
+    x, w, b, dy = arrays(case)
+    dtype = np.dtype(case.dtype)
+    nbytes = algo.workspace_bytes(p)
+    workspace = np.full(nbytes // dtype.itemsize, np.nan, dtype) if nbytes else None
+    if direction == "fwd":
+        inputs, shape, extra = (x, w), p.output_shape, dict(bias=b)
+        expected = expected_forward(case, x, w, b)
+    elif direction == "bwd_data":
+        inputs, shape, extra = (w, dy), p.input_shape, {}
+        expected = conv2d_backward_data_ref(case.x_shape, w, dy, **case.args)
+    else:
+        inputs, shape, extra = (x, dy), p.weight_shape, {}
+        expected = conv2d_backward_filter_ref(x, case.w_shape, dy, **case.args)
+    out = np.full(shape, np.nan, dtype)
+    algo.run(p, *inputs, out=out, workspace=workspace, **extra)
+    _check_output(out, expected, dtype, algo, case)
+
+
 @pytest.mark.parametrize("direction", list(PUBLIC))
 def test_algorithms_write_every_output_element(direction):
     """Each registered algorithm, called directly: an output poisoned with NaN and a workspace poisoned
@@ -389,26 +415,10 @@ def test_algorithms_write_every_output_element(direction):
     cases = _fixed_cases() + [ConvCase(0, 4, 6, 5, 5, 3, 3, 2, 1, 1, 1, dt, True, "C", 3) for dt in DTYPES]
     for algo in ALGOS[direction]:
         for case in cases:
-            x, w, b, dy = arrays(case)
-            dtype = np.dtype(case.dtype)
-            p = ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, direction=direction,
-                                        dtype=dtype.name, bias=direction == "fwd")
+            p = _problem(case, direction)
             if algo.supports(p) is not None:
                 continue
-            nbytes = algo.workspace_bytes(p)
-            workspace = np.full(nbytes // dtype.itemsize, np.nan, dtype) if nbytes else None
-            if direction == "fwd":
-                inputs, shape, extra = (x, w), p.output_shape, dict(bias=b)
-                expected = expected_forward(case, x, w, b)
-            elif direction == "bwd_data":
-                inputs, shape, extra = (w, dy), p.input_shape, {}
-                expected = conv2d_backward_data_ref(case.x_shape, w, dy, **case.args)
-            else:
-                inputs, shape, extra = (x, dy), p.weight_shape, {}
-                expected = conv2d_backward_filter_ref(x, case.w_shape, dy, **case.args)
-            out = np.full(shape, np.nan, dtype)
-            algo.run(p, *inputs, out=out, workspace=workspace, **extra)
-            _check_output(out, expected, dtype, algo, case)
+            _run_poisoned(algo, case, direction, p)
 
 
 WINOGRAD_EDGE_SHAPES = [
@@ -429,18 +439,18 @@ WINOGRAD_EDGE_SHAPES = [
 def test_winograd_schedules_and_chunk_boundaries(isa, num_threads, dtype):
     """Winograd's chunked and few-tiles schedules on shapes around their boundaries, on every ISA's
     micro-kernel (MR, NR) and thread count, with the output and the workspace poisoned with NaN."""
-    for algo in (a for a in ALGOS["fwd"] if a.name.startswith("winograd")):
-        for i, (n, c, k, h, w, g, pad) in enumerate(WINOGRAD_EDGE_SHAPES):
-            case = ConvCase(n, c, k, h, w, 3, 3, g, 1, pad, 1, dtype, True, "C", 100 + i)
-            x, wt, b, _ = arrays(case)
-            p = ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, dtype=np.dtype(dtype).name,
-                                        bias=True)
+    _winograd_schedules("fwd", WINOGRAD_EDGE_SHAPES, dtype, True, 100)
+
+
+def _winograd_schedules(direction, shapes, dtype, bias, seed):
+    """Every Winograd algorithm of direction on the 3x3 stride-1 shapes (n, c, k, h, w, groups, padding),
+    which it must support, through _run_poisoned."""
+    for algo in (a for a in ALGOS[direction] if a.name.startswith("winograd")):
+        for i, (n, c, k, h, w, g, pad) in enumerate(shapes):
+            case = ConvCase(n, c, k, h, w, 3, 3, g, 1, pad, 1, dtype, bias, "C", seed + i)
+            p = _problem(case, direction)
             assert algo.supports(p) is None
-            nbytes = algo.workspace_bytes(p)
-            workspace = np.full(nbytes // np.dtype(dtype).itemsize, np.nan, dtype)
-            out = np.full(p.output_shape, np.nan, dtype)
-            algo.run(p, x, wt, out=out, bias=b, workspace=workspace)
-            _check_output(out, expected_forward(case, x, wt, b), np.dtype(dtype), algo, case)
+            _run_poisoned(algo, case, direction, p)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -448,20 +458,9 @@ def test_winograd_backward_data_schedules(isa, num_threads, dtype):
     """Backward data by Winograd (the forward pass on dy with the filters turned, at padding 2 - p) on the
     same shapes, on every ISA and thread count, output and workspace poisoned with NaN; padding 3 is
     refused with its reason."""
+    _winograd_schedules("bwd_data", WINOGRAD_EDGE_SHAPES, dtype, False, 150)
+    p3 = ConvProblem.parse("mb1ic4ih5oc4oh9kh3ph3", direction="bwd_data")
     for algo in (a for a in ALGOS["bwd_data"] if a.name.startswith("winograd")):
-        for i, (n, c, k, h, w, g, pad) in enumerate(WINOGRAD_EDGE_SHAPES):
-            case = ConvCase(n, c, k, h, w, 3, 3, g, 1, pad, 1, dtype, False, "C", 150 + i)
-            _, wt, _, dy = arrays(case)
-            p = ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, dtype=np.dtype(dtype).name,
-                                        direction="bwd_data")
-            assert algo.supports(p) is None
-            nbytes = algo.workspace_bytes(p)
-            workspace = np.full(nbytes // np.dtype(dtype).itemsize, np.nan, dtype)
-            out = np.full(p.input_shape, np.nan, dtype)
-            algo.run(p, wt, dy, out=out, workspace=workspace)
-            _check_output(out, conv2d_backward_data_ref(case.x_shape, wt, dy, **case.args), np.dtype(dtype), algo,
-                          case)
-        p3 = ConvProblem.parse("mb1ic4ih5oc4oh9kh3ph3", direction="bwd_data")
         assert "padding at most 2" in algo.supports(p3)
 
 
@@ -472,19 +471,7 @@ def test_winograd_backward_filter_schedules(isa, num_threads, dtype):
     workspace poisoned with NaN."""
     shapes = WINOGRAD_EDGE_SHAPES + [(3, 6, 9, 48, 40, 1, 1),    # 360 tiles (F(4x4)), 1440 (F(2x2)): 2 and 6 chunks
                                      (1, 33, 5, 44, 23, 1, 2)]    # 84 tiles (F(4x4)), 299 (F(2x2)): 1 and 2 chunks
-    for algo in (a for a in ALGOS["bwd_filter"] if a.name.startswith("winograd")):
-        for i, (n, c, k, h, w, g, pad) in enumerate(shapes):
-            case = ConvCase(n, c, k, h, w, 3, 3, g, 1, pad, 1, dtype, False, "C", 170 + i)
-            x, wt, _, dy = arrays(case)
-            p = ConvProblem.from_arrays(case.x_shape, case.w_shape, **case.args, dtype=np.dtype(dtype).name,
-                                        direction="bwd_filter")
-            assert algo.supports(p) is None
-            nbytes = algo.workspace_bytes(p)
-            workspace = np.full(nbytes // np.dtype(dtype).itemsize, np.nan, dtype)
-            out = np.full(p.weight_shape, np.nan, dtype)
-            algo.run(p, x, dy, out=out, workspace=workspace)
-            _check_output(out, conv2d_backward_filter_ref(x, case.w_shape, dy, **case.args), np.dtype(dtype), algo,
-                          case)
+    _winograd_schedules("bwd_filter", shapes, dtype, False, 170)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

@@ -141,9 +141,9 @@ class ImplicitGemmFwd(_CpuConv):
 
 
 class _Winograd(_CpuConv):
+    """Winograd in one direction; m (and name, tolerance) come from _F2x2 or _F4x4."""
     direction = "fwd"
     op = "conv2d_fwd"
-    m = 4
 
     def supports(self, p) -> str | None:
         reason = super().supports(p)
@@ -165,16 +165,26 @@ class _Winograd(_CpuConv):
         return int(_cpu.winograd_workspace_elems(shape_tuple(p), self.m, self.chunk(p), p.itemsize)) * p.itemsize
 
 
-class WinogradF2x2(_Winograd):
+class _F2x2:
+    """F(2x2, 3x3) in any direction."""
     name = kernel = "winograd_f2x2_3x3"
     m = 2
     tolerance = 1e-5
 
 
-class WinogradF4x4(_Winograd):
+class _F4x4:
+    """F(4x4, 3x3) in any direction: fewer multiplications, less accurate."""
     name = kernel = "winograd_f4x4_3x3"
     m = 4
     tolerance = 1e-4
+
+
+class WinogradF2x2(_F2x2, _Winograd):
+    pass
+
+
+class WinogradF4x4(_F4x4, _Winograd):
+    pass
 
 
 def as_forward(p):
@@ -204,16 +214,12 @@ class _WinogradBwdData(_Winograd):
         return int(elems) * p.itemsize
 
 
-class WinogradF2x2BwdData(_WinogradBwdData):
-    name = kernel = "winograd_f2x2_3x3"
-    m = 2
-    tolerance = 1e-5
+class WinogradF2x2BwdData(_F2x2, _WinogradBwdData):
+    pass
 
 
-class WinogradF4x4BwdData(_WinogradBwdData):
-    name = kernel = "winograd_f4x4_3x3"
-    m = 4
-    tolerance = 1e-4
+class WinogradF4x4BwdData(_F4x4, _WinogradBwdData):
+    pass
 
 
 class _WinogradBwdFilter(_Winograd):
@@ -226,16 +232,12 @@ class _WinogradBwdFilter(_Winograd):
         return int(_cpu.winograd_bwd_filter_workspace_elems(shape_tuple(p), self.m, p.itemsize)) * p.itemsize
 
 
-class WinogradF2x2BwdFilter(_WinogradBwdFilter):
-    name = kernel = "winograd_f2x2_3x3"
-    m = 2
-    tolerance = 1e-5
+class WinogradF2x2BwdFilter(_F2x2, _WinogradBwdFilter):
+    pass
 
 
-class WinogradF4x4BwdFilter(_WinogradBwdFilter):
-    name = kernel = "winograd_f4x4_3x3"
-    m = 4
-    tolerance = 1e-4
+class WinogradF4x4BwdFilter(_F4x4, _WinogradBwdFilter):
+    pass
 
 
 class DepthwiseFwd(_CpuConv):
