@@ -670,6 +670,20 @@ PYBIND11_MODULE(_cpu, m) {
         py::arg("shape"), py::arg("itemsize"),
         "Whether rnn_forward pipelines the layers (one thread per layer, chunks of steps) for this shape.");
 
+  m.def("rnn_panel_share_test",
+        [](int nt, index_t panels, index_t steps, int max_spin) {
+          if (nt < 1 || nt > 64 || panels < 0 || steps < 0 || max_spin < 0)
+            throw py::value_error("rnn_panel_share_test: nt in [1, 64], panels, steps and max_spin >= 0");
+          index_t errors = 0, stolen = 0;
+          {
+            py::gil_scoped_release nogil;
+            rnn_panel_share_test(nt, panels, steps, max_spin, &errors, &stolen);
+          }
+          return py::make_tuple(errors, stolen);
+        },
+        py::arg("nt"), py::arg("panels"), py::arg("steps"), py::arg("max_spin"),
+        "Test of the RNN step's work sharing: (panels not run exactly once, panels run by a non-owner).");
+
   m.def("rnn_math_test", [](int fn, const py::array& x, py::array& y) {
     if (fn < 0 || fn > 2) throw py::value_error("rnn_math_test: fn must be 0 (exp), 1 (sigmoid) or 2 (tanh)");
     auto run = [&](auto tag) {

@@ -612,6 +612,19 @@ def test_rnn_workspace_limit_is_reported_by_name():
         dnnkit.lstm(x, None, None, w)
 
 
+@pytest.mark.parametrize("nt,panels", [(1, 7), (2, 1), (2, 3), (2, 16), (3, 10), (4, 33)])
+def test_step_work_sharing_runs_every_panel_once(nt, panels):
+    """The threads sharing an RNN step take panels from their own ranges and then from the others': over
+    many steps, with one thread four times slower than the rest, every panel runs exactly once a step,
+    and the fast threads do take over some of the slow one's panels."""
+    errors, stolen = dnnkit._cpu.rnn_panel_share_test(nt, panels, 300, 3000)
+    assert errors == 0
+    if nt > 1 and panels >= 2 * nt:
+        assert stolen > 0
+    if nt == 1:
+        assert stolen == 0
+
+
 # ------------------------------------------------------------------------------------------ wavefront
 WAVE_CASES = [
     # (mode, T, B, I, H, layers, initial): chunk boundaries (16 chunks), layers > threads, h0 or not

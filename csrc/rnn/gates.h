@@ -15,11 +15,12 @@
 namespace dnnkit {
 
 struct GateKernelsF32 {
-  // lstm_fwd / gru_fwd / rnn_fwd / lstm_bwd: the signatures of the portable kernels in rnn.cpp.
+  // lstm_fwd / gru_fwd / rnn_fwd / lstm_bwd: the signatures of the portable kernels in rnn.cpp (a null gh,
+  // or GRU's ghrz: the hidden projections are already summed into xp).
   void (*lstm_fwd)(index_t H, index_t j0, index_t j1, const float* xp, const float* gh, const float* cp, float* c,
                    float* h, float* save);
-  void (*gru_fwd)(index_t H, index_t j0, index_t j1, const float* xp, const float* gh, const float* bhn,
-                  const float* hp, float* h, float* save, float* aux);
+  void (*gru_fwd)(index_t H, index_t j0, index_t j1, const float* xp, const float* ghrz, const float* ghn,
+                  const float* bhn, const float* hp, float* h, float* save, float* aux);
   void (*rnn_fwd)(bool relu, index_t j0, index_t j1, const float* xp, const float* gh, float* h);
   void (*lstm_bwd)(index_t H, index_t j0, index_t j1, const float* dy, const float* dhr, const float* gates,
                    const float* c, const float* cp, float* dc, float* dg);

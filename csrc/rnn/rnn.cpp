@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -61,6 +63,50 @@ class SpinBarrier {
   alignas(64) std::atomic<unsigned> gen_{0};
 };
 
+// The B panels of one step, shared by the threads of a group. Each thread owns an equal range and takes
+// panels from its front; a thread whose range is empty takes panels from the back of the others'. With
+// cores of equal speed every thread runs its own range, as a static split would, and keeps its W_hh
+// panels in its own cache; when one core runs slower (a busy sibling hyperthread, a shared virtual
+// machine, a hybrid CPU's small core), the others finish its work instead of waiting at the step's
+// barrier. Ranges come in two sets, used by alternate steps: a thread resets its range of the next
+// step's set before the barrier that ends this step, when no thread can be reading it any more.
+class PanelShare {
+ public:
+  PanelShare(int nt, index_t panels) : nt_(nt), panels_(panels), slots_(new Slot[2 * std::max(nt, 1)]) {
+    for (int set = 0; set < 2; ++set)
+      for (int tid = 0; tid < nt; ++tid) reset(set, tid);
+  }
+  void reset(int set, int tid) {
+    const std::uint64_t lo = static_cast<std::uint64_t>(panels_ * tid / nt_);
+    const std::uint64_t hi = static_cast<std::uint64_t>(panels_ * (tid + 1) / nt_);
+    slot(set, tid).store(lo | hi << 32, std::memory_order_relaxed);
+  }
+  // The next panel for thread tid in `set`: from its own range, else from another's; -1 when none is left.
+  index_t next(int set, int tid) {
+    index_t jp = take(slot(set, tid), false);
+    for (int k = 1; jp < 0 && k < nt_; ++k) jp = take(slot(set, (tid + k) % nt_), true);
+    return jp;
+  }
+
+ private:
+  struct alignas(64) Slot {
+    std::atomic<std::uint64_t> range{0};  // front in the low 32 bits, back (exclusive) in the high 32
+  };
+  std::atomic<std::uint64_t>& slot(int set, int tid) { return slots_[set * nt_ + tid].range; }
+  static index_t take(std::atomic<std::uint64_t>& r, bool back) {
+    std::uint64_t v = r.load(std::memory_order_relaxed);
+    for (;;) {
+      const std::uint64_t lo = v & 0xffffffffu, hi = v >> 32;
+      if (lo >= hi) return -1;
+      const std::uint64_t nv = back ? (lo | (hi - 1) << 32) : ((lo + 1) | hi << 32);
+      if (r.compare_exchange_weak(v, nv, std::memory_order_relaxed)) return static_cast<index_t>(back ? hi - 1 : lo);
+    }
+  }
+  int nt_;
+  index_t panels_;
+  std::unique_ptr<Slot[]> slots_;
+};
+
 // How the threads of one parallel region split over the directions of a layer: with two directions
 // and at least two threads, each direction gets its own group (no synchronization between them);
 // otherwise one group runs the directions one after the other.
@@ -99,76 +145,62 @@ void gemm_strided(index_t m, index_t n, index_t k, const T* a, index_t rs_a, ind
 }
 
 // ------------------------------------------------------------------------------------ post-GEMM (forward)
-// Each kernel handles one batch row and the hidden units [j0, j1). xp and gh are the row's gate
-// pre-activations from the input (bias included) and from h_{t-1} (no bias), G blocks of H contiguous
-// values each. `save` (null in inference) receives the activated gates, `aux` the extra saved state.
+// Each kernel handles one batch row and the hidden units [j0, j1). xp holds the row's gate pre-activations
+// from the input (bias included), G blocks of H contiguous values each; gh those from h_{t-1} (no bias),
+// or null when the recurrent product was accumulated into xp already. `save` (null in inference)
+// receives the activated gates, `aux` the extra saved state.
+
+// xp[j] + gh[j], or xp[j] alone when gh is null.
+template <typename T>
+inline T preact(const T* __restrict xp, const T* __restrict gh, index_t j) {
+  return gh ? xp[j] + gh[j] : xp[j];
+}
 
 template <typename T>
 void lstm_fwd(index_t H, index_t j0, index_t j1, const T* __restrict xp, const T* __restrict gh, const T* cp,
               T* c, T* __restrict h, T* __restrict save) {
   using namespace fastmath;
-  if (save) {
-#pragma omp simd
-    for (index_t j = j0; j < j1; ++j) {
-      const T i = sigmoid(xp[j] + gh[j]), f = sigmoid(xp[H + j] + gh[H + j]);
-      const T g = fastmath::tanh(xp[2 * H + j] + gh[2 * H + j]), o = sigmoid(xp[3 * H + j] + gh[3 * H + j]);
-      const T cn = f * cp[j] + i * g;
-      c[j] = cn;
-      h[j] = o * fastmath::tanh(cn);
+  for (index_t j = j0; j < j1; ++j) {
+    const T i = sigmoid(preact(xp, gh, j)), f = sigmoid(preact(xp, gh, H + j));
+    const T g = fastmath::tanh(preact(xp, gh, 2 * H + j)), o = sigmoid(preact(xp, gh, 3 * H + j));
+    const T cn = f * cp[j] + i * g;  // cp may alias c (in-place state): read before write, same j
+    c[j] = cn;
+    h[j] = o * fastmath::tanh(cn);
+    if (save) {
       save[j] = i;
       save[H + j] = f;
       save[2 * H + j] = g;
       save[3 * H + j] = o;
     }
-  } else {
-#pragma omp simd
-    for (index_t j = j0; j < j1; ++j) {
-      const T i = sigmoid(xp[j] + gh[j]), f = sigmoid(xp[H + j] + gh[H + j]);
-      const T g = fastmath::tanh(xp[2 * H + j] + gh[2 * H + j]), o = sigmoid(xp[3 * H + j] + gh[3 * H + j]);
-      const T cn = f * cp[j] + i * g;  // cp may alias c (in-place state): read before write, same j
-      c[j] = cn;
-      h[j] = o * fastmath::tanh(cn);
-    }
   }
 }
 
-// GRU: r, z from xp + gh; n = tanh(xp_n + r * (gh_n + b_hn)); h = (1 - z) n + z h_{t-1}.
-// save: r, z, n (3H); aux: gh_n + b_hn (H).
+// GRU: r, z from xp + ghrz (ghrz null: summed into xp); n = tanh(xp_n + r * (ghn + b_hn));
+// h = (1 - z) n + z h_{t-1}. save: r, z, n (3H); aux: ghn + b_hn (H).
 template <typename T>
-void gru_fwd(index_t H, index_t j0, index_t j1, const T* __restrict xp, const T* __restrict gh,
-             const T* __restrict bhn, const T* __restrict hp, T* __restrict h, T* __restrict save,
-             T* __restrict aux) {
+void gru_fwd(index_t H, index_t j0, index_t j1, const T* __restrict xp, const T* __restrict ghrz,
+             const T* __restrict ghn, const T* __restrict bhn, const T* __restrict hp, T* __restrict h,
+             T* __restrict save, T* __restrict aux) {
   using namespace fastmath;
-  if (save) {
-#pragma omp simd
-    for (index_t j = j0; j < j1; ++j) {
-      const T r = sigmoid(xp[j] + gh[j]), z = sigmoid(xp[H + j] + gh[H + j]);
-      const T hn = gh[2 * H + j] + bhn[j];
-      const T n = fastmath::tanh(xp[2 * H + j] + r * hn);
-      h[j] = n + z * (hp[j] - n);
+  for (index_t j = j0; j < j1; ++j) {
+    const T r = sigmoid(preact(xp, ghrz, j)), z = sigmoid(preact(xp, ghrz, H + j));
+    const T hn = ghn[j] + bhn[j];
+    const T n = fastmath::tanh(xp[2 * H + j] + r * hn);
+    h[j] = n + z * (hp[j] - n);
+    if (save) {
       save[j] = r;
       save[H + j] = z;
       save[2 * H + j] = n;
       aux[j] = hn;
-    }
-  } else {
-#pragma omp simd
-    for (index_t j = j0; j < j1; ++j) {
-      const T r = sigmoid(xp[j] + gh[j]), z = sigmoid(xp[H + j] + gh[H + j]);
-      const T n = fastmath::tanh(xp[2 * H + j] + r * (gh[2 * H + j] + bhn[j]));
-      h[j] = n + z * (hp[j] - n);
     }
   }
 }
 
 template <typename T>
 void rnn_fwd(bool relu, index_t j0, index_t j1, const T* __restrict xp, const T* __restrict gh, T* __restrict h) {
-  if (relu) {
-#pragma omp simd
-    for (index_t j = j0; j < j1; ++j) h[j] = fastmath::relu(xp[j] + gh[j]);
-  } else {
-#pragma omp simd
-    for (index_t j = j0; j < j1; ++j) h[j] = fastmath::tanh(xp[j] + gh[j]);
+  for (index_t j = j0; j < j1; ++j) {
+    const T a = preact(xp, gh, j);
+    h[j] = relu ? fastmath::relu(a) : fastmath::tanh(a);
   }
 }
 
@@ -180,9 +212,11 @@ const GateKernelsF32* vector_gates() {
 }
 
 // One forward step after its GEMMs, for the B batch rows and hidden units [j0, j1). Row r of each operand:
-// xp + r*GH (input projections, bias included); gh + r*GH (W_hh h_{t-1}, or null when h_{t-1} = 0);
-// hprev + r*ldh (h_{t-1}, or null); cprev + r*H (c_{t-1}, or null); h + r*ldy (h_t, written); c + r*H
-// (c_t, written; may be cprev); save + r*GH and aux + r*H (saved gates and GRU's W_hn h + b_hn, or null).
+// xp + r*GH (the pre-activations: input projections with the bias, and with `summed` also W_hh h_{t-1},
+// except GRU's gate n); gh + r*GH (W_hh h_{t-1} without `summed`, only its gate n block with it; null
+// when h_{t-1} = 0); hprev + r*ldh (h_{t-1}, or null); cprev + r*H (c_{t-1}, or null); h + r*ldy (h_t,
+// written); c + r*H (c_t, written; may be cprev); save + r*GH and aux + r*H (saved gates and GRU's
+// W_hn h + b_hn, or null).
 struct StepRows {
   RnnCell cell;
   index_t B, H;
@@ -190,13 +224,14 @@ struct StepRows {
 };
 
 template <typename T>
-void forward_rows(const StepRows& s, const T* xp, const T* gh, const T* bhn, const T* hprev, index_t ldh,
-                  const T* cprev, T* c, T* h, index_t ldy, T* save, T* aux, const T* zeros) {
+void forward_rows(const StepRows& s, const T* xp, const T* gh, bool summed, const T* bhn, const T* hprev,
+                  index_t ldh, const T* cprev, T* c, T* h, index_t ldy, T* save, T* aux, const T* zeros) {
   const index_t H = s.H, GH = rnn_gates(s.cell) * H;
   const GateKernelsF32* vk = vector_gates<T>();
   for (index_t r = 0; r < s.B; ++r) {
     const T* xr = xp + r * GH;
-    const T* gr = gh ? gh + r * GH : zeros;
+    const T* gr = gh && !summed ? gh + r * GH : nullptr;  // what is still to be added to xr
+    const T* gn = gh ? gh + r * GH + 2 * H : zeros;       // GRU: W_hn h_{t-1}
     T* hr = h + r * ldy;
     T* sr = save ? save + r * GH : nullptr;
     const T* cr = cprev ? cprev + r * H : zeros;
@@ -206,13 +241,13 @@ void forward_rows(const StepRows& s, const T* xp, const T* gh, const T* bhn, con
     if constexpr (std::is_same_v<T, float>) {
       if (vk) {
         if (s.cell == RnnCell::lstm) vk->lstm_fwd(H, s.j0, s.j1, xr, gr, cr, c + r * H, hr, sr);
-        else if (s.cell == RnnCell::gru) vk->gru_fwd(H, s.j0, s.j1, xr, gr, bhn, hp, hr, sr, ar);
+        else if (s.cell == RnnCell::gru) vk->gru_fwd(H, s.j0, s.j1, xr, gr, gn, bhn, hp, hr, sr, ar);
         else vk->rnn_fwd(relu, s.j0, s.j1, xr, gr, hr);
         continue;
       }
     }
     if (s.cell == RnnCell::lstm) lstm_fwd<T>(H, s.j0, s.j1, xr, gr, cr, c + r * H, hr, sr);
-    else if (s.cell == RnnCell::gru) gru_fwd<T>(H, s.j0, s.j1, xr, gr, bhn, hp, hr, sr, ar);
+    else if (s.cell == RnnCell::gru) gru_fwd<T>(H, s.j0, s.j1, xr, gr, gn, bhn, hp, hr, sr, ar);
     else rnn_fwd<T>(relu, s.j0, s.j1, xr, gr, hr);
   }
 }
@@ -224,6 +259,39 @@ void final_states(const StepRows& s, const T* h, index_t ldy, const T* c, T* h_n
   for (index_t r = 0; r < s.B; ++r) {
     if (h_n) std::copy(h + r * ldy + s.j0, h + r * ldy + s.j1, h_n + r * s.H + s.j0);
     if (c_n && s.cell == RnnCell::lstm) std::copy(c + r * s.H + s.j0, c + r * s.H + s.j1, c_n + r * s.H + s.j0);
+  }
+}
+
+// One step's recurrent products and post-GEMM for the hidden units of the B panels (NR units each) that
+// next_panel() returns until it returns -1: ap is h_{t-1} packed (pack_a_rows), whh[q] gate q's W_hh^T
+// packed. For each MR-row micro-panel of h_{t-1}, the micro-kernel accumulates the products of all gates,
+// over the whole depth at once, into the step's pre-activations xp (GRU's gate n, which the reset gate
+// scales, into gh), and the post-GEMM of those rows and units follows while the tiles (MR x NR x G
+// values, a few KB) are still in L1. The micro-kernel's C prefetch brings xp in during the product.
+template <typename T, class NextPanel>
+void fused_step(const StepRows& s, NextPanel&& next_panel, const T* ap, const PackedB<T>* whh, T* xp, T* gh,
+                const T* bhn, const T* hprev, index_t ldh, const T* cprev, T* c, T* h, index_t ldy, T* save,
+                T* aux, const T* zeros) {
+  const UKernel<T>& uk = whh[0].ukernel();
+  const int G = rnn_gates(s.cell), mr = uk.mr, nr = uk.nr;
+  const index_t GH = G * s.H, K = whh[0].k();
+  const bool gru = s.cell == RnnCell::gru;
+  for (index_t jp = next_panel(); jp >= 0; jp = next_panel()) {
+    const index_t j = jp * nr;
+    const int n_t = static_cast<int>(std::min<index_t>(nr, s.H - j));
+    for (index_t i = 0; i < s.B; i += mr) {
+      const int m_t = static_cast<int>(std::min<index_t>(mr, s.B - i));
+      const ukernel_fn<T> fn = m_t == mr ? uk.fn : uk.rows[m_t - 1];
+      for (int q = 0; q < G; ++q) {
+        const bool apart = gru && q == 2;
+        fn(K, ap + i * K, whh[q].panel(jp), (apart ? gh : xp) + i * GH + q * s.H + j, GH, 1, T(1),
+           apart ? T(0) : T(1), m_t, n_t);
+      }
+      const StepRows part{s.cell, m_t, s.H, j, j + n_t};
+      forward_rows<T>(part, xp + i * GH, gh ? gh + i * GH : nullptr, true, bhn, hprev ? hprev + i * ldh : nullptr,
+                      ldh, cprev ? cprev + i * s.H : nullptr, c + i * s.H, h + i * ldy, ldy,
+                      save ? save + i * GH : nullptr, aux ? aux + i * s.H : nullptr, zeros);
+    }
   }
 }
 
@@ -425,15 +493,21 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
     }
     for (index_t t = t0; t < t1; ++t) {
       const T* hprev = t == 0 ? (h0 ? h0 + l * B * H : nullptr) : yl + (t - 1) * B * H;
+      const T* cprev = t == 0 ? (c0 ? c0 + l * B * H : nullptr) : (aux ? aux + (t - 1) * B * H : b.state.data());
+      T* xpt = b.xp.data() + (t - t0) * B * GH;
+      T* ct = aux ? aux + t * B * H : b.state.data();
+      T* st = save ? save + t * B * GH : nullptr;
+      T* at = aux ? aux + t * B * H : nullptr;
       if (hprev) {
         pack_a_rows<T>(uk, B, H, hprev, H, 1, b.ap.data());
-        for (int q = 0; q < G; ++q)
-          gemm_packed_b<T>(B, b.ap.data(), b.whh[q], 0, b.whh[q].panels(), T(0), b.gh.data() + q * H, GH);
+        index_t jp = 0;
+        const index_t np = b.whh[0].panels();
+        fused_step<T>(step, [&] { return jp < np ? jp++ : index_t(-1); }, b.ap.data(), b.whh, xpt, b.gh.data(), bhn, hprev, H,
+                      cprev, ct, yl + t * B * H, H, st, at, zeros.data());
+      } else {
+        forward_rows<T>(step, xpt, nullptr, false, bhn, hprev, H, cprev, ct, yl + t * B * H, H, st, at,
+                        zeros.data());
       }
-      const T* cprev = t == 0 ? (c0 ? c0 + l * B * H : nullptr) : (aux ? aux + (t - 1) * B * H : b.state.data());
-      forward_rows<T>(step, b.xp.data() + (t - t0) * B * GH, hprev ? b.gh.data() : nullptr, bhn, hprev, H, cprev,
-                      aux ? aux + t * B * H : b.state.data(), yl + t * B * H, H, save ? save + t * B * GH : nullptr,
-                      aux ? aux + t * B * H : nullptr, zeros.data());
     }
     if (t1 == Tn)
       final_states<T>(step, yl + (Tn - 1) * B * H, H, aux ? aux + (Tn - 1) * B * H : b.state.data(),
@@ -517,6 +591,8 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     }
 
     SpinBarrier barriers[2] = {SpinBarrier(thread_group(0, nt, D).nt), SpinBarrier(thread_group(nt - 1, nt, D).nt)};
+    const index_t panels = ceil_div(H, uk.nr);
+    PanelShare shares[2] = {PanelShare(thread_group(0, nt, D).nt, panels), PanelShare(thread_group(nt - 1, nt, D).nt, panels)};
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
       const int tid = thread_id();
@@ -525,6 +601,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
       const Columns own_s = proj ? owned_columns(S, uk.nr, tg.tid, tg.nt) : own;  // columns of h_t
       const StepRows step{s.cell, B, H, own.j0, own.j1};
       T* ap = apack.data() + tid * a_elems;
+      index_t seq = 0;  // steps run by this group so far: which set of panel ranges the next one takes
       for (int d = tg.dir_begin; d < tg.dir_end; ++d) {
         const int li = l * D + d;
         DirBuffers<T>& b = buf[d];
@@ -536,24 +613,32 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
           const index_t t = d == 0 ? st : Tn - 1 - st, tp = d == 0 ? t - 1 : t + 1;
           const T* hprev = st == 0 ? (h0 ? h0 + li * B * S : nullptr) : yl + tp * B * DS + d * S;
           const index_t ldh = st == 0 ? S : DS;
-          if (hprev && packed) {
-            pack_a_rows<T>(uk, B, S, hprev, ldh, 1, ap);
-            for (int q = 0; q < G; ++q)
-              gemm_packed_b<T>(B, ap, b.whh[q], own.c0, own.c1, T(0), b.gh.data() + q * H, GH);
-          }
           const T* cprev =
               st == 0 ? (c0 ? c0 + li * B * H : nullptr) : (aux ? aux + tp * B * H : b.state.data());
           T* h_t = yl + t * B * DS + d * S;
           // With a projection the post-GEMM writes m_t (row stride H), and h_t = m_t W_hr^T follows.
           T* m_t = proj ? (msave ? msave + t * B * H : b.m.data()) : nullptr;
-          forward_rows<T>(step, b.xp.data() + t * B * GH, hprev ? b.gh.data() : nullptr, bhn, hprev, ldh, cprev,
-                          aux ? aux + t * B * H : b.state.data(), proj ? m_t : h_t, proj ? H : DS,
-                          save ? save + t * B * GH : nullptr, aux ? aux + t * B * H : nullptr, zeros.data());
+          T* xpt = b.xp.data() + t * B * GH;
+          T* ct = aux ? aux + t * B * H : b.state.data();
+          T* sv = save ? save + t * B * GH : nullptr;
+          T* at = aux ? aux + t * B * H : nullptr;
+          if (hprev && packed) {
+            pack_a_rows<T>(uk, B, S, hprev, ldh, 1, ap);
+            PanelShare& share = shares[tg.group];
+            const int set = static_cast<int>(seq & 1);
+            fused_step<T>(step, [&] { return share.next(set, tg.tid); }, ap, b.whh, xpt, b.gh.data(), bhn, hprev, ldh, cprev, ct,
+                          proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data());
+          } else {
+            // A single step (its product by plain GEMM into gh) or h_{t-1} = 0.
+            forward_rows<T>(step, xpt, hprev ? b.gh.data() : nullptr, false, bhn, hprev, ldh, cprev, ct,
+                            proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data());
+          }
           if (proj) {
             barriers[tg.group].wait();  // m_t complete before any thread packs it
             pack_a_rows<T>(uk, B, H, m_t, H, 1, ap);
             gemm_packed_b<T>(B, ap, b.whr, own_s.c0, own_s.c1, T(0), h_t, DS);
           }
+          if (packed) shares[tg.group].reset(static_cast<int>(++seq & 1), tg.tid);  // see PanelShare
           barriers[tg.group].wait();  // h_t complete before any thread packs it
         }
         // Final states of the owned columns: h_n (S wide) and c_n (H wide).
@@ -633,6 +718,8 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
     }
 
     SpinBarrier barriers[2] = {SpinBarrier(thread_group(0, nt, D).nt), SpinBarrier(thread_group(nt - 1, nt, D).nt)};
+    const index_t panels = ceil_div(H, uk.nr);
+    PanelShare shares[2] = {PanelShare(thread_group(0, nt, D).nt, panels), PanelShare(thread_group(nt - 1, nt, D).nt, panels)};
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
       const int tid = thread_id();
@@ -752,6 +839,41 @@ void rnn_math_test(int fn, const T* x, T* y, index_t n) {
 #pragma omp simd
     for (index_t i = 0; i < n; ++i) y[i] = fastmath::tanh(x[i]);
   }
+}
+
+void rnn_panel_share_test(int nt, index_t panels, index_t steps, int max_spin, index_t* errors, index_t* stolen) {
+  nt = std::max(1, nt);
+  PanelShare share(nt, panels);
+  SpinBarrier barrier(nt);
+  std::unique_ptr<std::atomic<index_t>[]> runs(new std::atomic<index_t>[static_cast<std::size_t>(std::max<index_t>(panels, 1))]);
+  for (index_t p = 0; p < panels; ++p) runs[p].store(0);
+  std::atomic<index_t> bad{0}, taken{0};
+#pragma omp parallel num_threads(nt)
+  {
+    const int tid = thread_id();
+    std::uint64_t rng = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(tid + 1);
+    for (index_t st = 0; st < steps; ++st) {
+      for (index_t jp = share.next(static_cast<int>(st & 1), tid); jp >= 0; jp = share.next(static_cast<int>(st & 1), tid)) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        // The last thread runs 4x slower, as on a core shared with a busy neighbour.
+        const int spins = max_spin > 0 ? static_cast<int>((rng >> 33) % static_cast<std::uint64_t>(max_spin)) *
+                                             (tid == nt - 1 && nt > 1 ? 4 : 1)
+                                       : 0;
+        for (volatile int k = 0; k < spins; k = k + 1) {
+        }
+        runs[jp].fetch_add(1);
+        if (jp < panels * tid / nt || jp >= panels * (tid + 1) / nt) taken.fetch_add(1);
+      }
+      share.reset(static_cast<int>((st + 1) & 1), tid);
+      barrier.wait();
+      if (tid == 0)
+        for (index_t p = 0; p < panels; ++p)
+          if (runs[p].exchange(0) != 1) bad.fetch_add(1);
+      barrier.wait();
+    }
+  }
+  *errors = bad.load();
+  *stolen = taken.load();
 }
 
 template void rnn_forward<float>(const RnnShape&, const RnnWeights<float>&, const float*, const float*, const float*,

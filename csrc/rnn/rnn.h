@@ -95,4 +95,11 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
 template <typename T>
 void rnn_math_test(int fn, const T* x, T* y, index_t n);
 
+// A test of the work sharing of rnn_forward's steps: nt threads run `steps` steps over `panels` panels,
+// each panel after a busy wait of a pseudo-random length (up to about max_spin iterations), so that
+// threads finish their own ranges at different times and take the others'. Returns the number of panels
+// run other than exactly once in their step (0 when correct) in errors, and the number run by a
+// thread other than their owner in stolen.
+void rnn_panel_share_test(int nt, index_t panels, index_t steps, int max_spin, index_t* errors, index_t* stolen);
+
 }  // namespace dnnkit
