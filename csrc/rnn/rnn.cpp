@@ -718,8 +718,6 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
     }
 
     SpinBarrier barriers[2] = {SpinBarrier(thread_group(0, nt, D).nt), SpinBarrier(thread_group(nt - 1, nt, D).nt)};
-    const index_t panels = ceil_div(H, uk.nr);
-    PanelShare shares[2] = {PanelShare(thread_group(0, nt, D).nt, panels), PanelShare(thread_group(nt - 1, nt, D).nt, panels)};
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
       const int tid = thread_id();
