@@ -47,7 +47,8 @@ Activation activation_from_int(int act) {
 
 template <typename T>
 void gemm_impl(const py::array& a, const py::array& b, py::array& c, double alpha, double beta,
-               const py::object& bias, int act, int nthreads, bool small_m) {
+               const py::object& bias, int act, int nthreads, int kind) {
+  // kind: 0 gemm (blocked), 1 gemm_small_m, 2 gemm_wt_direct
   const char* op = "gemm";
   View2D va = view2d<T>(a, op, "a"), vb = view2d<T>(b, op, "b"), vc = view2d<T>(c, op, "c");
   if (va.cols != vb.rows) throw py::value_error("gemm: inner dimensions of a and b differ");
@@ -76,12 +77,15 @@ void gemm_impl(const py::array& a, const py::array& b, py::array& c, double alph
       throw py::value_error("gemm: bias must be 1-D with one element per column of c");
     g.bias = bias_arr.data();
   }
-  if (small_m && ((g.cs_a != 1 && g.k > 1) || (g.rs_b != 1 && g.k > 1)))
-    throw py::value_error("gemm_small_m: a must be contiguous along k (its rows) and b must be the transpose of a "
+  if (kind != 0 && ((g.cs_a != 1 && g.k > 1) || (g.rs_b != 1 && g.k > 1)))
+    throw py::value_error(std::string(kind == 1 ? "gemm_small_m" : "gemm_wt_direct") +
+                          ": a must be contiguous along k (its rows) and b must be the transpose of a "
                           "row-contiguous matrix");
   py::gil_scoped_release nogil;
-  if (small_m)
+  if (kind == 1)
     gemm_small_m<T>(g, nthreads);
+  else if (kind == 2)
+    gemm_wt_direct<T>(g, nthreads);
   else
     gemm<T>(g, nthreads);
 }
@@ -387,8 +391,8 @@ PYBIND11_MODULE(_cpu, m) {
   m.def("gemm",
         [](const py::array& a, const py::array& b, py::array& c, double alpha, double beta, const py::object& bias,
            int act, int nthreads) {
-          if (is_f32(c)) return gemm_impl<float>(a, b, c, alpha, beta, bias, act, nthreads, false);
-          if (is_f64(c)) return gemm_impl<double>(a, b, c, alpha, beta, bias, act, nthreads, false);
+          if (is_f32(c)) return gemm_impl<float>(a, b, c, alpha, beta, bias, act, nthreads, 0);
+          if (is_f64(c)) return gemm_impl<double>(a, b, c, alpha, beta, bias, act, nthreads, 0);
           throw py::type_error("gemm: c must be float32 or float64");
         },
         py::arg("a"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
@@ -398,13 +402,29 @@ PYBIND11_MODULE(_cpu, m) {
   m.def("gemm_small_m",
         [](const py::array& a, const py::array& b, py::array& c, double alpha, double beta, const py::object& bias,
            int act, int nthreads) {
-          if (is_f32(c)) return gemm_impl<float>(a, b, c, alpha, beta, bias, act, nthreads, true);
-          if (is_f64(c)) return gemm_impl<double>(a, b, c, alpha, beta, bias, act, nthreads, true);
+          if (is_f32(c)) return gemm_impl<float>(a, b, c, alpha, beta, bias, act, nthreads, 1);
+          if (is_f64(c)) return gemm_impl<double>(a, b, c, alpha, beta, bias, act, nthreads, 1);
           throw py::type_error("gemm: c must be float32 or float64");
         },
         py::arg("a"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
         py::arg("bias") = py::none(), py::arg("activation") = 0, py::arg("nthreads") = 0,
         "gemm's contract for A with rows contiguous along k and B = W^T with W rows contiguous: no packing.");
+
+  m.def("gemm_wt_direct",
+        [](const py::array& a, const py::array& b, py::array& c, double alpha, double beta, const py::object& bias,
+           int act, int nthreads) {
+          if (is_f32(c)) return gemm_impl<float>(a, b, c, alpha, beta, bias, act, nthreads, 2);
+          if (is_f64(c)) return gemm_impl<double>(a, b, c, alpha, beta, bias, act, nthreads, 2);
+          throw py::type_error("gemm: c must be float32 or float64");
+        },
+        py::arg("a"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
+        py::arg("bias") = py::none(), py::arg("activation") = 0, py::arg("nthreads") = 0,
+        "gemm_small_m's layout for a batch of rows: C^T = W A^T with W read in place (the strided-A kernel).");
+
+  m.def("gemm_wt_direct_width", [](int itemsize) {
+          return itemsize == 4 ? select_sa_kernel<float>(active_isa()).nr : select_sa_kernel<double>(active_isa()).nr;
+        }, py::arg("itemsize"),
+        "Rows of A one tile of gemm_wt_direct's strided-A kernel covers on the active ISA (0: it has none).");
 
   m.def("gemm_workspace_bytes",
         [](index_t mm, index_t n, index_t k, int itemsize, int nthreads) {

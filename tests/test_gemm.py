@@ -223,6 +223,8 @@ def test_gemm_concurrent_callers(isa, gemm_algo):
                     m, n, k = (int(v) for v in rng.integers(1, 120, size=3))
                     if not unsupported(gemm_algo, m, n, k, False, True, dtype):
                         break
+                else:
+                    return  # none on this ISA (gemm_wt_direct has no portable kernel)
                 a = rng.standard_normal((m, k)).astype(dtype)
                 b = rng.standard_normal((n, k)).astype(dtype)
                 c = np.full((m, n), np.nan, dtype=dtype)
@@ -260,3 +262,34 @@ def test_products_around_the_parallel_threshold():
                 assert np.linalg.norm(c - want) <= 1e-5 * np.linalg.norm(want), (kernel.__name__, m, n, k)
     finally:
         dnnkit._cpu.set_min_parallel_work(previous)
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_gemm_wt_direct_kernel_contract(isa, num_threads, data):
+    """gemm_wt_direct (C^T = W A^T, W read in place by the strided-A kernel) directly, at every batch size
+    from 1 to past two tiles and depths past its 1024-deep blocks: alpha, beta (a NaN-filled C when beta
+    is 0, which must not be read), bias and activation as gemm's contract says. On an ISA without the
+    kernel it falls back to the packing GEMM, with the same result."""
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    width = max(dnnkit._cpu.gemm_wt_direct_width(np.dtype(dtype).itemsize), 8)
+    m = data.draw(st.integers(1, 2 * width + 3), label="m")
+    n = data.draw(st.integers(1, 40), label="n")
+    k = data.draw(st.sampled_from([0, 1, 2, 17, 255, 1024, 1025, 2051]), label="k")
+    alpha = data.draw(st.sampled_from([1.0, -0.5]), label="alpha")
+    beta = data.draw(st.sampled_from([0.0, 1.0, 0.25]), label="beta")
+    act = data.draw(st.sampled_from([0, 1, 2]), label="activation")
+    with_bias = data.draw(st.booleans(), label="bias")
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    w = rng.standard_normal((n, k)).astype(dtype)
+    bias = rng.standard_normal(n).astype(dtype) if with_bias else None
+    c0 = rng.standard_normal((m, n)).astype(dtype)
+    c = np.full((m, n), np.nan, dtype) if beta == 0.0 else c0.copy()
+    dnnkit._cpu.gemm_wt_direct(a, w.T, c, alpha, beta, bias, act, 0)
+    want = alpha * (a.astype(np.float64) @ w.T.astype(np.float64)) + (beta * c0 if beta else 0.0)
+    if bias is not None:
+        want = want + bias
+    want = {0: want, 1: np.maximum(want, 0.0), 2: np.tanh(want)}[act]
+    assert np.all(np.isfinite(c))
+    assert rel_l2(c, want) <= (2e-6 if dtype == np.float32 else 1e-13) * max(1.0, np.sqrt(k) / 8)

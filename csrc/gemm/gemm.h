@@ -71,6 +71,16 @@ void gemm(const GemmArgs<T>& g, int nthreads = 0);
 template <typename T>
 void gemm_small_m(const GemmArgs<T>& g, int nthreads = 0);
 
+// The same contract again for a batch of rows (up to about a hundred) and B = W^T (cs_a == 1, rs_b == 1),
+// computed as C^T = W A^T by the strided-A micro-kernel (ukernel.h): W is read where it lies, once per
+// 64 rows of A (AVX-512), and only A is packed. What a fully-connected layer or an RNN cell at batch
+// 16-128 spends on packing W, which the blocked GEMM does at every call, is saved. Falls back to gemm()
+// when the ISA has no strided-A kernel (gemm_wt_direct_available). Throws std::bad_alloc.
+template <typename T>
+bool gemm_wt_direct_available();
+template <typename T>
+void gemm_wt_direct(const GemmArgs<T>& g, int nthreads = 0);
+
 // ---- Pre-packed B: pack once, multiply many times (an RNN's recurrent weights, reused at every step).
 //
 // PackedB holds a k x n B as ceil(n/NR) micro-panels of full depth: panel jp is columns

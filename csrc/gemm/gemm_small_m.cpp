@@ -4,7 +4,9 @@
 // MI_MAX rows of A. Threads split the n dimension.
 #include <algorithm>
 
+#include "epilogue.h"
 #include "gemm.h"
+#include "pack.h"
 #include "ukernel.h"
 
 namespace dnnkit {
@@ -40,6 +42,63 @@ void gemm_small_m(const GemmArgs<T>& g, int nthreads) {
   }
 }
 
+template <typename T>
+bool gemm_wt_direct_available() {
+  return select_sa_kernel<T>(active_isa()).fn != nullptr;
+}
+
+template <typename T>
+void gemm_wt_direct(const GemmArgs<T>& g, int nthreads) {
+  // Contract: cs_a == 1 and rs_b == 1, as gemm_small_m's; checked by the caller.
+  if (g.m == 0 || g.n == 0) return;
+  const SaKernel<T> sk = select_sa_kernel<T>(active_isa());
+  if (g.k == 0 || !sk.fn) return gemm<T>(g, nthreads);
+  const int mr = sk.mr, nr = sk.nr;
+  const index_t m = g.m, n = g.n, k = g.k;
+  // C^T (n x m) = W (n x k) A^T (k x m): W = B^T is the kernel's A, read in place (row i at
+  // g.b + i*cs_b); A^T is packed into k x NR panels of NR rows of A each (the kernel's B), the only copy.
+  const index_t npan = ceil_div(m, nr);
+  AlignedBuffer<T> ap(static_cast<std::size_t>(npan * nr * k));
+  // Depth in blocks of at most 1024, so that the packed panels in use (k x NR each) stay in L2.
+  const index_t kc_max = ceil_div(k, ceil_div(k, index_t(1024)));
+  const index_t n_ib = ceil_div(n, mr);
+  int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), n_ib)));
+  if (double(m) * double(n) * double(k) < min_parallel_work()) nt = 1;
+  const bool epilogue = g.bias || g.act != Activation::identity;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+#pragma omp for schedule(static)
+    for (index_t jp = 0; jp < npan; ++jp) {
+      const index_t j0 = jp * nr;
+      pack_b_panel<T>(k, std::min<index_t>(nr, m - j0), g.a + j0 * g.rs_a, 1, g.rs_a, nr, ap.data() + jp * nr * k);
+    }
+    // implicit barrier: every panel packed
+#pragma omp for schedule(static)
+    for (index_t ib = 0; ib < n_ib; ++ib) {
+      const index_t i = ib * mr;  // rows [i, i + m_t) of W: columns of C
+      const int m_t = static_cast<int>(std::min<index_t>(mr, n - i));
+      for (index_t pc = 0; pc < k; pc += kc_max) {
+        const index_t kc = std::min(kc_max, k - pc);
+        const T beta = pc == 0 ? g.beta : T(1);
+        for (index_t jp = 0; jp < npan; ++jp) {
+          const index_t j0 = jp * nr;  // rows [j0, j0 + n_t) of A and C
+          const int n_t = static_cast<int>(std::min<index_t>(nr, m - j0));
+          T* c = g.c + j0 * g.rs_c + i * g.cs_c;
+          sk.fn(kc, g.b + i * g.cs_b + pc, g.cs_b, ap.data() + jp * nr * k + pc * nr, c, g.cs_c, g.rs_c, g.alpha,
+                beta, m_t, n_t);
+          if (epilogue && pc + kc >= k)
+            apply_epilogue<T>(c, g.rs_c, g.cs_c, n_t, m_t, g.bias ? g.bias + (g.bias_per_row ? j0 : i) : nullptr,
+                              g.act, g.bias_per_row);
+        }
+      }
+    }
+  }
+}
+
+template bool gemm_wt_direct_available<float>();
+template bool gemm_wt_direct_available<double>();
+template void gemm_wt_direct<float>(const GemmArgs<float>&, int);
+template void gemm_wt_direct<double>(const GemmArgs<double>&, int);
 template void gemm_small_m<float>(const GemmArgs<float>&, int);
 template void gemm_small_m<double>(const GemmArgs<double>&, int);
 

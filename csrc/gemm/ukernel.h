@@ -49,6 +49,22 @@ struct DotKernel {
   dot_fn<T> fn;
 };
 
+// Strided-A micro-kernel (gemm_wt_direct, gemm_small_m.cpp): the contract of ukernel above, except that A is
+// read where it lies, row i at a + i*lda (a[i*lda + p] = A(i, p), contiguous along k, any alignment), and
+// rows i >= m of it are never read (the kernel re-reads row 0 in their place). A weight matrix used as A
+// this way needs no packing: what C^T = W X^T costs a small batch is then the FMAs and one pass over W.
+template <typename T>
+using ukernel_sa_fn = void (*)(index_t k, const T* a, index_t lda, const T* b, T* c, index_t rs_c, index_t cs_c,
+                               T alpha, T beta, int m, int n);
+
+template <typename T>
+struct SaKernel {
+  const char* name;  // "ukernel_sa_6x64_avx512"
+  int mr;
+  int nr;
+  ukernel_sa_fn<T> fn;  // null: the ISA has none (the caller packs instead)
+};
+
 // One entry per ISA; each is defined in its own file (ukernel_<isa>.cpp).
 template <typename T> UKernel<T> ukernel_ref();
 template <typename T> UKernel<T> ukernel_avx2();
@@ -56,6 +72,18 @@ template <typename T> UKernel<T> ukernel_avx512();
 template <typename T> DotKernel<T> dot_kernel_ref();
 template <typename T> DotKernel<T> dot_kernel_avx2();
 template <typename T> DotKernel<T> dot_kernel_avx512();
+
+template <typename T> SaKernel<T> sa_kernel_avx2();
+template <typename T> SaKernel<T> sa_kernel_avx512();
+
+template <typename T>
+SaKernel<T> select_sa_kernel(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return sa_kernel_avx512<T>();
+    case Isa::avx2: return sa_kernel_avx2<T>();
+    default: return {"none", 0, 0, nullptr};
+  }
+}
 
 // The micro-kernel for an ISA (the active one by default).
 template <typename T>

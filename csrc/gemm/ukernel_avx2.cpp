@@ -79,6 +79,15 @@ const dnnkit::ukernel_fn<float> kRowsF32[kMR] = {uk_rows_f32<1>, uk_rows_f32<2>,
 const dnnkit::ukernel_fn<double> kRowsF64[kMR] = {uk_rows_f64<1>, uk_rows_f64<2>, uk_rows_f64<3>,
                                                    uk_rows_f64<4>, uk_rows_f64<5>, uk_rows_f64<6>};
 
+void sa_f32(dnnkit::index_t k, const float* a, dnnkit::index_t lda, const float* b, float* c, dnnkit::index_t rs_c,
+            dnnkit::index_t cs_c, float alpha, float beta, int m, int n) {
+  ukernel_tile_sa<Avx2F32, 4, 3>(k, a, lda, b, c, rs_c, cs_c, alpha, beta, m, n);
+}
+void sa_f64(dnnkit::index_t k, const double* a, dnnkit::index_t lda, const double* b, double* c,
+            dnnkit::index_t rs_c, dnnkit::index_t cs_c, double alpha, double beta, int m, int n) {
+  ukernel_tile_sa<Avx2F64, 4, 3>(k, a, lda, b, c, rs_c, cs_c, alpha, beta, m, n);
+}
+
 constexpr int kDotMI = 2;
 constexpr int kDotNJ = 4;
 void dot_f32(int mi, dnnkit::index_t k, const float* x, dnnkit::index_t ldx, const float* w, dnnkit::index_t ldw,
@@ -101,6 +110,9 @@ template <> UKernel<double> ukernel_avx2<double>() {
   return {"ukernel_6x8_avx2", kMR, 8, uk_f64, kRowsF64};
 }
 double fma_probe_avx2(index_t iters, double* flops) { return probe(iters, flops); }
+// 4 x 24: 12 accumulators, 3 vector loads and 4 broadcasts per 12 FMAs (16 registers).
+template <> SaKernel<float> sa_kernel_avx2<float>() { return {"ukernel_sa_4x24_avx2", 4, 24, sa_f32}; }
+template <> SaKernel<double> sa_kernel_avx2<double>() { return {"ukernel_sa_4x12_avx2", 4, 12, sa_f64}; }
 template <> DotKernel<float> dot_kernel_avx2<float>() {
   return {"dot_2x4_avx2", kDotMI, kDotNJ, dot_f32};
 }

@@ -95,6 +95,15 @@ template <int M> struct RowsF64 { static constexpr dnnkit::ukernel_fn<double> fn
 constexpr auto kRowsF32 = rows_table<RowsF32, dnnkit::ukernel_fn<float>>(std::make_integer_sequence<int, kMR>{});
 constexpr auto kRowsF64 = rows_table<RowsF64, dnnkit::ukernel_fn<double>>(std::make_integer_sequence<int, kMR>{});
 
+void sa_f32(dnnkit::index_t k, const float* a, dnnkit::index_t lda, const float* b, float* c, dnnkit::index_t rs_c,
+            dnnkit::index_t cs_c, float alpha, float beta, int m, int n) {
+  ukernel_tile_sa<Avx512F32, 6, 4>(k, a, lda, b, c, rs_c, cs_c, alpha, beta, m, n);
+}
+void sa_f64(dnnkit::index_t k, const double* a, dnnkit::index_t lda, const double* b, double* c,
+            dnnkit::index_t rs_c, dnnkit::index_t cs_c, double alpha, double beta, int m, int n) {
+  ukernel_tile_sa<Avx512F64, 6, 4>(k, a, lda, b, c, rs_c, cs_c, alpha, beta, m, n);
+}
+
 constexpr int kDotMI = 4;
 constexpr int kDotNJ = 4;
 void dot_f32(int mi, dnnkit::index_t k, const float* x, dnnkit::index_t ldx, const float* w, dnnkit::index_t ldw,
@@ -117,6 +126,10 @@ template <> UKernel<double> ukernel_avx512<double>() {
   return {"ukernel_14x16_avx512", kMR, 16, uk_f64, kRowsF64.data()};
 }
 double fma_probe_avx512(index_t iters, double* flops) { return probe(iters, flops); }
+// 6 x 64: 24 accumulators, 4 vector loads and 6 broadcasts per 24 FMAs; a batch of up to 64 rows reads
+// each weight row once.
+template <> SaKernel<float> sa_kernel_avx512<float>() { return {"ukernel_sa_6x64_avx512", 6, 64, sa_f32}; }
+template <> SaKernel<double> sa_kernel_avx512<double>() { return {"ukernel_sa_6x32_avx512", 6, 32, sa_f64}; }
 template <> DotKernel<float> dot_kernel_avx512<float>() {
   return {"dot_4x4_avx512", kDotMI, kDotNJ, dot_f32};
 }

@@ -14,6 +14,7 @@
 
 #include "../eltwise/eltwise.h"
 #include "../gemm/gemm.h"
+#include "../gemm/ukernel.h"
 #include "fast_math.h"
 #include "gates.h"
 
@@ -34,6 +35,20 @@ namespace {
 inline bool small_m_wins(index_t m, index_t n, index_t k, std::size_t elem) {
   const double w_bytes = double(n) * double(k) * double(elem);
   return k > 0 && (m <= 4 || (m <= 8 && w_bytes > (2 << 20)) || (m <= 16 && w_bytes > (8 << 20)));
+}
+
+// Whether A W^T with m rows and depth k runs faster on gemm_wt_direct (W read in place by the strided-A
+// kernel) than on the packing GEMM: when m fills at least 80% of its one or two tiles and k is 512 or
+// more (gemm_cpu.WtDirectGemm's rule; measured, AVX-512 float32: 64 rows 1.1-1.3x faster, 96 rows 10%
+// slower).
+template <typename T>
+inline bool direct_wins(index_t m, index_t k) {
+  const index_t nr = select_sa_kernel<T>(active_isa()).nr;
+  // The tile's transposed store costs as much as a few dozen steps of depth: k >= 512 amortizes it
+  // (measured: LSTM cell H256 B64, k = 256, 1.3x slower on the strided-A kernel; H512, 7% faster).
+  if (nr == 0 || m <= 0 || k < 512) return false;
+  const index_t tiles = ceil_div(m, nr);
+  return tiles <= 2 && 5 * m >= 4 * tiles * nr;
 }
 
 // A reusable barrier for the threads of one group (the threads running one direction). Each step
@@ -124,15 +139,18 @@ ThreadGroup thread_group(int tid, int nt, int dirs) {
 }
 
 // C (m x n, row stride ldc) := beta*C + A W^T + bias, A (m x k, row stride lda), W (n x k) row-major.
-// The kernel is the one small_m_wins picks for `rows` rows (m by default; a part of a larger product
+// The kernel is the one small_m_wins or direct_wins picks for `rows` rows (m by default; a part of a larger product
 // passes the whole product's rows, so that every part sums in the same order).
 template <typename T>
 void gemm_a_wt(index_t m, index_t n, index_t k, const T* a, index_t lda, const T* w, T* c, index_t ldc,
                const T* bias, T beta, int nthreads = 0, index_t rows = -1) {
   GemmArgs<T> g = strided_gemm_args<T>(m, n, k, a, lda, 1, w, 1, k, c, ldc, beta);
   g.bias = bias;
-  if (small_m_wins(rows < 0 ? m : rows, n, k, sizeof(T)))
+  const index_t r = rows < 0 ? m : rows;
+  if (small_m_wins(r, n, k, sizeof(T)))
     gemm_small_m<T>(g, nthreads);
+  else if (direct_wins<T>(r, k))
+    gemm_wt_direct<T>(g, nthreads);
   else
     gemm<T>(g, nthreads);
 }

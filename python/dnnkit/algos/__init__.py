@@ -55,6 +55,7 @@ def get(op: str, backend: str, name: str) -> Algorithm:
 
 # The registry, in order of preference when nothing else decides.
 register(gemm_cpu.SmallMGemm())
+register(gemm_cpu.WtDirectGemm())
 register(gemm_cpu.BlockedGemm())
 register(conv_cpu.Im2colGemmFwd())
 register(conv_cpu.ImplicitGemmFwd())

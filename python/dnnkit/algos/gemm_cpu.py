@@ -3,7 +3,9 @@
 blocked_gemm: the Goto/BLIS GEMM of csrc/gemm (packing, cache blocking, register-blocked
 micro-kernel per ISA, OpenMP), with bias and activation fused into the tile store. Every shape.
 gemm_small_m: few rows times a transposed B (a fully-connected layer at small batch): dot products of
-contiguous rows with no packing, so the weight is read once instead of packed and re-read."""
+contiguous rows with no packing, so the weight is read once instead of packed and re-read.
+gemm_wt_direct: a batch of rows (a tile's worth, 64 on AVX-512) times a transposed B, computed as
+C^T = W A^T by a micro-kernel that reads W where it lies; only the small A is packed."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +15,20 @@ from .._config import get_num_threads
 from .base import Algorithm, cpu_float_reason
 
 ACTIVATION_CODES = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3, "gelu": 4}
+
+
+def _run_rows(kernel, p, a, b, out, alpha, beta, bias):
+    """Runs a kernel that needs a's rows and b's columns contiguous (a linear layer's x and W^T), copying
+    an operand laid out otherwise (a is small; b is copied only when it is not a transposed weight)."""
+    if p.m == 0 or p.n == 0:
+        return out  # nothing to write; NumPy gives empty arrays zero strides, which the layout check rejects
+    item = a.dtype.itemsize
+    if p.k > 1 and a.strides[1] != item:
+        a = np.ascontiguousarray(a)
+    if p.k > 1 and b.strides[0] != item:
+        b = np.ascontiguousarray(b.T).T
+    kernel(a, b, out, alpha, beta, bias, ACTIVATION_CODES[p.activation], 0)
+    return out
 
 
 class BlockedGemm(Algorithm):
@@ -55,12 +71,36 @@ class SmallMGemm(Algorithm):
     def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
         """As BlockedGemm.run. a must be row-contiguous and b the transpose of a row-contiguous matrix;
         other layouts are copied (a is small; b is copied only when it is not a transposed weight)."""
-        if p.m == 0 or p.n == 0:
-            return out  # nothing to write; NumPy gives empty arrays zero strides, which the layout check rejects
-        item = a.dtype.itemsize
-        if p.k > 1 and a.strides[1] != item:
-            a = np.ascontiguousarray(a)
-        if p.k > 1 and b.strides[0] != item:
-            b = np.ascontiguousarray(b.T).T
-        _cpu.gemm_small_m(a, b, out, alpha, beta, bias, ACTIVATION_CODES[p.activation], 0)
-        return out
+        return _run_rows(_cpu.gemm_small_m, p, a, b, out, alpha, beta, bias)
+
+
+class WtDirectGemm(Algorithm):
+    name = "gemm_wt_direct"
+    op = "gemm"
+    backend = "cpu"
+    tolerance = 1e-5
+    MIN_FILL = 0.8  # below this share of the tiles' rows in use, the blocked GEMM is faster (measured)
+    MIN_K = 512  # below this depth the tile's transposed store is not amortized (LSTM cell H256: 1.3x slower)
+
+    def supports(self, p) -> str | None:
+        reason = cpu_float_reason(p)
+        if reason:
+            return reason
+        if p.trans_a or not p.trans_b:
+            return "needs op(a) = a and op(b) = b.T (the layout of a linear layer)"
+        width = _cpu.gemm_wt_direct_width(p.itemsize)
+        if width == 0:
+            return f"no strided-A micro-kernel for {_cpu.active_isa()}"
+        if p.k < self.MIN_K:
+            return f"k = {p.k} is under {self.MIN_K}; the blocked GEMM is faster there"
+        tiles = -(-p.m // width)
+        if p.m == 0 or tiles > 2:
+            return f"m = {p.m} is not 1 to {2 * width}; the blocked GEMM is faster there"
+        if p.m < self.MIN_FILL * tiles * width:
+            return (f"m = {p.m} fills {p.m / (tiles * width):.0%} of its {tiles * width}-row tiles; "
+                    "the blocked GEMM is faster there")
+        return None
+
+    def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
+        """As SmallMGemm.run, on the strided-A kernel."""
+        return _run_rows(_cpu.gemm_wt_direct, p, a, b, out, alpha, beta, bias)
