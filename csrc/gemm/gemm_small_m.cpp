@@ -64,7 +64,6 @@ void gemm_wt_direct(const GemmArgs<T>& g, int nthreads) {
   const index_t n_ib = ceil_div(n, mr);
   int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), n_ib)));
   if (double(m) * double(n) * double(k) < min_parallel_work()) nt = 1;
-  const bool epilogue = g.bias || g.act != Activation::identity;
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
 #pragma omp for schedule(static)
@@ -84,11 +83,14 @@ void gemm_wt_direct(const GemmArgs<T>& g, int nthreads) {
           const index_t j0 = jp * nr;  // rows [j0, j0 + n_t) of A and C
           const int n_t = static_cast<int>(std::min<index_t>(nr, m - j0));
           T* c = g.c + j0 * g.rs_c + i * g.cs_c;
+          const bool last = pc + kc >= k;
+          // A bias per column of C (a linear layer's) is per row of the kernel's tile: added in its store.
+          const T* tile_bias = last && g.bias && !g.bias_per_row ? g.bias + i : nullptr;
           sk.fn(kc, g.b + i * g.cs_b + pc, g.cs_b, ap.data() + jp * nr * k + pc * nr, c, g.cs_c, g.rs_c, g.alpha,
-                beta, m_t, n_t);
-          if (epilogue && pc + kc >= k)
-            apply_epilogue<T>(c, g.rs_c, g.cs_c, n_t, m_t, g.bias ? g.bias + (g.bias_per_row ? j0 : i) : nullptr,
-                              g.act, g.bias_per_row);
+                beta, m_t, n_t, tile_bias);
+          if (last && (g.act != Activation::identity || (g.bias && g.bias_per_row)))
+            apply_epilogue<T>(c, g.rs_c, g.cs_c, n_t, m_t, g.bias && g.bias_per_row ? g.bias + j0 : nullptr, g.act,
+                              g.bias_per_row);
         }
       }
     }

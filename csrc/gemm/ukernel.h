@@ -51,11 +51,14 @@ struct DotKernel {
 
 // Strided-A micro-kernel (gemm_wt_direct, gemm_small_m.cpp): the contract of ukernel above, except that A is
 // read where it lies, row i at a + i*lda (a[i*lda + p] = A(i, p), contiguous along k, any alignment), and
-// rows i >= m of it are never read (the kernel re-reads row 0 in their place). A weight matrix used as A
-// this way needs no packing: what C^T = W X^T costs a small batch is then the FMAs and one pass over W.
+// rows i >= m of it are never read (the kernel re-reads row 0 in their place); and bias, when not null,
+// adds bias[i] to row i of the result (after beta). A weight matrix used as A this way needs no packing:
+// what C^T = W X^T costs a small batch is then the FMAs and one pass over W. C^T's rows are C's columns,
+// so the kernel transposes its tile in registers when rs_c == 1 and stores each column's m values as one
+// short vector.
 template <typename T>
 using ukernel_sa_fn = void (*)(index_t k, const T* a, index_t lda, const T* b, T* c, index_t rs_c, index_t cs_c,
-                               T alpha, T beta, int m, int n);
+                               T alpha, T beta, int m, int n, const T* bias);
 
 template <typename T>
 struct SaKernel {

@@ -94,7 +94,8 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
 template <class V, int MR, int NV>
 void ukernel_tile_sa(dnnkit::index_t k, const typename V::T* a, dnnkit::index_t lda,
                      const typename V::T* __restrict b, typename V::T* c, dnnkit::index_t rs_c,
-                     dnnkit::index_t cs_c, typename V::T alpha, typename V::T beta, int m, int n) {
+                     dnnkit::index_t cs_c, typename V::T alpha, typename V::T beta, int m, int n,
+                     const typename V::T* bias) {
   using T = typename V::T;
   using R = typename V::reg;
   constexpr int W = V::width;
@@ -125,22 +126,51 @@ void ukernel_tile_sa(dnnkit::index_t k, const typename V::T* a, dnnkit::index_t 
     }
     b += NR;
   }
-  // Stored through the spill tile: C is usually written transposed here (C^T = W X^T), cs_c != 1.
+  // Through a spill tile: C is written transposed here (C^T = W X^T).
   const R va = V::set1(alpha);
   alignas(64) T tile[MR * NR];
 #pragma GCC unroll 64
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) V::store(tile + i * NR + j * W, V::mul(acc[i][j], va));
-  if (beta == T(0)) {
-    for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) c[i * rs_c + j * cs_c] = tile[i * NR + j];
-  } else {
-    for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) {
-        T* cp = c + i * rs_c + j * cs_c;
-        *cp = beta * *cp + tile[i * NR + j];
+  if constexpr (sizeof(T) == 4 && MR <= 8 && NR % 8 == 0) {
+    if (rs_c == 1 && m == MR) {
+      // 8 x 8 blocks of the tile (rows past MR zero) transposed in registers: block column l is column
+      // c0 + l of the tile, the MR values that C stores contiguously.
+      using dnnkit::tv8f;
+      tv8f bv = {};
+      if (bias) std::memcpy(&bv, bias, sizeof(T) * MR);
+      const tv8f vbeta = tv8f{} + beta;
+      for (int c0 = 0; c0 < n; c0 += 8) {
+        tv8f r[8], o[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+          if (i < MR) std::memcpy(&r[i], tile + i * NR + c0, sizeof(tv8f));
+          else r[i] = tv8f{};
+        }
+        dnnkit::transpose_regs(r, o);
+        const int cols = n - c0 < 8 ? n - c0 : 8;
+        for (int l = 0; l < cols; ++l) {
+          T* cp = c + (c0 + l) * cs_c;
+          tv8f v = o[l];
+          if (beta != T(0)) {
+            tv8f old = {};
+            std::memcpy(&old, cp, sizeof(T) * MR);
+            v += vbeta * old;
+          }
+          v += bv;
+          std::memcpy(cp, &v, sizeof(T) * MR);
+        }
       }
+      return;
+    }
+  }
+  for (int i = 0; i < m; ++i) {
+    const T bi = bias ? bias[i] : T(0);
+    for (int j = 0; j < n; ++j) {
+      T* cp = c + i * rs_c + j * cs_c;
+      *cp = (beta == T(0) ? T(0) : beta * *cp) + tile[i * NR + j] + bi;
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // Portable reference micro-kernels (any CPU): float32 and float64 4x8, plain C++ on a scalar "vector".
 #include <type_traits>
 
+#include "pack.h"
 #include "ukernel.h"
 
 namespace {
