@@ -14,6 +14,7 @@
 
 #include "../eltwise/eltwise.h"
 #include "../gemm/gemm.h"
+#include "../gemm/pack.h"
 #include "../gemm/ukernel.h"
 #include "fast_math.h"
 #include "gates.h"
@@ -280,9 +281,27 @@ void final_states(const StepRows& s, const T* h, index_t ldy, const T* c, T* h_n
   }
 }
 
+// The height of the micro-panels fused_step cuts the m rows of h_{t-1} into: as equal as MR allows (16
+// rows: two of 8 rather than 14 and 2, whose kernel, four accumulators deep, is bound by FMA latency).
+inline int balanced_height(int mr, index_t m) {
+  const index_t rows = std::max<index_t>(m, 1);
+  return static_cast<int>(ceil_div(rows, ceil_div(rows, static_cast<index_t>(mr))));
+}
+
+// h_{t-1} (m x k, row stride lda) packed for fused_step: micro-panels of balanced_height rows (the last
+// possibly fewer), each stored k-major at its exact height, panel i at ap + i*k (m*k elements in all).
+template <typename T>
+void pack_a_balanced(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t lda, T* ap) {
+  const int h = balanced_height(uk.mr, m);
+  for (index_t i = 0; i < m; i += h) {
+    const int rows = static_cast<int>(std::min<index_t>(h, m - i));
+    pack_a_panel<T>(rows, k, a + i * lda, lda, 1, rows, ap + i * k);
+  }
+}
+
 // One step's recurrent products and post-GEMM for the hidden units of the B panels (NR units each) that
-// next_panel() returns until it returns -1: ap is h_{t-1} packed (pack_a_rows), whh[q] gate q's W_hh^T
-// packed. For each MR-row micro-panel of h_{t-1}, the micro-kernel accumulates the products of all gates,
+// next_panel() returns until it returns -1: ap is h_{t-1} packed (pack_a_balanced), whh[q] gate q's W_hh^T
+// packed. For each micro-panel of h_{t-1}, the micro-kernel accumulates the products of all gates,
 // over the whole depth at once, into the step's pre-activations xp (GRU's gate n, which the reset gate
 // scales, into gh), and the post-GEMM of those rows and units follows while the tiles (MR x NR x G
 // values, a few KB) are still in L1. The micro-kernel's C prefetch brings xp in during the product.
@@ -291,14 +310,14 @@ void fused_step(const StepRows& s, NextPanel&& next_panel, const T* ap, const Pa
                 const T* bhn, const T* hprev, index_t ldh, const T* cprev, T* c, T* h, index_t ldy, T* save,
                 T* aux, const T* zeros) {
   const UKernel<T>& uk = whh[0].ukernel();
-  const int G = rnn_gates(s.cell), mr = uk.mr, nr = uk.nr;
+  const int G = rnn_gates(s.cell), mr = uk.mr, nr = uk.nr, hgt = balanced_height(mr, s.B);
   const index_t GH = G * s.H, K = whh[0].k();
   const bool gru = s.cell == RnnCell::gru;
   for (index_t jp = next_panel(); jp >= 0; jp = next_panel()) {
     const index_t j = jp * nr;
     const int n_t = static_cast<int>(std::min<index_t>(nr, s.H - j));
-    for (index_t i = 0; i < s.B; i += mr) {
-      const int m_t = static_cast<int>(std::min<index_t>(mr, s.B - i));
+    for (index_t i = 0; i < s.B; i += hgt) {
+      const int m_t = static_cast<int>(std::min<index_t>(hgt, s.B - i));
       const ukernel_fn<T> fn = m_t == mr ? uk.fn : uk.rows[m_t - 1];
       for (int q = 0; q < G; ++q) {
         const bool apart = gru && q == 2;
@@ -517,7 +536,7 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
       T* st = save ? save + t * B * GH : nullptr;
       T* at = aux ? aux + t * B * H : nullptr;
       if (hprev) {
-        pack_a_rows<T>(uk, B, H, hprev, H, 1, b.ap.data());
+        pack_a_balanced<T>(uk, B, H, hprev, H, b.ap.data());
         index_t jp = 0;
         const index_t np = b.whh[0].panels();
         fused_step<T>(step, [&] { return jp < np ? jp++ : index_t(-1); }, b.ap.data(), b.whh, xpt, b.gh.data(), bhn, hprev, H,
@@ -641,7 +660,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
           T* sv = save ? save + t * B * GH : nullptr;
           T* at = aux ? aux + t * B * H : nullptr;
           if (hprev && packed) {
-            pack_a_rows<T>(uk, B, S, hprev, ldh, 1, ap);
+            pack_a_balanced<T>(uk, B, S, hprev, ldh, ap);
             PanelShare& share = shares[tg.group];
             const int set = static_cast<int>(seq & 1);
             fused_step<T>(step, [&] { return share.next(set, tg.tid); }, ap, b.whh, xpt, b.gh.data(), bhn, hprev, ldh, cprev, ct,
