@@ -45,9 +45,9 @@ inline bool small_m_wins(index_t m, index_t n, index_t k, std::size_t elem) {
 template <typename T>
 inline bool direct_wins(index_t m, index_t k) {
   const index_t nr = select_sa_kernel<T>(active_isa()).nr;
-  // The tile's transposed store costs as much as a few dozen steps of depth: k >= 512 amortizes it
-  // (measured: LSTM cell H256 B64, k = 256, 1.3x slower on the strided-A kernel; H512, 7% faster).
-  if (nr == 0 || m <= 0 || k < 512) return false;
+  // The tile's store and X's packing cost as much as a few dozen steps of depth: k >= 320 amortizes them
+  // (measured: LSTM cell H256 B64, k = 256, 3-6% slower on the strided-A kernel; H384, 15% faster).
+  if (nr == 0 || m <= 0 || k < 320) return false;
   const index_t tiles = ceil_div(m, nr);
   return tiles <= 2 && 5 * m >= 4 * tiles * nr;
 }

@@ -80,7 +80,7 @@ class WtDirectGemm(Algorithm):
     backend = "cpu"
     tolerance = 1e-5
     MIN_FILL = 0.8  # below this share of the tiles' rows in use, the blocked GEMM is faster (measured)
-    MIN_K = 512  # below this depth the tile's transposed store is not amortized (LSTM cell H256: 1.3x slower)
+    MIN_K = 320  # below this depth the tile's store and A's packing are not amortized (k = 256: 1.00-1.06x slower)
 
     def supports(self, p) -> str | None:
         reason = cpu_float_reason(p)
