@@ -39,7 +39,7 @@ inline bool small_m_wins(index_t m, index_t n, index_t k, std::size_t elem) {
 }
 
 // Whether A W^T with m rows and depth k runs faster on gemm_wt_direct (W read in place by the strided-A
-// kernel) than on the packing GEMM: when m fills at least 80% of its one or two tiles and k is 512 or
+// kernel) than on the packing GEMM: when m fills at least 80% of its one or two tiles and k is 320 or
 // more (gemm_cpu.WtDirectGemm's rule; measured, AVX-512 float32: 64 rows 1.1-1.3x faster, 96 rows 10%
 // slower).
 template <typename T>
