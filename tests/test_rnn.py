@@ -612,6 +612,37 @@ def test_rnn_workspace_limit_is_reported_by_name():
         dnnkit.lstm(x, None, None, w)
 
 
+@pytest.mark.parametrize("mode", ["lstm", "rnn_tanh", "rnn_relu", "gru"])
+@pytest.mark.parametrize("B,I,H", [(64, 200, 150), (60, 320, 40), (128, 100, 300), (53, 160, 160), (40, 200, 150), (24, 300, 100)])
+def test_cells_at_a_tile_of_batch_rows(isa, num_threads, mode, B, I, H):
+    """Cells at batches that fill the strided-A kernel's tiles, with I + H of 320 or more: LSTM and the
+    plain RNN cells then run x W_ih^T + h W_hh^T + bias as one product over both weights in place (GRU
+    keeps two); both dtypes match the float64 references, with and without biases."""
+    rng = np.random.default_rng(B + I + H)
+    G = {"lstm": 4, "gru": 3}.get(mode, 1)
+    for dtype in DTYPES:
+        for bias in (True, False):
+            x = rng.standard_normal((B, I)).astype(dtype)
+            h = rng.standard_normal((B, H)).astype(dtype)
+            c = rng.standard_normal((B, H)).astype(dtype)
+            w_ih = (rng.standard_normal((G * H, I)) / np.sqrt(I)).astype(dtype)
+            w_hh = (rng.standard_normal((G * H, H)) / np.sqrt(H)).astype(dtype)
+            b_ih = rng.standard_normal(G * H).astype(dtype) if bias else None
+            b_hh = rng.standard_normal(G * H).astype(dtype) if bias else None
+            t = 2e-5 if dtype == np.float32 else 1e-12
+            if mode == "lstm":
+                oh, oc = dnnkit.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+                eh, ec = lstm_cell_ref(x, h, c, w_ih, w_hh, b_ih, b_hh)
+                assert rel_l2(oh, eh) <= t and rel_l2(oc, ec) <= t
+            elif mode == "gru":
+                out = dnnkit.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh)
+                assert rel_l2(out, gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh)) <= t
+            else:
+                fn = dnnkit.rnn_tanh_cell if mode == "rnn_tanh" else dnnkit.rnn_relu_cell
+                out = fn(x, h, w_ih, w_hh, b_ih, b_hh)
+                assert rel_l2(out, rnn_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh, nonlinearity=mode[4:])) <= t
+
+
 @pytest.mark.parametrize("nt,panels", [(1, 7), (2, 1), (2, 3), (2, 16), (3, 10), (4, 33)])
 def test_step_work_sharing_runs_every_panel_once(nt, panels):
     """The threads sharing an RNN step take panels from their own ranges and then from the others': over

@@ -80,6 +80,13 @@ template <typename T>
 bool gemm_wt_direct_available();
 template <typename T>
 void gemm_wt_direct(const GemmArgs<T>& g, int nthreads = 0);
+// gemm_wt_direct over two operand pairs side by side: C := act(alpha * (A W^T + A2 W2^T) + beta * C + bias),
+// A2 (m x k2, row stride lda2) and W2 (n x k2, row stride ldw2) rows contiguous along k2, both products
+// summed in the micro-kernel's registers (an RNN cell's x W_ih^T + h W_hh^T, neither weight copied).
+// Without the strided-A kernel, two gemm() calls (identity activation only).
+template <typename T>
+void gemm_wt_direct2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2,
+                     int nthreads = 0);
 
 // ---- Pre-packed B: pack once, multiply many times (an RNN's recurrent weights, reused at every step).
 //

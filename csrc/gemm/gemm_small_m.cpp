@@ -3,6 +3,7 @@
 // every output is a dot product of two contiguous rows; W is streamed from memory once per block of
 // MI_MAX rows of A. Threads split the n dimension.
 #include <algorithm>
+#include <stdexcept>
 
 #include "epilogue.h"
 #include "gemm.h"
@@ -47,14 +48,15 @@ bool gemm_wt_direct_available() {
   return select_sa_kernel<T>(active_isa()).fn != nullptr;
 }
 
+namespace {
+
+// C := act(alpha * [A1 | A2] [W1 | W2]^T + beta * C + bias) by the strided-A kernel (k2 = 0: A1 W1^T alone).
+// The depth k1 + k2 runs in blocks of at most 1024, each split at k1 between the two segments.
 template <typename T>
-void gemm_wt_direct(const GemmArgs<T>& g, int nthreads) {
-  // Contract: cs_a == 1 and rs_b == 1, as gemm_small_m's; checked by the caller.
-  if (g.m == 0 || g.n == 0) return;
-  const SaKernel<T> sk = select_sa_kernel<T>(active_isa());
-  if (g.k == 0 || !sk.fn) return gemm<T>(g, nthreads);
+void wt_direct(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2,
+               const SaKernel<T>& sk, int nthreads) {
   const int mr = sk.mr, nr = sk.nr;
-  const index_t m = g.m, n = g.n, k = g.k;
+  const index_t m = g.m, n = g.n, k1 = g.k, k = k1 + k2;
   // C^T (n x m) = W (n x k) A^T (k x m): W = B^T is the kernel's A, read in place (row i at
   // g.b + i*cs_b); A^T is packed into k x NR panels of NR rows of A each (the kernel's B), the only copy.
   const index_t npan = ceil_div(m, nr);
@@ -68,8 +70,10 @@ void gemm_wt_direct(const GemmArgs<T>& g, int nthreads) {
   {
 #pragma omp for schedule(static)
     for (index_t jp = 0; jp < npan; ++jp) {
-      const index_t j0 = jp * nr;
-      pack_b_panel<T>(k, std::min<index_t>(nr, m - j0), g.a + j0 * g.rs_a, 1, g.rs_a, nr, ap.data() + jp * nr * k);
+      const index_t j0 = jp * nr, rows = std::min<index_t>(nr, m - j0);
+      T* dst = ap.data() + jp * nr * k;
+      pack_b_panel<T>(k1, rows, g.a + j0 * g.rs_a, 1, g.rs_a, nr, dst);
+      if (k2 > 0) pack_b_panel<T>(k2, rows, a2 + j0 * lda2, 1, lda2, nr, dst + k1 * nr);
     }
     // implicit barrier: every panel packed
 #pragma omp for schedule(static)
@@ -78,16 +82,18 @@ void gemm_wt_direct(const GemmArgs<T>& g, int nthreads) {
       const int m_t = static_cast<int>(std::min<index_t>(mr, n - i));
       for (index_t pc = 0; pc < k; pc += kc_max) {
         const index_t kc = std::min(kc_max, k - pc);
+        const index_t s1 = std::max<index_t>(0, std::min(pc + kc, k1) - pc);  // depth in the first segment
+        const index_t p2 = std::max(pc, k1) - k1;                             // start in the second
         const T beta = pc == 0 ? g.beta : T(1);
+        const bool last = pc + kc >= k;
+        // A bias per column of C (a linear layer's) is per row of the kernel's tile: added in its store.
+        const T* tile_bias = last && g.bias && !g.bias_per_row ? g.bias + i : nullptr;
         for (index_t jp = 0; jp < npan; ++jp) {
           const index_t j0 = jp * nr;  // rows [j0, j0 + n_t) of A and C
           const int n_t = static_cast<int>(std::min<index_t>(nr, m - j0));
           T* c = g.c + j0 * g.rs_c + i * g.cs_c;
-          const bool last = pc + kc >= k;
-          // A bias per column of C (a linear layer's) is per row of the kernel's tile: added in its store.
-          const T* tile_bias = last && g.bias && !g.bias_per_row ? g.bias + i : nullptr;
-          sk.fn(kc, g.b + i * g.cs_b + pc, g.cs_b, ap.data() + jp * nr * k + pc * nr, c, g.cs_c, g.rs_c, g.alpha,
-                beta, m_t, n_t, tile_bias);
+          sk.fn(s1, g.b + i * g.cs_b + pc, g.cs_b, kc - s1, k2 > 0 ? w2 + i * ldw2 + p2 : nullptr, ldw2,
+                ap.data() + jp * nr * k + pc * nr, c, g.cs_c, g.rs_c, g.alpha, beta, m_t, n_t, tile_bias);
           if (last && (g.act != Activation::identity || (g.bias && g.bias_per_row)))
             apply_epilogue<T>(c, g.rs_c, g.cs_c, n_t, m_t, g.bias && g.bias_per_row ? g.bias + j0 : nullptr, g.act,
                               g.bias_per_row);
@@ -97,10 +103,45 @@ void gemm_wt_direct(const GemmArgs<T>& g, int nthreads) {
   }
 }
 
+}  // namespace
+
+template <typename T>
+void gemm_wt_direct(const GemmArgs<T>& g, int nthreads) {
+  // Contract: cs_a == 1 and rs_b == 1, as gemm_small_m's; checked by the caller.
+  if (g.m == 0 || g.n == 0) return;
+  const SaKernel<T> sk = select_sa_kernel<T>(active_isa());
+  if (g.k == 0 || !sk.fn) return gemm<T>(g, nthreads);
+  wt_direct<T>(g, 0, nullptr, 0, nullptr, 0, sk, nthreads);
+}
+
+template <typename T>
+void gemm_wt_direct2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2,
+                     int nthreads) {
+  if (g.m == 0 || g.n == 0) return;
+  const SaKernel<T> sk = select_sa_kernel<T>(active_isa());
+  if (sk.fn && g.k + k2 > 0) return wt_direct<T>(g, k2, a2, lda2, w2, ldw2, sk, nthreads);
+  // No strided-A kernel: the two products one after the other.
+  gemm<T>(g, nthreads);
+  GemmArgs<T> h = g;
+  h.k = k2;
+  h.a = a2;
+  h.rs_a = lda2;
+  h.b = w2;
+  h.cs_b = ldw2;
+  h.beta = T(1);
+  h.bias = nullptr;
+  if (g.act == Activation::identity) return gemm<T>(h, nthreads);
+  throw std::invalid_argument("gemm_wt_direct2: an activation needs the strided-A kernel");
+}
+
 template bool gemm_wt_direct_available<float>();
 template bool gemm_wt_direct_available<double>();
 template void gemm_wt_direct<float>(const GemmArgs<float>&, int);
 template void gemm_wt_direct<double>(const GemmArgs<double>&, int);
+template void gemm_wt_direct2<float>(const GemmArgs<float>&, index_t, const float*, index_t, const float*, index_t,
+                                     int);
+template void gemm_wt_direct2<double>(const GemmArgs<double>&, index_t, const double*, index_t, const double*,
+                                      index_t, int);
 template void gemm_small_m<float>(const GemmArgs<float>&, int);
 template void gemm_small_m<double>(const GemmArgs<double>&, int);
 

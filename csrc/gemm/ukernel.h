@@ -55,10 +55,13 @@ struct DotKernel {
 // adds bias[i] to row i of the result (after beta). A weight matrix used as A this way needs no packing:
 // what C^T = W X^T costs a small batch is then the FMAs and one pass over W. C^T's rows are C's columns,
 // so the kernel transposes its tile in registers when rs_c == 1 and stores each column's m values as one
-// short vector.
+// short vector. A second depth segment (k2 > 0) continues the sum over rows of another matrix a2 (row
+// stride lda2) against the next k2 rows of the same B panel: A = [a | a2], two weights side by side
+// (an RNN cell's W_ih and W_hh) without copying either.
 template <typename T>
-using ukernel_sa_fn = void (*)(index_t k, const T* a, index_t lda, const T* b, T* c, index_t rs_c, index_t cs_c,
-                               T alpha, T beta, int m, int n, const T* bias);
+using ukernel_sa_fn = void (*)(index_t k, const T* a, index_t lda, index_t k2, const T* a2, index_t lda2,
+                               const T* b, T* c, index_t rs_c, index_t cs_c, T alpha, T beta, int m, int n,
+                               const T* bias);
 
 template <typename T>
 struct SaKernel {

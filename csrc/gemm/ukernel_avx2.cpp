@@ -80,13 +80,15 @@ const dnnkit::ukernel_fn<float> kRowsF32[kMR] = {uk_rows_f32<1>, uk_rows_f32<2>,
 const dnnkit::ukernel_fn<double> kRowsF64[kMR] = {uk_rows_f64<1>, uk_rows_f64<2>, uk_rows_f64<3>,
                                                    uk_rows_f64<4>, uk_rows_f64<5>, uk_rows_f64<6>};
 
-void sa_f32(dnnkit::index_t k, const float* a, dnnkit::index_t lda, const float* b, float* c, dnnkit::index_t rs_c,
-            dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias) {
-  ukernel_tile_sa<Avx2F32, 4, 3>(k, a, lda, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+void sa_f32(dnnkit::index_t k, const float* a, dnnkit::index_t lda, dnnkit::index_t k2, const float* a2,
+            dnnkit::index_t lda2, const float* b, float* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, float alpha,
+            float beta, int m, int n, const float* bias) {
+  ukernel_tile_sa<Avx2F32, 4, 3>(k, a, lda, k2, a2, lda2, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
 }
-void sa_f64(dnnkit::index_t k, const double* a, dnnkit::index_t lda, const double* b, double* c,
-            dnnkit::index_t rs_c, dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias) {
-  ukernel_tile_sa<Avx2F64, 4, 3>(k, a, lda, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+void sa_f64(dnnkit::index_t k, const double* a, dnnkit::index_t lda, dnnkit::index_t k2, const double* a2,
+            dnnkit::index_t lda2, const double* b, double* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c,
+            double alpha, double beta, int m, int n, const double* bias) {
+  ukernel_tile_sa<Avx2F64, 4, 3>(k, a, lda, k2, a2, lda2, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
 }
 
 constexpr int kDotMI = 2;

@@ -96,13 +96,15 @@ template <int M> struct RowsF64 { static constexpr dnnkit::ukernel_fn<double> fn
 constexpr auto kRowsF32 = rows_table<RowsF32, dnnkit::ukernel_fn<float>>(std::make_integer_sequence<int, kMR>{});
 constexpr auto kRowsF64 = rows_table<RowsF64, dnnkit::ukernel_fn<double>>(std::make_integer_sequence<int, kMR>{});
 
-void sa_f32(dnnkit::index_t k, const float* a, dnnkit::index_t lda, const float* b, float* c, dnnkit::index_t rs_c,
-            dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias) {
-  ukernel_tile_sa<Avx512F32, 6, 4>(k, a, lda, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+void sa_f32(dnnkit::index_t k, const float* a, dnnkit::index_t lda, dnnkit::index_t k2, const float* a2,
+            dnnkit::index_t lda2, const float* b, float* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, float alpha,
+            float beta, int m, int n, const float* bias) {
+  ukernel_tile_sa<Avx512F32, 6, 4>(k, a, lda, k2, a2, lda2, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
 }
-void sa_f64(dnnkit::index_t k, const double* a, dnnkit::index_t lda, const double* b, double* c,
-            dnnkit::index_t rs_c, dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias) {
-  ukernel_tile_sa<Avx512F64, 6, 4>(k, a, lda, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+void sa_f64(dnnkit::index_t k, const double* a, dnnkit::index_t lda, dnnkit::index_t k2, const double* a2,
+            dnnkit::index_t lda2, const double* b, double* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c,
+            double alpha, double beta, int m, int n, const double* bias) {
+  ukernel_tile_sa<Avx512F64, 6, 4>(k, a, lda, k2, a2, lda2, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
 }
 
 constexpr int kDotMI = 4;

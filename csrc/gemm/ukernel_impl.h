@@ -92,17 +92,14 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
 // The strided-A tile (SaKernel in ukernel.h): MR rows of A read in place (row i at a + i*lda), B a packed
 // k x NR panel. Per k step: NV vector loads of B, MR broadcasts, MR*NV FMAs, as in ukernel_tile.
 template <class V, int MR, int NV>
-void ukernel_tile_sa(dnnkit::index_t k, const typename V::T* a, dnnkit::index_t lda,
-                     const typename V::T* __restrict b, typename V::T* c, dnnkit::index_t rs_c,
-                     dnnkit::index_t cs_c, typename V::T alpha, typename V::T beta, int m, int n,
-                     const typename V::T* bias) {
+void ukernel_tile_sa(dnnkit::index_t k, const typename V::T* a, dnnkit::index_t lda, dnnkit::index_t k2,
+                     const typename V::T* a2, dnnkit::index_t lda2, const typename V::T* __restrict b,
+                     typename V::T* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, typename V::T alpha,
+                     typename V::T beta, int m, int n, const typename V::T* bias) {
   using T = typename V::T;
   using R = typename V::reg;
   constexpr int W = V::width;
   constexpr int NR = NV * W;
-  const T* ar[MR];
-#pragma GCC unroll 64
-  for (int i = 0; i < MR; ++i) ar[i] = a + (i < m ? i : 0) * lda;
   R acc[MR][NV];
 #pragma GCC unroll 64
   for (int i = 0; i < MR; ++i)
@@ -110,22 +107,30 @@ void ukernel_tile_sa(dnnkit::index_t k, const typename V::T* a, dnnkit::index_t 
     for (int j = 0; j < NV; ++j) acc[i][j] = V::zero();
   constexpr int kPrefetchK = 8;
   constexpr int kRowBytes = NR * static_cast<int>(sizeof(T));
-#pragma GCC unroll 4
-  for (dnnkit::index_t p = 0; p < k; ++p) {
-    R bv[NV];
-#pragma GCC unroll 8
-    for (int l = 0; l < kRowBytes; l += 64)
-      __builtin_prefetch(reinterpret_cast<const char*>(b + kPrefetchK * NR) + l, 0, 3);
-#pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) bv[j] = V::load(b + j * W);
+  // One depth segment: rows of A at a + i*ld, depth kk, against the next kk rows of the B panel.
+  auto segment = [&](dnnkit::index_t kk, const T* as, dnnkit::index_t ld) {
+    const T* ar[MR];
 #pragma GCC unroll 64
-    for (int i = 0; i < MR; ++i) {
-      R av = V::broadcast(ar[i] + p);
+    for (int i = 0; i < MR; ++i) ar[i] = as + (i < m ? i : 0) * ld;
+#pragma GCC unroll 4
+    for (dnnkit::index_t p = 0; p < kk; ++p) {
+      R bv[NV];
 #pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) acc[i][j] = V::fma(av, bv[j], acc[i][j]);
+      for (int l = 0; l < kRowBytes; l += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(b + kPrefetchK * NR) + l, 0, 3);
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) bv[j] = V::load(b + j * W);
+#pragma GCC unroll 64
+      for (int i = 0; i < MR; ++i) {
+        R av = V::broadcast(ar[i] + p);
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) acc[i][j] = V::fma(av, bv[j], acc[i][j]);
+      }
+      b += NR;
     }
-    b += NR;
-  }
+  };
+  segment(k, a, lda);
+  if (k2 > 0) segment(k2, a2, lda2);
   // Through a spill tile: C is written transposed here (C^T = W X^T).
   const R va = V::set1(alpha);
   alignas(64) T tile[MR * NR];

@@ -608,6 +608,9 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     const index_t Il = s.input_of(l);
     const T* xl = l == 0 ? x : y[l - 1];
     T* yl = y[l];
+    // A single step with h0 (a cell) whose two products run best as one on the strided-A kernel: LSTM and
+    // the plain RNNs (GRU keeps W_hn h apart, for its reset gate), no projection.
+    const bool one_product = !packed && h0 && !gru && !proj && Il > 0 && direct_wins<T>(B, Il + S);
     for (int d = 0; d < D; ++d) {
       const int li = l * D + d;
       DirBuffers<T>& b = buf[d];
@@ -616,11 +619,18 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
       for (index_t j = 0; j < GH; ++j)
         bias[j] = (bih ? bih[j] : T(0)) + (bhh && !(gru && j >= 2 * H) ? bhh[j] : T(0));
       for (index_t j = 0; j < H; ++j) bias[GH + j] = gru && bhh ? bhh[2 * H + j] : T(0);
-      gemm_a_wt<T>(Tn * B, GH, Il, xl, Il, w.w_ih[li], b.xp.data(), GH, bias, T(0));
+      if (one_product) {
+        // A single step (a cell): x W_ih^T + h0 W_hh^T + bias as one product, both weights read in place.
+        GemmArgs<T> g = strided_gemm_args<T>(B, GH, Il, xl, Il, 1, w.w_ih[li], 1, Il, b.xp.data(), GH, T(0));
+        g.bias = bias;
+        gemm_wt_direct2<T>(g, S, h0 + li * B * S, S, w.w_hh[li], S);
+      } else {
+        gemm_a_wt<T>(Tn * B, GH, Il, xl, Il, w.w_ih[li], b.xp.data(), GH, bias, T(0));
+      }
       if (packed) {
         // Gate q's B operand: B_q(p, j) = W_hh[q*H + j, p] (S x H, read down the columns of W_hh).
         for (int q = 0; q < G; ++q) b.whh[q].pack(S, H, w.w_hh[li] + q * H * S, 1, S);
-      } else if (h0) {
+      } else if (h0 && !one_product) {
         gemm_a_wt<T>(B, GH, S, h0 + li * B * S, S, w.w_hh[li], b.gh.data(), GH, nullptr, T(0));
       }
       // The projection's B operand: B(p, j) = W_hr[j, p] (H x P).
@@ -666,9 +676,10 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
             fused_step<T>(step, [&] { return share.next(set, tg.tid); }, ap, b.whh, xpt, b.gh.data(), bhn, hprev, ldh, cprev, ct,
                           proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data());
           } else {
-            // A single step (its product by plain GEMM into gh) or h_{t-1} = 0.
-            forward_rows<T>(step, xpt, hprev ? b.gh.data() : nullptr, false, bhn, hprev, ldh, cprev, ct,
-                            proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data());
+            // A single step (its products by plain GEMM: into gh, or with x's into xp) or h_{t-1} = 0.
+            const bool summed = one_product;
+            forward_rows<T>(step, xpt, hprev && !summed ? b.gh.data() : nullptr, summed, bhn, hprev, ldh, cprev,
+                            ct, proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data());
           }
           if (proj) {
             barriers[tg.group].wait();  // m_t complete before any thread packs it
