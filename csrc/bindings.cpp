@@ -527,6 +527,17 @@ PYBIND11_MODULE(_cpu, m) {
     return py::make_tuple(u.name, u.mr, u.nr, b.mc, b.kc, b.nc);
   }, "(name, MR, NR, MC, KC, NC) of an ISA's micro-kernel and blocking for itemsize 4 or 8.");
 
+  m.def("sa_kernel_info", [](const std::string& isa, int itemsize) {
+    const Isa i = isa_from_name(isa);
+    if (itemsize == 4) {
+      auto k = select_sa_kernel<float>(i);
+      return py::make_tuple(k.name, k.mr, k.nr);
+    }
+    auto k = select_sa_kernel<double>(i);
+    return py::make_tuple(k.name, k.mr, k.nr);
+  }, "(name, MR, NR) of an ISA's strided-A micro-kernel (gemm_wt_direct) for itemsize 4 or 8; 'none', 0, 0 "
+     "where it has none.");
+
   m.def("measure_peak_gflops", [](const std::string& isa, int nthreads, double seconds) {
     if (nthreads < 1) throw py::value_error("measure_peak_gflops: nthreads must be >= 1");
     if (!(seconds > 0) || seconds > 60) throw py::value_error("measure_peak_gflops: seconds must be in (0, 60]");

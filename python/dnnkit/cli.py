@@ -40,7 +40,8 @@ def _cmd_info(args) -> int:
     for key, value in info.items():
         if key == "ukernels":
             for dtype, u in value.items():
-                print(f"{'ukernel ' + dtype:<18} {u['ukernel']}  MC={u['MC']} KC={u['KC']} NC={u['NC']}")
+                print(f"{'ukernel ' + dtype:<18} {u['ukernel']}  MC={u['MC']} KC={u['KC']} NC={u['NC']}  "
+                      f"strided-A {u['strided_a']}")
         else:
             print(f"{key:<18} {value}")
     return 0

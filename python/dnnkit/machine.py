@@ -30,5 +30,6 @@ def ukernels() -> dict:
     out = {}
     for dtype, size in (("float32", 4), ("float64", 8)):
         name, mr, nr, mc, kc, nc = _cpu.ukernel_info(isa(), size)
-        out[dtype] = {"ukernel": name, "MR": mr, "NR": nr, "MC": mc, "KC": kc, "NC": nc}
+        out[dtype] = {"ukernel": name, "MR": mr, "NR": nr, "MC": mc, "KC": kc, "NC": nc,
+                      "strided_a": _cpu.sa_kernel_info(isa(), size)[0]}
     return out
