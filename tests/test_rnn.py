@@ -664,6 +664,7 @@ WAVE_CASES = [
     ("gru", 33, 2, 4, 40, 2, True),
     ("rnn_tanh", 20, 3, 6, 9, 4, True),
     ("rnn_relu", 5, 1, 2, 3, 2, False),
+    ("lstm", 4, 16, 400, 48, 2, True),  # 64 rows of depth 400: the first layer's projections by gemm_wt_direct
 ]
 
 

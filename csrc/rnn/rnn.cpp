@@ -480,6 +480,12 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
   const index_t C = ceil_div(Tn, kWaveChunks), chunks = ceil_div(Tn, C);
   const int nw = std::min(nt, L);
 
+  // Whether a layer's input projections run as gemm_a_wt would run them for the whole sequence (on W_ih
+  // in place: gemm_small_m or gemm_wt_direct, whose sums do not depend on the rows); otherwise on W_ih
+  // packed once, by the blocked GEMM's k blocks.
+  auto unpacked_ih = [&](index_t Il) {
+    return Il == 0 || small_m_wins(Tn * B, GH, Il, sizeof(T)) || direct_wins<T>(Tn * B, Il);
+  };
   std::vector<WaveLayer<T>> lay(static_cast<std::size_t>(L));
   AlignedBuffer<T> zeros(static_cast<std::size_t>(GH));
   std::fill(zeros.data(), zeros.data() + GH, T(0));
@@ -497,7 +503,7 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
     for (index_t j = 0; j < H; ++j) bias[GH + j] = gru && bhh ? bhh[2 * H + j] : T(0);
     for (int q = 0; q < G; ++q) b.whh[q].pack(H, H, w.w_hh[l] + q * H * H, 1, H);
     const index_t Il = s.input_of(l);
-    if (!small_m_wins(Tn * B, GH, Il, sizeof(T)) && Il > 0) {
+    if (!unpacked_ih(Il)) {
       b.wih.pack(Il, GH, w.w_ih[l], 1, Il);
       b.axp.resize(static_cast<std::size_t>(packed_a_elems(uk, C * B, Il)));
     }
@@ -519,7 +525,7 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
     const index_t rows = (t1 - t0) * B;
     const T* xc = xl + t0 * B * Il;
     T* xp = b.xp.data();
-    if (small_m_wins(Tn * B, GH, Il, sizeof(T)) || Il == 0) {
+    if (unpacked_ih(Il)) {
       gemm_a_wt<T>(rows, GH, Il, xc, Il, w.w_ih[l], xp, GH, b.bias.data(), T(0), 1, Tn * B);
     } else {
       pack_a_rows<T>(uk, rows, Il, xc, Il, 1, b.axp.data());
