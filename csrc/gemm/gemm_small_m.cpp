@@ -120,7 +120,9 @@ void gemm_wt_direct2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2
   if (g.m == 0 || g.n == 0) return;
   const SaKernel<T> sk = select_sa_kernel<T>(active_isa());
   if (sk.fn && g.k + k2 > 0) return wt_direct<T>(g, k2, a2, lda2, w2, ldw2, sk, nthreads);
-  // No strided-A kernel: the two products one after the other.
+  // No strided-A kernel: the two products one after the other, which an activation cannot follow.
+  if (g.act != Activation::identity)
+    throw std::invalid_argument("gemm_wt_direct2: an activation needs the strided-A kernel");
   gemm<T>(g, nthreads);
   GemmArgs<T> h = g;
   h.k = k2;
@@ -130,8 +132,7 @@ void gemm_wt_direct2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2
   h.cs_b = ldw2;
   h.beta = T(1);
   h.bias = nullptr;
-  if (g.act == Activation::identity) return gemm<T>(h, nthreads);
-  throw std::invalid_argument("gemm_wt_direct2: an activation needs the strided-A kernel");
+  gemm<T>(h, nthreads);
 }
 
 template bool gemm_wt_direct_available<float>();

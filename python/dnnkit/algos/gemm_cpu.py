@@ -17,6 +17,16 @@ from .base import Algorithm, cpu_float_reason
 ACTIVATION_CODES = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3, "gelu": 4}
 
 
+def _linear_layout_reason(p) -> str | None:
+    """Why a kernel for a linear layer's layout (op(a) = a, op(b) = b.T) cannot run p, or None."""
+    reason = cpu_float_reason(p)
+    if reason:
+        return reason
+    if p.trans_a or not p.trans_b:
+        return "needs op(a) = a and op(b) = b.T (the layout of a linear layer)"
+    return None
+
+
 def _run_rows(kernel, p, a, b, out, alpha, beta, bias):
     """Runs a kernel that needs a's rows and b's columns contiguous (a linear layer's x and W^T), copying
     an operand laid out otherwise (a is small; b is copied only when it is not a transposed weight)."""
@@ -59,11 +69,9 @@ class SmallMGemm(Algorithm):
     MAX_M = 16  # above this the blocked GEMM wins (measured: m = 32 is a tie, m = 16 a 1.5-2.5x win)
 
     def supports(self, p) -> str | None:
-        reason = cpu_float_reason(p)
+        reason = _linear_layout_reason(p)
         if reason:
             return reason
-        if p.trans_a or not p.trans_b:
-            return "needs op(a) = a and op(b) = b.T (the layout of a linear layer)"
         if p.m > self.MAX_M:
             return f"m = {p.m} is over {self.MAX_M}; the blocked GEMM is faster there"
         return None
@@ -83,11 +91,9 @@ class WtDirectGemm(Algorithm):
     MIN_K = 320  # below this depth the tile's store and A's packing are not amortized (k = 256: 1.00-1.06x slower)
 
     def supports(self, p) -> str | None:
-        reason = cpu_float_reason(p)
+        reason = _linear_layout_reason(p)
         if reason:
             return reason
-        if p.trans_a or not p.trans_b:
-            return "needs op(a) = a and op(b) = b.T (the layout of a linear layer)"
         width = _cpu.gemm_wt_direct_width(p.itemsize)
         if width == 0:
             return f"no strided-A micro-kernel for {_cpu.active_isa()}"
