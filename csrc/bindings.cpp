@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 
 #include <complex>
+#include <vector>
 #include <string>
 
 #include "common.h"
@@ -88,6 +89,81 @@ void gemm_impl(const py::array& a, const py::array& b, py::array& c, double alph
     gemm_wt_direct<T>(g, nthreads);
   else
     gemm<T>(g, nthreads);
+}
+
+// The whole of a linear layer's forward once dispatch has chosen its kernel (kind as gemm_impl's):
+// y (x.shape[:-1] + (n,)) := act(x W^T + bias) for x (..., k) and W (n, k), with the output allocated
+// here. An x whose leading dimensions do not flatten to one row stride is copied, as is an operand the
+// row kernels (kinds 1 and 2) cannot read in place.
+template <typename T>
+py::array linear_run_impl(const py::array& x, const py::array& w, const py::object& bias, int act, int kind) {
+  const char* op = "linear";
+  using CArr = py::array_t<T, py::array::c_style>;
+  if (x.ndim() < 1 || w.ndim() != 2) throw py::value_error("linear: input must be at least 1-D and weight 2-D");
+  if (!py::isinstance<py::array_t<T>>(x) || !py::isinstance<py::array_t<T>>(w))
+    throw py::type_error("linear: input and weight must share a float dtype");
+  const py::ssize_t nd = x.ndim();
+  const index_t k = x.shape(nd - 1), n = w.shape(0);
+  if (w.shape(1) != k) throw py::value_error("linear: weight has the wrong number of input features");
+  index_t m = 1;
+  for (py::ssize_t d = 0; d + 1 < nd; ++d) m *= x.shape(d);
+  std::vector<py::ssize_t> shape(x.shape(), x.shape() + nd - 1);
+  shape.push_back(static_cast<py::ssize_t>(n));
+  CArr y(shape);
+  if (m == 0 || n == 0) return std::move(y);
+  const auto item = static_cast<py::ssize_t>(sizeof(T));
+  // The row stride of x as an (m, k) matrix: the leading dimensions must nest (sizes of 1 aside).
+  py::array xa = x;
+  py::ssize_t rs = k * item;
+  bool nested = true;
+  for (py::ssize_t d = nd - 2, inner = -1; d >= 0; --d) {
+    if (x.shape(d) == 1) continue;
+    if (inner < 0) {
+      rs = x.strides(d);
+    } else if (x.strides(d) != x.strides(inner) * x.shape(inner)) {
+      nested = false;
+      break;
+    }
+    inner = d;
+  }
+  if (!nested || rs % item != 0 || x.strides(nd - 1) % item != 0 || (kind != 0 && k > 1 && x.strides(nd - 1) != item)) {
+    xa = CArr::ensure(x);
+    rs = k * item;
+  }
+  py::array wa = w;
+  if (w.strides(0) % item != 0 || w.strides(1) % item != 0 || (kind != 0 && k > 1 && w.strides(1) != item))
+    wa = CArr::ensure(w);
+  GemmArgs<T> g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = static_cast<const T*>(xa.data());
+  g.rs_a = rs / item;
+  g.cs_a = xa.strides(xa.ndim() - 1) / item;
+  g.b = static_cast<const T*>(wa.data());  // B = W^T
+  g.rs_b = wa.strides(1) / item;
+  g.cs_b = wa.strides(0) / item;
+  g.c = y.mutable_data();
+  g.rs_c = n;
+  g.cs_c = 1;
+  g.act = activation_from_int(act);
+  CArr bias_arr;
+  if (!bias.is_none()) {
+    bias_arr = CArr::ensure(bias);
+    if (!bias_arr || bias_arr.ndim() != 1 || bias_arr.shape(0) != n)
+      throw py::value_error(std::string(op) + ": bias must be 1-D with one element per output feature");
+    g.bias = bias_arr.data();
+  }
+  {
+    py::gil_scoped_release nogil;
+    if (kind == 1)
+      gemm_small_m<T>(g, 0);
+    else if (kind == 2)
+      gemm_wt_direct<T>(g, 0);
+    else
+      gemm<T>(g, 0);
+  }
+  return std::move(y);
 }
 
 template <typename T>
@@ -421,6 +497,15 @@ PYBIND11_MODULE(_cpu, m) {
         py::arg("bias") = py::none(), py::arg("activation") = 0, py::arg("nthreads") = 0,
         "gemm_small_m's layout for a batch of rows: C^T = W A^T with W read in place (the strided-A kernel).");
 
+  m.def("linear_run",
+        [](const py::array& x, const py::array& w, const py::object& bias, int act, int kind) -> py::array {
+          if (kind < 0 || kind > 2) throw py::value_error("linear_run: kind must be 0, 1 or 2");
+          if (py::isinstance<py::array_t<float>>(x)) return linear_run_impl<float>(x, w, bias, act, kind);
+          if (py::isinstance<py::array_t<double>>(x)) return linear_run_impl<double>(x, w, bias, act, kind);
+          throw py::type_error("linear: input must be float32 or float64");
+        },
+        "y := act(x @ w.T + bias), y allocated, for x (..., k) and w (n, k) of one dtype; kind as gemm's "
+        "kernels: 0 blocked, 1 gemm_small_m, 2 gemm_wt_direct.");
   m.def("gemm_wt_direct_width", [](int itemsize) {
           return itemsize == 4 ? select_sa_kernel<float>(active_isa()).nr : select_sa_kernel<double>(active_isa()).nr;
         }, py::arg("itemsize"),

@@ -63,9 +63,12 @@ def test_linear_matches_reference(isa, case):
     expected_z = linear_ref(x, w, b, None)
 
     y = dnnkit.linear(x, w, b, activation=case.activation)
+    again = dnnkit.linear(x, w, b, activation=case.activation)  # a repeated signature: the one-call path
 
     assert isinstance(y, np.ndarray) and y.shape == case.lead + (case.out_f,) and y.dtype == case.dtype
     assert rel_l2(y, expected) <= tol
+    assert again is not y and again.shape == y.shape and again.dtype == y.dtype
+    assert np.array_equal(again, y, equal_nan=True)
     y2, z = dnnkit.linear(x, w, b, activation=case.activation, return_preactivation=True)
     assert y2.shape == z.shape == y.shape and y2.dtype == z.dtype == case.dtype
     assert rel_l2(y2, expected) <= tol
@@ -181,3 +184,62 @@ def test_repeated_calls_reuse_the_dispatch_and_still_check_their_inputs():
         dnnkit.linear(x[:, :4], w, b, activation="relu")
     y, z = dnnkit.linear(x, w, b, activation="relu", return_preactivation=True)
     assert np.array_equal(y, first) and rel_l2(z, linear_ref(x, w, b)) <= 1e-5
+
+
+@pytest.mark.parametrize("algo", ["auto", "blocked_gemm", "gemm_small_m"])
+def test_repeated_calls_on_views(algo):
+    """The repeated-signature path reads inputs of any layout: leading dimensions that do not flatten
+    to one stride, negative strides, a strided last dimension, a weight with columns contiguous."""
+    rng = np.random.default_rng(4)
+    base = rng.standard_normal((2, 2, 2, 10)).astype(np.float32)
+    w = rng.standard_normal((6, 5)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    views = [
+        base[..., :5].transpose(1, 0, 2, 3),  # leading dimensions out of order
+        base[::-1, :, ::-1, 5:],              # negative strides
+        base[:, 1:2, :, ::2],                 # a size-1 dimension and a last-dimension stride of 2
+        base[:2, 0, 0, :5],                   # leading rows 120 elements apart
+    ]
+    for x in views:
+        expected = linear_ref(x, w, b, "tanh")
+        for weight in (w, np.asfortranarray(w)):
+            for _ in range(2):
+                y = dnnkit.linear(x, weight, b, activation="tanh", algo=algo)
+                assert y.shape == x.shape[:-1] + (6,) and y.flags.c_contiguous
+                assert rel_l2(y, expected) <= 1e-5
+
+
+def test_repeated_calls_on_the_strided_a_kernel():
+    """The repeated-signature path of a batch that gemm_wt_direct takes, on a strided input."""
+    if dnnkit._cpu.gemm_wt_direct_width(4) == 0:
+        pytest.skip("no strided-A micro-kernel on this ISA")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((60, 800)).astype(np.float32)[:, ::2]
+    w = (rng.standard_normal((70, 400)) / 20).astype(np.float32)
+    b = rng.standard_normal(70).astype(np.float32)
+    expected = linear_ref(x, w, b, "sigmoid")
+    for _ in range(2):
+        assert rel_l2(dnnkit.linear(x, w, b, activation="sigmoid", algo="gemm_wt_direct"), expected) <= 1e-5
+
+
+def test_linear_run_checks_its_arguments():
+    """The one-call binding behind repeated calls refuses what it cannot run rather than reading out of
+    bounds."""
+    run = dnnkit._cpu.linear_run
+    x = np.ones((2, 3), np.float32)
+    w = np.ones((4, 3), np.float32)
+    with pytest.raises(TypeError, match="linear"):
+        run(x, w.astype(np.float64), None, 0, 1)
+    with pytest.raises(TypeError, match="linear"):
+        run(x.astype(np.int32), w, None, 0, 1)
+    with pytest.raises(ValueError, match="linear"):
+        run(np.array(1.0, np.float32), w, None, 0, 0)
+    with pytest.raises(ValueError, match="linear"):
+        run(x, np.ones((4, 2), np.float32), None, 0, 0)
+    with pytest.raises(ValueError, match="linear: bias"):
+        run(x, w, np.ones(3, np.float32), 0, 0)
+    with pytest.raises(ValueError, match="kind"):
+        run(x, w, None, 0, 3)
+    with pytest.raises(ValueError, match="activation"):
+        run(x, w, None, 9, 0)
+    assert np.array_equal(run(x, w, np.ones(4, np.float32), 1, 1), np.full((2, 4), 4, np.float32))

@@ -10,7 +10,7 @@ import numbers
 import numpy as np
 
 from . import _cpu
-from .algos.gemm_cpu import ACTIVATION_CODES
+from .algos.gemm_cpu import ACTIVATION_CODES, LINEAR_RUN_KINDS
 from ._config import get_num_threads, get_workspace_limit
 from .dispatch import choose, dispatch_state, explain_problem
 from .problem import ACTIVATIONS, RNN_MODES, ConvProblem, GemmProblem, RnnProblem, parse_descriptor
@@ -202,6 +202,8 @@ def _linear_prepare(x, weight, bias, activation):
 # Calls already validated and dispatched, by signature: (input shape and dtype, weight's, bias's,
 # activation, algo, dispatch state) -> (problem, algorithm). A repeated call (the batch-1 layer of an
 # inference loop) then skips the checks and the dispatch, a few microseconds of a GEMV's tens.
+# A hit whose algorithm names a kernel of _cpu.linear_run goes straight to it: the output allocated, the
+# kernel run, all in one C++ call.
 _linear_calls: dict = {}
 
 
@@ -223,7 +225,9 @@ def linear(input, weight, bias=None, *, activation=None, return_preactivation=Fa
     key = None if return_preactivation is not False else _linear_key(input, weight, bias, activation, algo)
     hit = None if key is None else _linear_calls.get(key)
     if hit is not None:
-        p, algorithm = hit
+        p, algorithm, kind = hit
+        if kind is not None:
+            return _cpu.linear_run(input, weight, bias, ACTIVATION_CODES[p.activation], kind)
         y = _empty("linear", input.shape[:-1] + (p.n,), weight.dtype)
         algorithm.run(p, input.reshape(p.m, p.k), weight.T, out=y.reshape(p.m, p.n), bias=bias)
         return y
@@ -237,7 +241,7 @@ def linear(input, weight, bias=None, *, activation=None, return_preactivation=Fa
         if key is not None:
             if len(_linear_calls) > 1024:
                 _linear_calls.clear()
-            _linear_calls[key] = (p, algorithm)
+            _linear_calls[key] = (p, algorithm, LINEAR_RUN_KINDS.get(type(algorithm)))
         return (y, y.copy()) if return_preactivation else y
     z = _empty("linear", y.shape, y.dtype)
     pz = _gemm_problem(p.m, p.n, p.k, False, True, w.dtype, p.bias)

@@ -110,3 +110,7 @@ class WtDirectGemm(Algorithm):
     def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
         """As SmallMGemm.run, on the strided-A kernel."""
         return _run_rows(_cpu.gemm_wt_direct, p, a, b, out, alpha, beta, bias)
+
+
+# The kernel of _cpu.linear_run that does what each of these algorithms' run does for a linear layer.
+LINEAR_RUN_KINDS = {BlockedGemm: 0, SmallMGemm: 1, WtDirectGemm: 2}
