@@ -9,6 +9,7 @@
 #include "gemm.h"
 #include "pack.h"
 #include "ukernel.h"
+#include "../work_share.h"
 
 namespace dnnkit {
 
@@ -22,23 +23,52 @@ void gemm_small_m(const GemmArgs<T>& g, int nthreads) {
   const int nt_max = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(),
                                                                          ceil_div(n_jb, 4))));
   const int nt = double(g.m) * double(g.n) * double(g.k) < min_parallel_work() ? 1 : nt_max;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-  for (index_t jb = 0; jb < n_jb; ++jb) {
-    const index_t j0 = jb * nj;
-    const int nj_t = static_cast<int>(std::min<index_t>(nj, g.n - j0));
-    T tile[64];  // MI_MAX x NJ <= 64
-    for (index_t i0 = 0; i0 < g.m; i0 += dk.mi_max) {
-      const int mi = static_cast<int>(std::min<index_t>(dk.mi_max, g.m - i0));
-      dk.fn(mi, g.k, g.a + i0 * g.rs_a, g.rs_a, g.b + j0 * g.cs_b, g.cs_b, tile, nj, nj_t);
-      for (int i = 0; i < mi; ++i) {
-        T* c = g.c + (i0 + i) * g.rs_c + j0 * g.cs_c;
-        for (int j = 0; j < nj_t; ++j) {
-          T v = g.alpha * tile[i * nj + j];
-          if (g.beta != T(0)) v += g.beta * c[j * g.cs_c];
-          if (g.bias) v += g.bias[g.bias_per_row ? i0 + i : j0 + j];
-          c[j * g.cs_c] = activate(g.act, v);
+  // The dot products land in C as they are when C takes them so (unit column stride, alpha 1, beta 0),
+  // else in a tile first; bias and activation then run over a stretch of kCols columns at a time.
+  constexpr index_t kRows = 16, kCols = 32;
+  const bool direct = g.cs_c == 1 && g.alpha == T(1) && g.beta == T(0) && g.rs_c <= (index_t(1) << 30);
+  // Units of kRows x kCols outputs, rows outer: a thread streams a contiguous run of weight rows, and
+  // takes over the end of another's run when it finishes its own first (a memory-bound product on cores
+  // that do not keep pace with each other).
+  const index_t units_j = ceil_div(g.n, kCols), units = ceil_div(g.m, kRows) * units_j;
+  const bool shared = nt > 1 && units < PanelShare::kMaxPanels;
+  PanelShare share(shared ? nt : 1, shared ? units : 1);
+  auto run_unit = [&](index_t u, T* tile) {
+    const index_t ic = u / units_j * kRows, jg = u % units_j * kCols;
+    const index_t mc = std::min(kRows, g.m - ic), width = std::min(kCols, g.n - jg);
+    const int ldo = direct ? static_cast<int>(g.rs_c) : static_cast<int>(kCols);
+    auto out = [&](index_t i0, index_t j) { return direct ? g.c + i0 * g.rs_c + j : tile + (i0 - ic) * kCols + (j - jg); };
+    if (mc <= dk.mi_max) {
+      // The unit's rows of A in one call, which streams all of its weight rows.
+      dk.fn(static_cast<int>(mc), g.k, g.a + ic * g.rs_a, g.rs_a, g.b + jg * g.cs_b, g.cs_b, out(ic, jg), ldo,
+            static_cast<int>(width));
+    } else {
+      // NJ weight rows at a time against every row of the unit's A, so that they are read from L1.
+      for (index_t j = jg; j < jg + width; j += nj)
+        for (index_t i0 = ic; i0 < ic + mc; i0 += dk.mi_max)
+          dk.fn(static_cast<int>(std::min<index_t>(dk.mi_max, ic + mc - i0)), g.k, g.a + i0 * g.rs_a, g.rs_a,
+                g.b + j * g.cs_b, g.cs_b, out(i0, j), ldo, static_cast<int>(std::min<index_t>(nj, jg + width - j)));
+    }
+    T* c = g.c + ic * g.rs_c + jg * g.cs_c;
+    if (!direct)
+      for (index_t i = 0; i < mc; ++i)
+        for (index_t j = 0; j < width; ++j) {
+          T& cij = c[i * g.rs_c + j * g.cs_c];
+          cij = g.beta == T(0) ? g.alpha * tile[i * kCols + j] : g.alpha * tile[i * kCols + j] + g.beta * cij;
         }
-      }
+    if (g.bias || g.act != Activation::identity)
+      apply_epilogue<T>(c, g.rs_c, g.cs_c, mc, width, g.bias ? g.bias + (g.bias_per_row ? ic : jg) : nullptr, g.act,
+                        g.bias_per_row);
+  };
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    alignas(64) T tile[kRows * kCols];
+    if (shared) {
+      const int tid = thread_id();
+      for (index_t u; (u = share.next(0, tid)) >= 0;) run_unit(u, tile);
+    } else {
+#pragma omp for schedule(static)
+      for (index_t u = 0; u < units; ++u) run_unit(u, tile);
     }
   }
 }

@@ -36,7 +36,8 @@ struct UKernel {
 };
 
 // Small-M dot kernel (gemm_small_m.cpp): out[i*ldo + j] = sum_p x[i*ldx + p] * w[j*ldw + p] for
-// i < mi <= MI_MAX, j < nj <= NJ; x and w rows contiguous along k; out is written, never read.
+// i < mi <= MI_MAX, j < nj (any count: the kernel walks the rows of w NJ at a time, in one call); x and
+// w rows contiguous along k; out is written, never read.
 template <typename T>
 using dot_fn = void (*)(int mi, index_t k, const T* x, index_t ldx, const T* w, index_t ldw, T* out, int ldo,
                         int nj);

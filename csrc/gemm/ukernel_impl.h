@@ -189,7 +189,7 @@ struct has_reduce4<V, std::void_t<decltype(&V::reduce4)>> : std::true_type {};
 // Both operands are contiguous along k (a fully-connected layer: x rows and weight rows); vector
 // accumulators along k, one horizontal sum per output at the end. nj <= NJ rows of w are valid.
 template <class V, int MI, int NJ>
-void dot_tile(dnnkit::index_t k, const typename V::T* __restrict x, dnnkit::index_t ldx,
+inline __attribute__((always_inline)) void dot_tile(dnnkit::index_t k, const typename V::T* __restrict x, dnnkit::index_t ldx,
               const typename V::T* __restrict w, dnnkit::index_t ldw, typename V::T* out, int ldo, int nj) {
   using T = typename V::T;
   using R = typename V::reg;
@@ -235,12 +235,17 @@ void dot_tile(dnnkit::index_t k, const typename V::T* __restrict x, dnnkit::inde
   }
 }
 
-// dot_tile for a run-time mi in [1, MI_MAX], NJ rows of w (the small-M driver's entry point).
+// dot_tile for a run-time mi in [1, MI_MAX] over nj rows of w, NJ at a time (the small-M driver's entry
+// point): one call streams a whole stretch of weight rows, with no call between its tiles.
 template <class V, int MI_MAX, int NJ>
 void dot_any(int mi, dnnkit::index_t k, const typename V::T* x, dnnkit::index_t ldx, const typename V::T* w,
              dnnkit::index_t ldw, typename V::T* out, int ldo, int nj) {
   if constexpr (MI_MAX >= 1) {
-    if (mi == MI_MAX) return dot_tile<V, MI_MAX, NJ>(k, x, ldx, w, ldw, out, ldo, nj);
+    if (mi == MI_MAX) {
+      for (int j = 0; j < nj; j += NJ)
+        dot_tile<V, MI_MAX, NJ>(k, x, ldx, w + j * ldw, ldw, out + j, ldo, nj - j < NJ ? nj - j : NJ);
+      return;
+    }
     if constexpr (MI_MAX > 1) return dot_any<V, MI_MAX - 1, NJ>(mi, k, x, ldx, w, ldw, out, ldo, nj);
   }
 }

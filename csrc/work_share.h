@@ -1,0 +1,58 @@
+// Work sharing between the threads of one OpenMP parallel region.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "common.h"
+
+namespace dnnkit {
+
+// Units of work (panels of a GEMM, steps of an RNN's time loop) shared by the threads of a parallel
+// region. Each thread owns an equal range and takes units from its front; a thread whose range is empty
+// takes units from the back of the others'. With cores of equal speed every thread runs its own range,
+// as a static split would, and keeps its data in its own cache and its memory streams contiguous; when
+// one core runs slower (a busy sibling hyperthread, a shared virtual machine, a hybrid CPU's small
+// core), the others finish its work instead of waiting at the region's barrier. Ranges come in two
+// sets, for work that repeats (an RNN's steps): a thread resets its range of the next round's set
+// before the barrier that ends this round, when no thread can be reading it any more.
+class PanelShare {
+ public:
+  static constexpr index_t kMaxPanels = index_t(1) << 31;  // a range is two 32-bit indices
+  PanelShare(int nt, index_t panels) : nt_(nt), panels_(panels), slots_(new Slot[2 * std::max(nt, 1)]) {
+    for (int set = 0; set < 2; ++set)
+      for (int tid = 0; tid < nt; ++tid) reset(set, tid);
+  }
+  void reset(int set, int tid) {
+    const std::uint64_t lo = static_cast<std::uint64_t>(panels_ * tid / nt_);
+    const std::uint64_t hi = static_cast<std::uint64_t>(panels_ * (tid + 1) / nt_);
+    slot(set, tid).store(lo | hi << 32, std::memory_order_relaxed);
+  }
+  // The next panel for thread tid in `set`: from its own range, else from another's; -1 when none is left.
+  index_t next(int set, int tid) {
+    index_t jp = take(slot(set, tid), false);
+    for (int k = 1; jp < 0 && k < nt_; ++k) jp = take(slot(set, (tid + k) % nt_), true);
+    return jp;
+  }
+
+ private:
+  struct alignas(64) Slot {
+    std::atomic<std::uint64_t> range{0};  // front in the low 32 bits, back (exclusive) in the high 32
+  };
+  std::atomic<std::uint64_t>& slot(int set, int tid) { return slots_[set * nt_ + tid].range; }
+  static index_t take(std::atomic<std::uint64_t>& r, bool back) {
+    std::uint64_t v = r.load(std::memory_order_relaxed);
+    for (;;) {
+      const std::uint64_t lo = v & 0xffffffffu, hi = v >> 32;
+      if (lo >= hi) return -1;
+      const std::uint64_t nv = back ? (lo | (hi - 1) << 32) : ((lo + 1) | hi << 32);
+      if (r.compare_exchange_weak(v, nv, std::memory_order_relaxed)) return static_cast<index_t>(back ? hi - 1 : lo);
+    }
+  }
+  int nt_;
+  index_t panels_;
+  std::unique_ptr<Slot[]> slots_;
+};
+
+}  // namespace dnnkit
