@@ -70,6 +70,12 @@ void gemm(const GemmArgs<T>& g, int nthreads = 0);
 // contiguous rows, no packing, no workspace (gemm_small_m.cpp).
 template <typename T>
 void gemm_small_m(const GemmArgs<T>& g, int nthreads = 0);
+// gemm_small_m over two operand pairs side by side, as gemm_wt_direct2: C := act(alpha * (A W^T + A2 W2^T)
+// + beta * C + bias), A2 (m x k2, row stride lda2) and W2 (n x k2, row stride ldw2) contiguous along k2;
+// both weights streamed in one pass of one parallel region (an RNN cell at batch 1 to 4).
+template <typename T>
+void gemm_small_m2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2,
+                   int nthreads = 0);
 
 // The same contract again for a batch of rows (up to about a hundred) and B = W^T (cs_a == 1, rs_b == 1),
 // computed as C^T = W A^T by the strided-A micro-kernel (ukernel.h): W is read where it lies, once per

@@ -13,8 +13,11 @@
 
 namespace dnnkit {
 
+namespace {
+
+// gemm_small_m's driver, with a second operand pair when k2 > 0 (gemm_small_m2).
 template <typename T>
-void gemm_small_m(const GemmArgs<T>& g, int nthreads) {
+void small_m(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2, int nthreads) {
   // Contract: cs_a == 1 and rs_b == 1 (B = W^T with W row-major, ldw = cs_b); checked by the caller.
   if (g.m == 0 || g.n == 0) return;
   const DotKernel<T> dk = select_dot_kernel<T>(active_isa());
@@ -22,32 +25,42 @@ void gemm_small_m(const GemmArgs<T>& g, int nthreads) {
   const index_t n_jb = ceil_div(g.n, nj);
   const int nt_max = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(),
                                                                          ceil_div(n_jb, 4))));
-  const int nt = double(g.m) * double(g.n) * double(g.k) < min_parallel_work() ? 1 : nt_max;
+  const int nt = double(g.m) * double(g.n) * double(g.k + k2) < min_parallel_work() ? 1 : nt_max;
   // The dot products land in C as they are when C takes them so (unit column stride, alpha 1, beta 0),
   // else in a tile first; bias and activation then run over a stretch of kCols columns at a time.
   constexpr index_t kRows = 16, kCols = 32;
-  const bool direct = g.cs_c == 1 && g.alpha == T(1) && g.beta == T(0) && g.rs_c <= (index_t(1) << 30);
+  const bool direct = k2 == 0 && g.cs_c == 1 && g.alpha == T(1) && g.beta == T(0) && g.rs_c <= (index_t(1) << 30);
   // Units of kRows x kCols outputs, rows outer: a thread streams a contiguous run of weight rows, and
   // takes over the end of another's run when it finishes its own first (a memory-bound product on cores
   // that do not keep pace with each other).
   const index_t units_j = ceil_div(g.n, kCols), units = ceil_div(g.m, kRows) * units_j;
   const bool shared = nt > 1 && units < PanelShare::kMaxPanels;
   PanelShare share(shared ? nt : 1, shared ? units : 1);
-  auto run_unit = [&](index_t u, T* tile) {
+  auto run_unit = [&](index_t u, T* tile, T* tile2) {
     const index_t ic = u / units_j * kRows, jg = u % units_j * kCols;
     const index_t mc = std::min(kRows, g.m - ic), width = std::min(kCols, g.n - jg);
-    const int ldo = direct ? static_cast<int>(g.rs_c) : static_cast<int>(kCols);
-    auto out = [&](index_t i0, index_t j) { return direct ? g.c + i0 * g.rs_c + j : tile + (i0 - ic) * kCols + (j - jg); };
-    if (mc <= dk.mi_max) {
-      // The unit's rows of A in one call, which streams all of its weight rows.
-      dk.fn(static_cast<int>(mc), g.k, g.a + ic * g.rs_a, g.rs_a, g.b + jg * g.cs_b, g.cs_b, out(ic, jg), ldo,
-            static_cast<int>(width));
+    // The unit's dot products of one operand pair, into out (row stride ldo).
+    auto dots = [&](index_t k, const T* a, index_t lda, const T* w, index_t ldw, T* out, int ldo) {
+      if (mc <= dk.mi_max) {
+        // The unit's rows of A in one call, which streams all of its weight rows.
+        dk.fn(static_cast<int>(mc), k, a + ic * lda, lda, w + jg * ldw, ldw, out, ldo, static_cast<int>(width));
+      } else {
+        // NJ weight rows at a time against every row of the unit's A, so that they are read from L1.
+        for (index_t j = jg; j < jg + width; j += nj)
+          for (index_t i0 = ic; i0 < ic + mc; i0 += dk.mi_max)
+            dk.fn(static_cast<int>(std::min<index_t>(dk.mi_max, ic + mc - i0)), k, a + i0 * lda, lda, w + j * ldw, ldw,
+                  out + (i0 - ic) * ldo + (j - jg), ldo, static_cast<int>(std::min<index_t>(nj, jg + width - j)));
+      }
+    };
+    if (direct) {
+      dots(g.k, g.a, g.rs_a, g.b, g.cs_b, g.c + ic * g.rs_c + jg, static_cast<int>(g.rs_c));
     } else {
-      // NJ weight rows at a time against every row of the unit's A, so that they are read from L1.
-      for (index_t j = jg; j < jg + width; j += nj)
-        for (index_t i0 = ic; i0 < ic + mc; i0 += dk.mi_max)
-          dk.fn(static_cast<int>(std::min<index_t>(dk.mi_max, ic + mc - i0)), g.k, g.a + i0 * g.rs_a, g.rs_a,
-                g.b + j * g.cs_b, g.cs_b, out(i0, j), ldo, static_cast<int>(std::min<index_t>(nj, jg + width - j)));
+      dots(g.k, g.a, g.rs_a, g.b, g.cs_b, tile, static_cast<int>(kCols));
+      if (k2 > 0) {
+        dots(k2, a2, lda2, w2, ldw2, tile2, static_cast<int>(kCols));
+        for (index_t i = 0; i < mc; ++i)
+          for (index_t j = 0; j < width; ++j) tile[i * kCols + j] += tile2[i * kCols + j];
+      }
     }
     T* c = g.c + ic * g.rs_c + jg * g.cs_c;
     if (!direct)
@@ -63,14 +76,28 @@ void gemm_small_m(const GemmArgs<T>& g, int nthreads) {
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     alignas(64) T tile[kRows * kCols];
+    alignas(64) T tile2[kRows * kCols];
     if (shared) {
       const int tid = thread_id();
-      for (index_t u; (u = share.next(0, tid)) >= 0;) run_unit(u, tile);
+      for (index_t u; (u = share.next(0, tid)) >= 0;) run_unit(u, tile, tile2);
     } else {
 #pragma omp for schedule(static)
-      for (index_t u = 0; u < units; ++u) run_unit(u, tile);
+      for (index_t u = 0; u < units; ++u) run_unit(u, tile, tile2);
     }
   }
+}
+
+}  // namespace
+
+template <typename T>
+void gemm_small_m(const GemmArgs<T>& g, int nthreads) {
+  small_m<T>(g, 0, nullptr, 0, nullptr, 0, nthreads);
+}
+
+template <typename T>
+void gemm_small_m2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2,
+                   int nthreads) {
+  small_m<T>(g, k2, a2, lda2, w2, ldw2, nthreads);
 }
 
 template <typename T>
@@ -175,5 +202,8 @@ template void gemm_wt_direct2<double>(const GemmArgs<double>&, index_t, const do
                                       index_t, int);
 template void gemm_small_m<float>(const GemmArgs<float>&, int);
 template void gemm_small_m<double>(const GemmArgs<double>&, int);
+template void gemm_small_m2<float>(const GemmArgs<float>&, index_t, const float*, index_t, const float*, index_t, int);
+template void gemm_small_m2<double>(const GemmArgs<double>&, index_t, const double*, index_t, const double*, index_t,
+                                    int);
 
 }  // namespace dnnkit

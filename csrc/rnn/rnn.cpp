@@ -571,9 +571,12 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     const index_t Il = s.input_of(l);
     const T* xl = l == 0 ? x : y[l - 1];
     T* yl = y[l];
-    // A single step with h0 (a cell) whose two products run best as one on the strided-A kernel: LSTM and
-    // the plain RNNs (GRU keeps W_hn h apart, for its reset gate), no projection.
-    const bool one_product = !packed && h0 && !gru && !proj && Il > 0 && direct_wins<T>(B, Il + S);
+    // A single step with h0 (a cell) whose two products run as one: on the strided-A kernel at a tile of
+    // batch rows, as dot products at a few. LSTM and the plain RNNs (GRU keeps W_hn h apart, for its reset
+    // gate), no projection.
+    const bool cell = !packed && h0 && !gru && !proj && Il > 0;
+    const bool one_direct = cell && direct_wins<T>(B, Il + S);
+    const bool one_product = one_direct || (cell && small_m_wins(B, GH, Il + S, sizeof(T)));
     for (int d = 0; d < D; ++d) {
       const int li = l * D + d;
       DirBuffers<T>& b = buf[d];
@@ -586,7 +589,10 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
         // A single step (a cell): x W_ih^T + h0 W_hh^T + bias as one product, both weights read in place.
         GemmArgs<T> g = strided_gemm_args<T>(B, GH, Il, xl, Il, 1, w.w_ih[li], 1, Il, b.xp.data(), GH, T(0));
         g.bias = bias;
-        gemm_wt_direct2<T>(g, S, h0 + li * B * S, S, w.w_hh[li], S);
+        if (one_direct)
+          gemm_wt_direct2<T>(g, S, h0 + li * B * S, S, w.w_hh[li], S);
+        else
+          gemm_small_m2<T>(g, S, h0 + li * B * S, S, w.w_hh[li], S);
       } else {
         gemm_a_wt<T>(Tn * B, GH, Il, xl, Il, w.w_ih[li], b.xp.data(), GH, bias, T(0));
       }
