@@ -264,51 +264,13 @@ def test_products_around_the_parallel_threshold():
         dnnkit._cpu.set_min_parallel_work(previous)
 
 
-@settings(max_examples=40)
-@given(data=st.data())
-def test_gemm_wt_direct_kernel_contract(isa, num_threads, data):
-    """gemm_wt_direct (C^T = W A^T, W read in place by the strided-A kernel) directly, at every batch size
-    from 1 to past two tiles and depths past its 1024-deep blocks: alpha, beta (a NaN-filled C when beta
-    is 0, which must not be read), bias and activation as gemm's contract says. On an ISA without the
-    kernel it falls back to the packing GEMM, with the same result."""
-    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
-    width = max(dnnkit._cpu.gemm_wt_direct_width(np.dtype(dtype).itemsize), 8)
-    m = data.draw(st.integers(1, 2 * width + 3), label="m")
-    n = data.draw(st.integers(1, 40), label="n")
-    k = data.draw(st.sampled_from([0, 1, 2, 17, 255, 1024, 1025, 2051]), label="k")
+def check_row_kernel(kernel, data, dtype, m, n, k):
+    """kernel (a _cpu binding of gemm's contract for A W^T with rows contiguous along k) against the
+    float64 product: alpha, beta (a NaN-filled C when beta is 0, which must not be read), bias,
+    activation, and C in either order."""
     alpha = data.draw(st.sampled_from([1.0, -0.5]), label="alpha")
     beta = data.draw(st.sampled_from([0.0, 1.0, 0.25]), label="beta")
-    act = data.draw(st.sampled_from([0, 1, 2]), label="activation")
-    with_bias = data.draw(st.booleans(), label="bias")
-    rng = np.random.default_rng(m * 1000 + n * 10 + k)
-    a = rng.standard_normal((m, k)).astype(dtype)
-    w = rng.standard_normal((n, k)).astype(dtype)
-    bias = rng.standard_normal(n).astype(dtype) if with_bias else None
-    c0 = rng.standard_normal((m, n)).astype(dtype)
-    c = np.full((m, n), np.nan, dtype) if beta == 0.0 else c0.copy()
-    dnnkit._cpu.gemm_wt_direct(a, w.T, c, alpha, beta, bias, act, 0)
-    want = alpha * (a.astype(np.float64) @ w.T.astype(np.float64)) + (beta * c0 if beta else 0.0)
-    if bias is not None:
-        want = want + bias
-    want = {0: want, 1: np.maximum(want, 0.0), 2: np.tanh(want)}[act]
-    assert np.all(np.isfinite(c))
-    assert rel_l2(c, want) <= (2e-6 if dtype == np.float32 else 1e-13) * max(1.0, np.sqrt(k) / 8)
-
-
-@settings(max_examples=40)
-@given(data=st.data())
-def test_gemm_small_m_kernel_contract(isa, num_threads, data):
-    """gemm_small_m directly, across its blocks: m past its 16-row units and the dot kernel's rows, n
-    past its 32-column units, depths with tails; alpha, beta (a NaN-filled C when beta is 0, which must
-    not be read), bias and activation; C with unit column stride (written in place) or not (through its
-    tile)."""
-    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
-    m = data.draw(st.integers(1, 40), label="m")
-    n = data.draw(st.integers(1, 100), label="n")
-    k = data.draw(st.sampled_from([0, 1, 2, 17, 64, 255]), label="k")
-    alpha = data.draw(st.sampled_from([1.0, -0.5]), label="alpha")
-    beta = data.draw(st.sampled_from([0.0, 1.0, 0.25]), label="beta")
-    act = data.draw(st.sampled_from([0, 1, 3]), label="activation")
+    act = data.draw(st.sampled_from([0, 1, 2, 3]), label="activation")
     with_bias = data.draw(st.booleans(), label="bias")
     c_transposed = data.draw(st.booleans(), label="C column-major")
     rng = np.random.default_rng(m * 1000 + n * 10 + k)
@@ -319,10 +281,37 @@ def test_gemm_small_m_kernel_contract(isa, num_threads, data):
     c = np.full((m, n), np.nan, dtype) if beta == 0.0 else c0.copy()
     if c_transposed:
         c = np.asfortranarray(c)
-    dnnkit._cpu.gemm_small_m(a, w.T, c, alpha, beta, bias, act, 0)
+    kernel(a, w.T, c, alpha, beta, bias, act, 0)
     want = alpha * (a.astype(np.float64) @ w.T.astype(np.float64)) + (beta * c0 if beta else 0.0)
     if bias is not None:
         want = want + bias
-    want = {0: want, 1: np.maximum(want, 0.0), 3: 1.0 / (1.0 + np.exp(-want))}[act]
+    want = {0: want, 1: np.maximum(want, 0.0), 2: np.tanh(want), 3: 1.0 / (1.0 + np.exp(-want))}[act]
     assert np.all(np.isfinite(c))
     assert rel_l2(c, want) <= (2e-6 if dtype == np.float32 else 1e-13) * max(1.0, np.sqrt(k) / 8)
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_gemm_wt_direct_kernel_contract(isa, num_threads, data):
+    """gemm_wt_direct (C^T = W A^T, W read in place by the strided-A kernel) directly, at every batch size
+    from 1 to past two tiles and depths past its 1024-deep blocks. On an ISA without the kernel it falls
+    back to the packing GEMM, with the same result."""
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    width = max(dnnkit._cpu.gemm_wt_direct_width(np.dtype(dtype).itemsize), 8)
+    m = data.draw(st.integers(1, 2 * width + 3), label="m")
+    n = data.draw(st.integers(1, 40), label="n")
+    k = data.draw(st.sampled_from([0, 1, 2, 17, 255, 1024, 1025, 2051]), label="k")
+    check_row_kernel(dnnkit._cpu.gemm_wt_direct, data, dtype, m, n, k)
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_gemm_small_m_kernel_contract(isa, num_threads, data):
+    """gemm_small_m directly, across its blocks: m past its 16-row units and the dot kernel's rows, n
+    past its 32-column units, depths with tails; C with unit column stride is written in place, other C
+    through a tile."""
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    m = data.draw(st.integers(1, 40), label="m")
+    n = data.draw(st.integers(1, 100), label="n")
+    k = data.draw(st.sampled_from([0, 1, 2, 17, 64, 255]), label="k")
+    check_row_kernel(dnnkit._cpu.gemm_small_m, data, dtype, m, n, k)
