@@ -6,8 +6,8 @@
 #include <pybind11/pybind11.h>
 
 #include <complex>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "common.h"
 #include "cpu_info.h"

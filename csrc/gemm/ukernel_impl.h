@@ -189,8 +189,9 @@ struct has_reduce4<V, std::void_t<decltype(&V::reduce4)>> : std::true_type {};
 // Both operands are contiguous along k (a fully-connected layer: x rows and weight rows); vector
 // accumulators along k, one horizontal sum per output at the end. nj <= NJ rows of w are valid.
 template <class V, int MI, int NJ>
-inline __attribute__((always_inline)) void dot_tile(dnnkit::index_t k, const typename V::T* __restrict x, dnnkit::index_t ldx,
-              const typename V::T* __restrict w, dnnkit::index_t ldw, typename V::T* out, int ldo, int nj) {
+inline __attribute__((always_inline)) void dot_tile(dnnkit::index_t k, const typename V::T* __restrict x,
+                                                    dnnkit::index_t ldx, const typename V::T* __restrict w,
+                                                    dnnkit::index_t ldw, typename V::T* out, int ldo, int nj) {
   using T = typename V::T;
   using R = typename V::reg;
   constexpr int W = V::width;
