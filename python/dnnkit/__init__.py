@@ -2,6 +2,8 @@
 autotuner. NumPy arrays in and out on the CPU."""
 from __future__ import annotations
 
+import os
+
 __version__ = "0.2.0"
 
 from . import _cpu
@@ -30,6 +32,9 @@ def info() -> dict:
         "isa_active": _cpu.active_isa(),
         "openmp": _cpu.has_openmp(),
         "threads": get_num_threads(),
+        # How idle OpenMP threads wait (the environment's, read when the runtime loaded): see the README on
+        # calling dnnkit between NumPy's BLAS calls.
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "ukernels": machine.ukernels(),
         "tuning": get_tuning(),
         "workspace_limit": get_workspace_limit(),
