@@ -3,6 +3,7 @@
 // every output is a dot product of two contiguous rows; W is streamed from memory once per block of
 // MI_MAX rows of A. Threads split the n dimension.
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 #include "epilogue.h"
@@ -34,8 +35,8 @@ void small_m(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const 
   // takes over the end of another's run when it finishes its own first (a memory-bound product on cores
   // that do not keep pace with each other).
   const index_t units_j = ceil_div(g.n, kCols), units = ceil_div(g.m, kRows) * units_j;
-  const bool shared = nt > 1 && units < PanelShare::kMaxPanels;
-  PanelShare share(shared ? nt : 1, shared ? units : 1);
+  std::optional<PanelShare> share;  // none on one thread, or past the shared ranges' 32-bit indices
+  if (nt > 1 && units < PanelShare::kMaxPanels) share.emplace(nt, units);
   auto run_unit = [&](index_t u, T* tile, T* tile2) {
     const index_t ic = u / units_j * kRows, jg = u % units_j * kCols;
     const index_t mc = std::min(kRows, g.m - ic), width = std::min(kCols, g.n - jg);
@@ -77,9 +78,9 @@ void small_m(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const 
   {
     alignas(64) T tile[kRows * kCols];
     alignas(64) T tile2[kRows * kCols];
-    if (shared) {
+    if (share) {
       const int tid = thread_id();
-      for (index_t u; (u = share.next(0, tid)) >= 0;) run_unit(u, tile, tile2);
+      for (index_t u; (u = share->next(0, tid)) >= 0;) run_unit(u, tile, tile2);
     } else {
 #pragma omp for schedule(static)
       for (index_t u = 0; u < units; ++u) run_unit(u, tile, tile2);
