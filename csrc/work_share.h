@@ -30,9 +30,12 @@ class PanelShare {
     slot(set, tid).store(lo | hi << 32, std::memory_order_relaxed);
   }
   // The next panel for thread tid in `set`: from its own range, else from another's; -1 when none is left.
-  index_t next(int set, int tid) {
-    index_t jp = take(slot(set, tid), false);
-    for (int k = 1; jp < 0 && k < nt_; ++k) jp = take(slot(set, (tid + k) % nt_), true);
+  // `reverse` runs the own range from its back and takes from the front of the others'. Work that
+  // streams the same data every round (an RNN's weights) alternates it: a round then starts on the
+  // panels the last round touched last, which are still in the core's cache.
+  index_t next(int set, int tid, bool reverse = false) {
+    index_t jp = take(slot(set, tid), reverse);
+    for (int k = 1; jp < 0 && k < nt_; ++k) jp = take(slot(set, (tid + k) % nt_), !reverse);
     return jp;
   }
 

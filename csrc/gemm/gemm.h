@@ -135,9 +135,11 @@ void pack_a_rows_part(const UKernel<T>& uk, index_t m, index_t k, const T* a, in
 //   C(i, j) := beta * C(i, j) + sum_p A(i, p) B(p, j),   0 <= i < m,  jp0*NR <= j < min(n, jp1*NR),
 // with A packed by pack_a_rows and C row-major (row stride ldc; c points at C(0, 0)). beta == 0: C is
 // not read. k is blocked as gemm() blocks it, so each element is summed in the same order as there.
+// `reverse` runs the panels from jp1 - 1 down (same results): a loop that streams the same panels every
+// step alternates it, so that each step starts on the panels still in cache from the last.
 template <typename T>
 void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, index_t jp1, T beta, T* c,
-                   index_t ldc);
+                   index_t ldc, bool reverse = false);
 
 // A (m x k, element (r, c) at a[r*rs + c*cs]) packed the way gemm() packs it, every cache block of it, so
 // that GemmArgs::a_packed can skip the packing: packed_a_blocks_elems(m, k) elements, 64-byte aligned.

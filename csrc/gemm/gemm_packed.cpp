@@ -47,7 +47,7 @@ void pack_a_rows(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t
 
 template <typename T>
 void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, index_t jp1, T beta, T* c,
-                   index_t ldc) {
+                   index_t ldc, bool reverse) {
   const UKernel<T>& uk = b.ukernel();
   const index_t k = b.k(), n = b.n();
   const int mr = uk.mr, nr = uk.nr;
@@ -64,7 +64,8 @@ void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, ind
   // element in the same order.
   const index_t kc_table = blocking_for<T>(active_isa()).kc;
   const index_t kc_max = round_up(ceil_div(k, ceil_div(k, kc_table)), 8);
-  for (index_t jp = jp0; jp < jp1; ++jp) {
+  for (index_t q = jp0; q < jp1; ++q) {
+    const index_t jp = reverse ? jp0 + jp1 - 1 - q : q;
     const index_t j = jp * nr;
     const int n_t = static_cast<int>(std::min<index_t>(nr, n - j));
     const T* bpanel = b.panel(jp);
@@ -94,8 +95,8 @@ template void pack_a_rows<float>(const UKernel<float>&, index_t, index_t, const 
 template void pack_a_rows<double>(const UKernel<double>&, index_t, index_t, const double*, index_t, index_t,
                                   double*);
 template void gemm_packed_b<float>(index_t, const float*, const PackedB<float>&, index_t, index_t, float, float*,
-                                   index_t);
+                                   index_t, bool);
 template void gemm_packed_b<double>(index_t, const double*, const PackedB<double>&, index_t, index_t, double,
-                                    double*, index_t);
+                                    double*, index_t, bool);
 
 }  // namespace dnnkit

@@ -642,7 +642,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
             pack_a_balanced<T>(uk, B, S, hprev, ldh, ap);
             PanelShare& share = shares[tg.group];
             const int set = static_cast<int>(seq & 1);
-            fused_step<T>(step, [&] { return share.next(set, tg.tid); }, ap, b.whh, xpt, b.gh.data(), bhn, hprev, ldh, cprev, ct,
+            fused_step<T>(step, [&] { return share.next(set, tg.tid, set == 1); }, ap, b.whh, xpt, b.gh.data(), bhn, hprev, ldh, cprev, ct,
                           proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data());
           } else {
             // A single step (its products by plain GEMM: into gh, or with x's into xp) or h_{t-1} = 0.
@@ -796,7 +796,8 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
             // passed the barrier above after its last step's products.
             pack_a_rows_part<T>(uk, B, GH, dgh_all + t * B * GH, GH, 1, ap, tg.tid, tg.nt);
             if (tg.nt > 1) barriers[tg.group].wait();  // packed dG_t complete before the products
-            gemm_packed_b<T>(B, ap, b.whh[0], own_s.c0, own_s.c1, gru ? T(1) : T(0), b.state.data(), S);
+            gemm_packed_b<T>(B, ap, b.whh[0], own_s.c0, own_s.c1, gru ? T(1) : T(0), b.state.data(), S,
+                             (st & 1) != 0);  // alternate directions: see gemm_packed_b
           }
         }
       }
@@ -868,7 +869,8 @@ void rnn_panel_share_test(int nt, index_t panels, index_t steps, int max_spin, i
     const int tid = thread_id();
     std::uint64_t rng = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(tid + 1);
     for (index_t st = 0; st < steps; ++st) {
-      for (index_t jp = share.next(static_cast<int>(st & 1), tid); jp >= 0; jp = share.next(static_cast<int>(st & 1), tid)) {
+      const int set = static_cast<int>(st & 1);  // odd steps run the ranges backwards, as rnn_forward's do
+      for (index_t jp = share.next(set, tid, set == 1); jp >= 0; jp = share.next(set, tid, set == 1)) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         // The last thread runs 4x slower, as on a core shared with a busy neighbour.
         const int spins = max_spin > 0 ? static_cast<int>((rng >> 33) % static_cast<std::uint64_t>(max_spin)) *
