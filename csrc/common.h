@@ -100,6 +100,15 @@ inline int thread_id() {
 #endif
 }
 
+// Size of the innermost OpenMP team (1 outside one, or without OpenMP).
+inline int thread_count() {
+#ifdef _OPENMP
+  return omp_get_num_threads();
+#else
+  return 1;
+#endif
+}
+
 // Number of threads kernels use; set from Python (dnnkit.set_num_threads).
 int get_num_threads();
 void set_num_threads(int n);

@@ -58,4 +58,14 @@ class PanelShare {
   std::unique_ptr<Slot[]> slots_;
 };
 
+// Which way a product that streams a weight W should run through it this time: alternately forwards and
+// backwards for each W (one bit per slot of a small table keyed by W's address; two weights sharing a slot
+// only lose the alternation). Back-to-back calls on the same W, a layer or a cell run in a loop, then
+// start on the part of W the last call read last, which is still in cache.
+inline bool alternate_direction(const void* key) {
+  static std::atomic<unsigned char> bits[256];  // static storage: zero before first use
+  const std::uint64_t h = (static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(key)) >> 6) * 0x9E3779B97F4A7C15ull;
+  return bits[h >> 56].fetch_xor(1, std::memory_order_relaxed) != 0;
+}
+
 }  // namespace dnnkit

@@ -37,6 +37,9 @@ void small_m(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const 
   const index_t units_j = ceil_div(g.n, kCols), units = ceil_div(g.m, kRows) * units_j;
   std::optional<PanelShare> share;  // none on one thread, or past the shared ranges' 32-bit indices
   if (nt > 1 && units < PanelShare::kMaxPanels) share.emplace(nt, units);
+  // Units in the order opposite to the last call's on the same weights (see alternate_direction); each
+  // output is summed in the same order either way.
+  const bool reverse = alternate_direction(g.b);
   auto run_unit = [&](index_t u, T* tile, T* tile2) {
     const index_t ic = u / units_j * kRows, jg = u % units_j * kCols;
     const index_t mc = std::min(kRows, g.m - ic), width = std::min(kCols, g.n - jg);
@@ -80,10 +83,12 @@ void small_m(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const 
     alignas(64) T tile2[kRows * kCols];
     if (share) {
       const int tid = thread_id();
-      for (index_t u; (u = share->next(0, tid)) >= 0;) run_unit(u, tile, tile2);
+      for (index_t u; (u = share->next(0, tid, reverse)) >= 0;) run_unit(u, tile, tile2);
     } else {
-#pragma omp for schedule(static)
-      for (index_t u = 0; u < units; ++u) run_unit(u, tile, tile2);
+      // A static split, each thread's range run in the call's direction.
+      const int tid = thread_id(), nth = thread_count();
+      const index_t lo = units * tid / nth, hi = units * (tid + 1) / nth;
+      for (index_t u = lo; u < hi; ++u) run_unit(reverse ? lo + hi - 1 - u : u, tile, tile2);
     }
   }
 }
