@@ -317,18 +317,20 @@ def test_gemm_small_m_kernel_contract(isa, num_threads, data):
     check_row_kernel(dnnkit._cpu.gemm_small_m, data, dtype, m, n, k)
 
 
+@pytest.mark.parametrize("kernel,m", [("gemm_small_m", 40), ("gemm_wt_direct", 70)])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gemm_small_m_same_result_in_either_direction(isa, num_threads, dtype):
-    """gemm_small_m runs its units forwards and backwards on alternate calls with the same weights (so
-    that a call starts on what the last one left in cache): every call gives the same bits."""
+def test_row_kernels_same_result_in_either_direction(isa, num_threads, dtype, kernel, m):
+    """gemm_small_m and gemm_wt_direct run their units forwards and backwards on alternate calls with the
+    same weights (so that a call starts on what the last one left in cache): every call gives the same
+    bits."""
     rng = np.random.default_rng(7)
-    a = rng.standard_normal((40, 300)).astype(dtype)
+    a = rng.standard_normal((m, 300)).astype(dtype)
     w = rng.standard_normal((333, 300)).astype(dtype)
     bias = rng.standard_normal(333).astype(dtype)
     outs = []
     for _ in range(4):
-        c = np.full((40, 333), np.nan, dtype)
-        dnnkit._cpu.gemm_small_m(a, w.T, c, 1.0, 0.0, bias, 1, 0)
+        c = np.full((m, 333), np.nan, dtype)
+        getattr(dnnkit._cpu, kernel)(a, w.T, c, 1.0, 0.0, bias, 1, 0)
         outs.append(c)
     for c in outs[1:]:
         assert np.array_equal(c, outs[0])

@@ -129,6 +129,11 @@ void wt_direct(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, cons
   const index_t n_ib = ceil_div(n, mr);
   int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), n_ib)));
   if (double(m) * double(n) * double(k) < min_parallel_work()) nt = 1;
+  // Tiles of W rows shared as gemm_small_m shares its units: each thread runs its own range, in the
+  // direction opposite to the last call's on the same W, and takes over the end of another's.
+  std::optional<PanelShare> share;
+  if (nt > 1 && n_ib < PanelShare::kMaxPanels) share.emplace(nt, n_ib);
+  const bool reverse = alternate_direction(g.b);
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
 #pragma omp for schedule(static)
@@ -139,8 +144,7 @@ void wt_direct(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, cons
       if (k2 > 0) pack_b_panel<T>(k2, rows, a2 + j0 * lda2, 1, lda2, nr, dst + k1 * nr);
     }
     // implicit barrier: every panel packed
-#pragma omp for schedule(static)
-    for (index_t ib = 0; ib < n_ib; ++ib) {
+    auto run_tile = [&](index_t ib) {
       const index_t i = ib * mr;  // rows [i, i + m_t) of W: columns of C
       const int m_t = static_cast<int>(std::min<index_t>(mr, n - i));
       for (index_t pc = 0; pc < k; pc += kc_max) {
@@ -162,6 +166,14 @@ void wt_direct(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, cons
                               g.bias_per_row);
         }
       }
+    };
+    const int tid = thread_id();
+    if (share) {
+      for (index_t ib; (ib = share->next(0, tid, reverse)) >= 0;) run_tile(ib);
+    } else {
+      const int nth = thread_count();
+      const index_t lo = n_ib * tid / nth, hi = n_ib * (tid + 1) / nth;
+      for (index_t q = lo; q < hi; ++q) run_tile(reverse ? lo + hi - 1 - q : q);
     }
   }
 }
