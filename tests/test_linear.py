@@ -243,3 +243,15 @@ def test_linear_run_checks_its_arguments():
     with pytest.raises(ValueError, match="activation"):
         run(x, w, None, 9, 0)
     assert np.array_equal(run(x, w, np.ones(4, np.float32), 1, 1), np.full((2, 4), 4, np.float32))
+
+
+@pytest.mark.parametrize("m,n", [(0, 5), (3, 0), (1, 1), (7, 33), (300, 1100), (2, 4099), (513, 17)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_column_sums_behind_the_bias_gradients(num_threads, dtype, m, n):
+    """The bias gradients' column sums (linear's and the RNNs') over stripes of columns, with widths
+    that leave partial stripes and more columns than one stripe holds: the float64 sums of NumPy."""
+    x = np.random.default_rng(m * 7 + n).standard_normal((m, n)).astype(dtype)
+    got = dnnkit._cpu.column_sums(x)
+    assert got.shape == (n,) and got.dtype == dtype
+    np.testing.assert_allclose(got, x.astype(np.float64).sum(axis=0), rtol=1e-6 if dtype == np.float32 else 1e-13,
+                               atol=1e-5 if dtype == np.float32 else 1e-12)

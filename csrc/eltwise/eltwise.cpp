@@ -1,5 +1,6 @@
 #include "eltwise.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace dnnkit {
@@ -30,14 +31,24 @@ void activation_backward(const T* grad_y, const T* z, const T* y, T* grad_z, ind
 
 template <typename T>
 void column_sums(const T* x, index_t m, index_t n, T* out) {
+  // Stripes of up to kStripe columns, each summed down all rows into doubles held in L1. A stripe as wide
+  // as this reads kilobytes of each row at a time, which the prefetchers follow; 64 columns (256 bytes
+  // of a row, rows apart by the full width) left a bias gradient over 3200 x 2048 at a fifth of the
+  // memory's speed.
+  constexpr index_t kStripe = 512;
   const int nt = get_num_threads();
+  const index_t stripe = std::max<index_t>(16, std::min<index_t>(kStripe, round_up(ceil_div(n, nt), 16)));
 #pragma omp parallel for schedule(static) num_threads(nt) if (m * n > 65536)
-  for (index_t j0 = 0; j0 < n; j0 += 64) {
-    const index_t j1 = j0 + 64 < n ? j0 + 64 : n;
-    double acc[64] = {0};
-    for (index_t i = 0; i < m; ++i)
-      for (index_t j = j0; j < j1; ++j) acc[j - j0] += static_cast<double>(x[i * n + j]);
-    for (index_t j = j0; j < j1; ++j) out[j] = static_cast<T>(acc[j - j0]);
+  for (index_t j0 = 0; j0 < n; j0 += stripe) {
+    const index_t w = std::min(stripe, n - j0);
+    double acc[kStripe];
+    for (index_t j = 0; j < w; ++j) acc[j] = 0.0;
+    for (index_t i = 0; i < m; ++i) {
+      const T* row = x + i * n + j0;
+#pragma omp simd
+      for (index_t j = 0; j < w; ++j) acc[j] += static_cast<double>(row[j]);
+    }
+    for (index_t j = 0; j < w; ++j) out[j0 + j] = static_cast<T>(acc[j]);
   }
 }
 
