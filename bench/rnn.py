@@ -1,6 +1,6 @@
 """dnnkit's fused RNNs beside PyTorch CPU (oneDNN/MKL) in one process.
 
-    python bench/rnn.py [--quick] [--threads N] [--budget SECONDS] [--filter TEXT] [--markdown]
+    python bench/rnn.py [--quick] [--threads N] [--budget SECONDS] [--filter TEXT] [--markdown] [--passes N]
 
 Sequences (torch.nn.LSTM / GRU, input size = hidden size; LSTMs with projections, "P<n>", take inputs of
 the projection's size): inference (torch under no_grad) and a training step (forward, then backward of
@@ -9,6 +9,10 @@ then the cells (torch.nn.LSTMCell / GRUCell) stepped over T time steps in a Pyth
 problem: both medians (runs interleaved in blocks, see bench/gemm.py), the ratio torch/dnnkit (> 1:
 dnnkit faster) and dnnkit's GFLOP/s counting the GEMMs only (forward 2*T*B*G*H*(I + H) per layer and
 direction, 2*T*B*(G*H*(I + P) + P*H) with a projection; a training step 3x that).
+
+On a shared machine one problem's ratio can move by 10-25% between runs (the neighbours' load changes
+within minutes). --passes N times the whole list N times over, so that each problem is measured in N
+windows minutes apart, and reports the medians over the passes and the range of the ratio.
 """
 from __future__ import annotations
 
@@ -136,7 +140,11 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing per problem")
     ap.add_argument("--filter", default="", help="only problems whose name contains this")
     ap.add_argument("--markdown", action="store_true", help="print Markdown tables for bench/RESULTS.md")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="time the whole list this many times and report medians over the passes")
     args = ap.parse_args(argv)
+    if args.passes < 1:
+        ap.error("--passes must be 1 or more")
     import torch
 
     torch.set_num_threads(args.threads)
@@ -145,8 +153,8 @@ def main(argv=None):
     info = dnnkit.info()
     print(f"# {info['cpu']} | {platform.machine()} | ISA {info['isa_active']} | threads {args.threads} | "
           f"torch {torch.__version__} | numpy {np.__version__} | float32")
-    rng = np.random.default_rng(0)
-    hdr = ("problem", "dnnkit ms", "torch ms", "ratio", "dnnkit GF/s")
+    multi = args.passes > 1
+    hdr = ("problem", "dnnkit ms", "torch ms", "ratio", "dnnkit GF/s") + (("ratio range",) if multi else ())
     ratios = {}
 
     def header(title):
@@ -155,40 +163,70 @@ def main(argv=None):
             print("| " + " | ".join(hdr) + " |")
             print("|" + "---|" * len(hdr))
         else:
-            print(f"{hdr[0]:<36} {hdr[1]:>10} {hdr[2]:>10} {hdr[3]:>6} {hdr[4]:>11}")
+            print(f"{hdr[0]:<36} {hdr[1]:>10} {hdr[2]:>10} {hdr[3]:>6} {hdr[4]:>11}" + (f" {hdr[5]:>12}" if multi else ""))
 
-    def row(group, name, t_ours, t_torch, fl):
-        ratio = t_torch / t_ours
+    def row(group, name, timings, fl):
+        # timings: one (dnnkit, torch) pair of medians per pass
+        t_ours = float(np.median([t[0] for t in timings]))
+        t_torch = float(np.median([t[1] for t in timings]))
+        rs = [t[1] / t[0] for t in timings]
+        ratio = float(np.median(rs))
         ratios.setdefault(group, []).append(ratio)
         gf = fl / t_ours / 1e9
+        span = f"{min(rs):.2f}-{max(rs):.2f}"
         if args.markdown:
-            print(f"| {name} | {1e3 * t_ours:.3f} | {1e3 * t_torch:.3f} | {ratio:.2f} | {gf:.1f} |")
+            print(f"| {name} | {1e3 * t_ours:.3f} | {1e3 * t_torch:.3f} | {ratio:.2f} | {gf:.1f} |"
+                  + (f" {span} |" if multi else ""))
         else:
-            print(f"{name:<36} {1e3 * t_ours:>10.3f} {1e3 * t_torch:>10.3f} {ratio:>6.2f} {gf:>11.1f}")
+            print(f"{name:<36} {1e3 * t_ours:>10.3f} {1e3 * t_torch:>10.3f} {ratio:>6.2f} {gf:>11.1f}"
+                  + (f" {span:>12}" if multi else ""))
         sys.stdout.flush()
 
+    # Every problem as (section, name, the summary's group, a maker of its two calls, its flops).
     problems = QUICK if args.quick else FULL
+    plan = []
     for train in (False, True):
-        group = "training step (fwd+bwd)" if train else "sequence inference"
-        header(group)
+        section = "training step (fwd+bwd)" if train else "sequence inference"
         for mode, H, B, T, L, *proj in problems:
             P = proj[0] if proj else 0
             name = f"{mode} H{H}{f' P{P}' if P else ''} B{B} T{T} L{L}"
             if args.filter and args.filter not in name:
                 continue
-            ours, theirs = sequence_calls(torch, mode, H, B, T, L, train, rng, P)
-            t_ours, t_torch = interleaved_medians([ours, theirs], budget, block=BLOCK)
+            make = (lambda mode=mode, H=H, B=B, T=T, L=L, train=train, P=P, seed=len(plan):
+                    sequence_calls(torch, mode, H, B, T, L, train, np.random.default_rng(seed), P))
             fl = flops(mode, H, B, T, L, P=P) * (3 if train else 1)
-            row(group + (" batch 1" if B == 1 else ""), name, t_ours, t_torch, fl)
-    group = f"cell, {CELL_STEPS} steps in a Python loop"
-    header(group)
+            plan.append((section, name, section + (" batch 1" if B == 1 else ""), make, fl))
+    section = f"cell, {CELL_STEPS} steps in a Python loop"
     for mode, H, B in (CELLS_QUICK if args.quick else CELLS_FULL):
         name = f"{mode}_cell H{H} B{B} x{CELL_STEPS}"
         if args.filter and args.filter not in name:
             continue
-        ours, theirs = cell_calls(torch, mode, H, B, rng)
-        t_ours, t_torch = interleaved_medians([ours, theirs], budget, block=BLOCK)
-        row(group, name, t_ours, t_torch, flops(mode, H, B, CELL_STEPS, 1))
+        make = lambda mode=mode, H=H, B=B, seed=len(plan): cell_calls(torch, mode, H, B, np.random.default_rng(seed))
+        plan.append((section, name, section, make, flops(mode, H, B, CELL_STEPS, 1)))
+
+    timings = {(sec, name): [] for sec, name, _, _, _ in plan}
+    shown = None
+
+    def show(entry):
+        nonlocal shown
+        sec, name, group, _, fl = entry
+        if sec != shown:
+            header(sec)
+            shown = sec
+        row(group, name, timings[sec, name], fl)
+
+    for p in range(args.passes):
+        if multi:
+            print(f"# pass {p + 1} of {args.passes}", file=sys.stderr, flush=True)
+        for entry in plan:
+            ours, theirs = entry[3]()
+            timings[entry[0], entry[1]].append(interleaved_medians([ours, theirs], budget, block=BLOCK))
+            del ours, theirs
+            if not multi:
+                show(entry)
+    if multi:
+        for entry in plan:
+            show(entry)
     print()
     for g, rs in ratios.items():
         gm = float(np.exp(np.mean(np.log(rs))))
