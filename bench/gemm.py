@@ -1,11 +1,14 @@
 """dnnkit GEMM and linear beside NumPy (OpenBLAS) in one process.
 
     python bench/gemm.py [--problems FILE] [--threads N] [--budget SECONDS] [--filter TEXT] [--isa ISA] [--markdown]
+                         [--passes N]
 
 For each problem: the median time of dnnkit and of NumPy (runs interleaved, so both see the same
 machine state), GFLOP/s, the ratio dnnkit/NumPy (> 1: dnnkit faster) and the fraction of the measured
 float32 FMA peak. Fully-connected problems ('tb') run as dnnkit.linear(x, W) against x @ W.T.
-Then one thread at 2048^3 against the measured one-core peak.
+Then one thread at 2048^3 against the one-core peak, measured just before it.
+--passes N times the whole list N times over (each problem in N windows minutes apart, as a shared
+machine's load changes) and reports the medians over the passes and the range of the ratio.
 """
 from __future__ import annotations
 
@@ -90,7 +93,11 @@ def main(argv=None):
     ap.add_argument("--filter", default="", help="only problems whose name contains this")
     ap.add_argument("--isa", choices=("ref", "avx2", "avx512"), help="use this ISA's micro-kernels (default: the best)")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table for bench/RESULTS.md")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="time the whole list this many times and report medians over the passes")
     args = ap.parse_args(argv)
+    if args.passes < 1:
+        ap.error("--passes must be 1 or more")
     if args.threads:
         dnnkit.set_num_threads(args.threads)
     if args.isa:
@@ -102,39 +109,65 @@ def main(argv=None):
     print(f"# {info['cpu']} | {platform.machine()} | ISA {info['isa_active']} | "
           f"{info['ukernels']['float32']['ukernel']} | threads {nt}")
     print(f"# measured fp32 peak: {peak:.1f} GFLOP/s on {nt} threads, {peak1:.1f} on one | numpy {np.__version__}")
-    rng = np.random.default_rng(0)
+    multi = args.passes > 1
     rows = []
-    sep = "|" if args.markdown else " "
-    hdr = ["problem", "descriptor", "dnnkit GF/s", "numpy GF/s", "ratio", "% peak"]
+    hdr = ["problem", "descriptor", "dnnkit GF/s", "numpy GF/s", "ratio", "% peak"] + (["ratio range"] if multi else [])
     if args.markdown:
         print("| " + " | ".join(hdr) + " |")
         print("|" + "---|" * len(hdr))
     else:
-        print(f"{hdr[0]:<24} {hdr[1]:<24} {hdr[2]:>11} {hdr[3]:>10} {hdr[4]:>6} {hdr[5]:>7}")
-    for p, name in read_problems(args.problems):
-        if args.filter and args.filter not in name:
-            continue
-        ours, theirs = make_call(p, rng)
-        t_ours, t_np = interleaved_medians([ours, theirs], args.budget)
+        print(f"{hdr[0]:<24} {hdr[1]:<24} {hdr[2]:>11} {hdr[3]:>10} {hdr[4]:>6} {hdr[5]:>7}" + (f" {hdr[6]:>12}" if multi else ""))
+
+    def show(p, name, timings):
+        # timings: one (dnnkit, numpy) pair of medians per pass
+        t_ours = float(np.median([t[0] for t in timings]))
+        t_np = float(np.median([t[1] for t in timings]))
+        rs = [t[1] / t[0] for t in timings]
         g_ours, g_np = p.flops / t_ours / 1e9, p.flops / t_np / 1e9
-        row = (name, p.descriptor(), g_ours, g_np, t_np / t_ours, 100 * g_ours / peak)
+        row = (name, p.descriptor(), g_ours, g_np, float(np.median(rs)), 100 * g_ours / peak)
         rows.append(row)
+        span = f"{min(rs):.2f}-{max(rs):.2f}"
         if args.markdown:
-            print(f"| {row[0]} | `{row[1]}` | {row[2]:.1f} | {row[3]:.1f} | {row[4]:.2f} | {row[5]:.0f}% |")
+            print(f"| {row[0]} | `{row[1]}` | {row[2]:.1f} | {row[3]:.1f} | {row[4]:.2f} | {row[5]:.0f}% |"
+                  + (f" {span} |" if multi else ""))
         else:
-            print(f"{row[0]:<24} {row[1]:<24} {row[2]:>11.1f} {row[3]:>10.1f} {row[4]:>6.2f} {row[5]:>6.0f}%")
+            print(f"{row[0]:<24} {row[1]:<24} {row[2]:>11.1f} {row[3]:>10.1f} {row[4]:>6.2f} {row[5]:>6.0f}%"
+                  + (f" {span:>12}" if multi else ""))
         sys.stdout.flush()
-    # One thread at 2048^3 against the one-core peak.
-    if not args.filter or args.filter in "single-thread":
-        dnnkit.set_num_threads(1)
-        n = 2048
-        a = rng.standard_normal((n, n)).astype(np.float32)
-        b = rng.standard_normal((n, n)).astype(np.float32)
-        c = np.empty((n, n), np.float32)
-        (t1,) = interleaved_medians([lambda: dnnkit.gemm(a, b, c)], args.budget * 2)
-        g1 = 2 * n**3 / t1 / 1e9
-        print(f"# one thread, 2048^3: {g1:.1f} GFLOP/s = {100 * g1 / peak1:.0f}% of the one-core peak {peak1:.1f}")
-        dnnkit.set_num_threads(nt)
+
+    plan = [(p, name) for p, name in read_problems(args.problems) if not args.filter or args.filter in name]
+    timings = {name: [] for _, name in plan}
+    single = []  # per pass: (GFLOP/s on one thread at 2048^3, the one-core peak measured just before)
+    for k in range(args.passes):
+        if multi:
+            print(f"# pass {k + 1} of {args.passes}", file=sys.stderr, flush=True)
+        rng = np.random.default_rng(0)
+        for p, name in plan:
+            ours, theirs = make_call(p, rng)
+            timings[name].append(interleaved_medians([ours, theirs], args.budget))
+            del ours, theirs
+            if not multi:
+                show(p, name, timings[name])
+        # One thread at 2048^3 against the one-core peak.
+        if not args.filter or args.filter in "single-thread":
+            dnnkit.set_num_threads(1)
+            n = 2048
+            a = rng.standard_normal((n, n)).astype(np.float32)
+            b = rng.standard_normal((n, n)).astype(np.float32)
+            c = np.empty((n, n), np.float32)
+            p1 = dnnkit.machine.peak_gflops(1, isa_name=info["isa_active"], seconds=0.5)
+            (t1,) = interleaved_medians([lambda: dnnkit.gemm(a, b, c)], args.budget * 2)
+            single.append((2 * n**3 / t1 / 1e9, p1))
+            dnnkit.set_num_threads(nt)
+    if multi:
+        for p, name in plan:
+            show(p, name, timings[name])
+    if single:
+        fr = [g / p1 for g, p1 in single]
+        g1 = float(np.median([g for g, _ in single]))
+        span = f" (range {100 * min(fr):.0f}-{100 * max(fr):.0f}% over {len(fr)} passes)" if multi else ""
+        print(f"# one thread, 2048^3: {g1:.1f} GFLOP/s = {100 * float(np.median(fr)):.0f}% of the one-core peak "
+              f"{float(np.median([p1 for _, p1 in single])):.1f} measured just before{span}")
     groups = {}
     for row in rows:
         groups.setdefault(row[0].split(":")[0], []).append(row[4])
