@@ -58,6 +58,21 @@ class PanelShare {
   std::unique_ptr<Slot[]> slots_;
 };
 
+// Runs fn(u) for the units of [0, units) this thread of a parallel region gets: from `share` (set 0) when
+// there is one, else the thread's equal range of a static split (the range PanelShare starts it on);
+// either way its own range from the back when `reverse`.
+template <typename F>
+void for_each_unit(PanelShare* share, index_t units, bool reverse, F&& fn) {
+  const int tid = thread_id();
+  if (share) {
+    for (index_t u; (u = share->next(0, tid, reverse)) >= 0;) fn(u);
+    return;
+  }
+  const int nth = thread_count();
+  const index_t lo = units * tid / nth, hi = units * (tid + 1) / nth;
+  for (index_t u = lo; u < hi; ++u) fn(reverse ? lo + hi - 1 - u : u);
+}
+
 // Which way a product that streams a weight W should run through it this time: alternately forwards and
 // backwards for each W (one bit per slot of a small table keyed by W's address; two weights sharing a slot
 // only lose the alternation). Back-to-back calls on the same W, a layer or a cell run in a loop, then

@@ -81,15 +81,7 @@ void small_m(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const 
   {
     alignas(64) T tile[kRows * kCols];
     alignas(64) T tile2[kRows * kCols];
-    if (share) {
-      const int tid = thread_id();
-      for (index_t u; (u = share->next(0, tid, reverse)) >= 0;) run_unit(u, tile, tile2);
-    } else {
-      // A static split, each thread's range run in the call's direction.
-      const int tid = thread_id(), nth = thread_count();
-      const index_t lo = units * tid / nth, hi = units * (tid + 1) / nth;
-      for (index_t u = lo; u < hi; ++u) run_unit(reverse ? lo + hi - 1 - u : u, tile, tile2);
-    }
+    for_each_unit(share ? &*share : nullptr, units, reverse, [&](index_t u) { run_unit(u, tile, tile2); });
   }
 }
 
@@ -167,14 +159,7 @@ void wt_direct(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, cons
         }
       }
     };
-    const int tid = thread_id();
-    if (share) {
-      for (index_t ib; (ib = share->next(0, tid, reverse)) >= 0;) run_tile(ib);
-    } else {
-      const int nth = thread_count();
-      const index_t lo = n_ib * tid / nth, hi = n_ib * (tid + 1) / nth;
-      for (index_t q = lo; q < hi; ++q) run_tile(reverse ? lo + hi - 1 - q : q);
-    }
+    for_each_unit(share ? &*share : nullptr, n_ib, reverse, run_tile);
   }
 }
 
