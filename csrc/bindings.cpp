@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 
 #include <complex>
+#include <memory>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -163,6 +165,82 @@ py::array linear_run_impl(const py::array& x, const py::array& w, const py::obje
     else
       gemm<T>(g, 0);
   }
+  return std::move(y);
+}
+
+// A weight W (n x k, any strides) packed once as W^T for gemm_prepacked (dnnkit.pack_weight). The
+// packing is held by shared pointer and replaced whole by repack(), with the GIL held, and every user
+// takes its own reference with the GIL held before releasing it: a repack while another thread
+// multiplies by the old packing leaves that packing alive until the product ends.
+struct PackedWeight {
+  index_t n = 0, k = 0;
+  int itemsize = 0;
+  std::shared_ptr<const PackedB<float>> f32;
+  std::shared_ptr<const PackedB<double>> f64;
+
+  explicit PackedWeight(const py::array& w) { repack(w); }
+
+  void repack(const py::array& w) {
+    const char* op = "pack_weight";
+    if (w.ndim() != 2) throw py::value_error("pack_weight: weight must be 2-D (out_features, in_features)");
+    const bool f = py::isinstance<py::array_t<float>>(w), d = py::isinstance<py::array_t<double>>(w);
+    if (!f && !d) throw py::type_error("pack_weight: weight must be float32 or float64");
+    const int item = f ? 4 : 8;
+    if (itemsize != 0 && (item != itemsize || w.shape(0) != n || w.shape(1) != k))
+      throw py::value_error("pack_weight: a repacked weight must keep its shape and dtype");
+    if (f) f32 = pack<float>(w, op);
+    else f64 = pack<double>(w, op);
+    n = w.shape(0);
+    k = w.shape(1);
+    itemsize = item;
+  }
+
+  template <typename T>
+  std::shared_ptr<const PackedB<T>> get() const {
+    if constexpr (std::is_same_v<T, float>) return f32;
+    else return f64;
+  }
+
+ private:
+  template <typename T>
+  static std::shared_ptr<const PackedB<T>> pack(const py::array& w, const char* op) {
+    const View2D v = view2d<T>(w, op, "weight");
+    auto p = std::make_shared<PackedB<T>>();
+    const T* data = static_cast<const T*>(w.data());
+    py::gil_scoped_release nogil;
+    p->pack(v.cols, v.rows, data, v.cs, v.rs);  // B = W^T: B(q, j) = W(j, q)
+    return p;
+  }
+};
+
+// y (x.shape[:-1] + (n,)) := act(x W^T + bias) on a weight packed by pack_weight; x of the weight's
+// dtype, rows copied to contiguous when they are not.
+template <typename T>
+py::array linear_prepacked_impl(const py::array& x, const PackedWeight& pw, const py::object& bias, int act) {
+  using CArr = py::array_t<T, py::array::c_style>;
+  if (x.ndim() < 1) throw py::value_error("linear: input must be at least 1-D");
+  const py::ssize_t nd = x.ndim();
+  const index_t k = x.shape(nd - 1), n = pw.n;
+  if (k != pw.k) throw py::value_error("linear: input has the wrong number of features for the packed weight");
+  const Activation a = activation_from_int(act);
+  if (!py::isinstance<py::array_t<T>>(x)) throw py::type_error("linear: input must have the packed weight's dtype");
+  CArr xa = CArr::ensure(x);
+  index_t m = 1;
+  for (py::ssize_t d = 0; d + 1 < nd; ++d) m *= x.shape(d);
+  std::vector<py::ssize_t> shape(x.shape(), x.shape() + nd - 1);
+  shape.push_back(static_cast<py::ssize_t>(n));
+  CArr y(shape);
+  CArr bias_arr;
+  if (!bias.is_none()) {
+    bias_arr = CArr::ensure(bias);
+    if (!bias_arr || bias_arr.ndim() != 1 || bias_arr.shape(0) != n)
+      throw py::value_error("linear: bias must be 1-D with one element per output feature");
+  }
+  if (m == 0 || n == 0) return std::move(y);
+  const std::shared_ptr<const PackedB<T>> w = pw.get<T>();
+  const T* bp = bias.is_none() ? nullptr : bias_arr.data();
+  py::gil_scoped_release nogil;
+  gemm_prepacked<T>(m, xa.data(), k, *w, y.mutable_data(), n, bp, a);
   return std::move(y);
 }
 
@@ -413,7 +491,33 @@ void rnn_forward_impl(const RnnShape& s, const py::object& x, const py::object& 
   const index_t state = s.layers * s.dirs * s.batch * s.hidden, hstate = s.layers * s.dirs * s.batch * s.state();
   const bool lstm = s.cell == RnnCell::lstm;
   RnnWeights<T> w;
-  rnn_params<T, const T*>(s, weights, false, w.w_ih, w.w_hh, w.b_ih, w.b_hh, w.w_hr);
+  // A cell's weights packed by pack_weight: entries 0 and 1 are PackedWeight objects (kept alive here by
+  // their shared pointers while the GIL is released).
+  std::shared_ptr<const PackedB<T>> packed_ih, packed_hh;
+  const bool pih = weights.size() >= 2 && py::isinstance<PackedWeight>(weights[0]);
+  const bool phh = weights.size() >= 2 && py::isinstance<PackedWeight>(weights[1]);
+  if (pih || phh) {
+    if (!pih || !phh) throw py::value_error("rnn: w_ih and w_hh must both be packed or both be arrays");
+    if (s.seq != 1 || s.layers != 1 || s.dirs != 1 || s.proj > 0 || weights.size() != 4)
+      throw py::value_error("rnn: packed weights are taken by the cells only (one step, one layer and direction)");
+    const index_t GH = rnn_gates(s.cell) * s.hidden;
+    const auto& a = weights[0].cast<const PackedWeight&>();
+    const auto& b = weights[1].cast<const PackedWeight&>();
+    if (a.itemsize != static_cast<int>(sizeof(T)) || b.itemsize != static_cast<int>(sizeof(T)))
+      throw py::type_error("rnn: packed weights have the wrong dtype");
+    if (a.n != GH || a.k != s.input || b.n != GH || b.k != s.hidden)
+      throw py::value_error("rnn: packed weights have the wrong shape");
+    packed_ih = a.get<T>();
+    packed_hh = b.get<T>();
+    w.packed_ih = packed_ih.get();
+    w.packed_hh = packed_hh.get();
+    w.w_ih.push_back(nullptr);
+    w.w_hh.push_back(nullptr);
+    w.b_ih.push_back(rnn_arg<T>(weights[2], GH, "b_ih[0]", false, true));
+    w.b_hh.push_back(rnn_arg<T>(weights[3], GH, "b_hh[0]", false, true));
+  } else {
+    rnn_params<T, const T*>(s, weights, false, w.w_ih, w.w_hh, w.b_ih, w.b_hh, w.w_hr);
+  }
   for (std::size_t i = 0; i < w.b_ih.size(); ++i)
     if ((w.b_ih[i] == nullptr) != (w.b_hh[i] == nullptr))
       throw py::value_error("rnn: b_ih and b_hh must both be given or both be None");
@@ -496,6 +600,26 @@ PYBIND11_MODULE(_cpu, m) {
         py::arg("a"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
         py::arg("bias") = py::none(), py::arg("activation") = 0, py::arg("nthreads") = 0,
         "gemm_small_m's layout for a batch of rows: C^T = W A^T with W read in place (the strided-A kernel).");
+
+  py::class_<PackedWeight>(m, "PackedWeight",
+                           "A weight (out_features, in_features) packed once for linear_prepacked and the cells.")
+      .def(py::init<const py::array&>(), py::arg("weight"))
+      .def("repack", &PackedWeight::repack, py::arg("weight"),
+           "Packs a weight of the same shape and dtype in place of the current packing.")
+      .def_readonly("out_features", &PackedWeight::n)
+      .def_readonly("in_features", &PackedWeight::k)
+      .def_readonly("itemsize", &PackedWeight::itemsize)
+      .def_property_readonly("nbytes", [](const PackedWeight& p) -> index_t {
+        const index_t nr = p.itemsize == 4 ? p.f32->ukernel().nr : p.f64->ukernel().nr;
+        return ceil_div(p.n, nr) * nr * p.k * p.itemsize;
+      });
+  m.def("linear_prepacked",
+        [](const py::array& x, const PackedWeight& w, const py::object& bias, int act) -> py::array {
+          if (w.itemsize == 4) return linear_prepacked_impl<float>(x, w, bias, act);
+          return linear_prepacked_impl<double>(x, w, bias, act);
+        },
+        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("activation") = 0,
+        "y := act(x @ W.T + bias), y allocated, for x (..., in_features) and W packed by PackedWeight.");
 
   m.def("linear_run",
         [](const py::array& x, const py::array& w, const py::object& bias, int act, int kind) -> py::array {

@@ -318,6 +318,85 @@ def test_cell_backward_matches_reference(isa, c):
         assert rel_l2(g, e) <= t
 
 
+@given(c=cell_cases())
+@settings(max_examples=30)
+def test_cell_on_packed_weights_matches_reference(isa, num_threads, c):
+    """The cells on weights packed once (dnnkit.pack_weight, under the ISA the fixture set): forward
+    against the float64 references, and the backward of a train=True call, which multiplies by the
+    arrays the packings came from, as on plain weights."""
+    x, h, cc, w_ih, w_hh, b_ih, b_hh = make_cell(c)
+    p_ih, p_hh = dnnkit.pack_weight(w_ih), dnnkit.pack_weight(w_hh)
+    got = cell_forward(c, x, h, cc, p_ih, p_hh, b_ih, b_hh)
+    got = got if isinstance(got, tuple) else (got,)
+    h_in = h if c.state else np.zeros_like(h)
+    c_in = cc if c.state else np.zeros_like(cc)
+    if c.mode == "lstm":
+        expected = lstm_cell_ref(x, h_in, c_in, w_ih, w_hh, b_ih, b_hh)
+    elif c.mode == "gru":
+        expected = (gru_cell_ref(x, h_in, w_ih, w_hh, b_ih, b_hh),)
+    else:
+        expected = (rnn_cell_ref(x, h_in, w_ih, w_hh, b_ih, b_hh, nonlinearity=c.mode[4:]),)
+    for g, e in zip(got, expected):
+        assert g.dtype == c.dtype and g.shape == ((c.H,) if c.unbatched else (c.B, c.H))
+        assert rel_l2(g, e.reshape(g.shape)) <= tol(c.dtype, FWD_TOL32)
+    _, r_packed = cell_forward(c, x, h, cc, p_ih, p_hh, b_ih, b_hh, train=True)
+    _, r_plain = cell_forward(c, x, h, cc, w_ih, w_hh, b_ih, b_hh, train=True)
+    gh = np.random.default_rng(c.seed).standard_normal((c.B, c.H)).astype(c.dtype)
+    gh = gh[0] if c.unbatched else gh
+    backward = {"lstm": lambda r: dnnkit.lstm_cell_backward(gh, gh, r), "gru": lambda r: dnnkit.gru_cell_backward(gh, r)}
+    run = backward.get(c.mode, lambda r: dnnkit.rnn_cell_backward(gh, r))
+    for g, e in zip(run(r_packed), run(r_plain)):
+        if e is None:
+            assert g is None
+        else:
+            assert rel_l2(g, e) <= tol(c.dtype, BWD_TOL32)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("B,I,H", [(64, 256, 256), (300, 20, 30), (1, 300, 200), (16, 100, 70)])
+def test_cells_on_packed_weights_at_larger_sizes(num_threads, mode, B, I, H):
+    """Packed cells beyond hypothesis's sizes: a full tile of batch rows, more rows than one block of the
+    packed product (256), one row of a wide layer; the remembered fast path on a repeated call."""
+    rng = np.random.default_rng(B + I + H)
+    G = GATES[mode]
+    x = rng.standard_normal((B, I)).astype(np.float32)
+    h = rng.standard_normal((B, H)).astype(np.float32)
+    c = rng.standard_normal((B, H)).astype(np.float32)
+    w_ih = (rng.standard_normal((G * H, I)) / np.sqrt(I)).astype(np.float32)
+    w_hh = (rng.standard_normal((G * H, H)) / np.sqrt(H)).astype(np.float32)
+    b_ih, b_hh = rng.standard_normal(G * H).astype(np.float32), rng.standard_normal(G * H).astype(np.float32)
+    p_ih, p_hh = dnnkit.pack_weight(w_ih), dnnkit.pack_weight(w_hh)
+    if mode == "lstm":
+        expected = lstm_cell_ref(x, h, c, w_ih, w_hh, b_ih, b_hh)
+        calls = [dnnkit.lstm_cell(x, (h, c), p_ih, p_hh, b_ih, b_hh) for _ in range(2)]
+    elif mode == "gru":
+        expected = (gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh),)
+        calls = [(dnnkit.gru_cell(x, h, p_ih, p_hh, b_ih, b_hh),) for _ in range(2)]
+    else:
+        fn = dnnkit.rnn_tanh_cell if mode == "rnn_tanh" else dnnkit.rnn_relu_cell
+        expected = (rnn_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh, nonlinearity=mode[4:]),)
+        calls = [(fn(x, h, p_ih, p_hh, b_ih, b_hh),) for _ in range(2)]
+    for got in calls:
+        for g, e in zip(got, expected):
+            assert rel_l2(g, e) <= FWD_TOL32
+
+
+def test_packed_cell_weights_are_checked_by_name():
+    x, h = np.zeros((2, 3), np.float32), np.zeros((2, 4), np.float32)
+    w_ih, w_hh = np.zeros((16, 3), np.float32), np.zeros((16, 4), np.float32)
+    p_ih, p_hh = dnnkit.pack_weight(w_ih), dnnkit.pack_weight(w_hh)
+    with pytest.raises(ValueError, match=r"^lstm_cell: w_ih and w_hh must both be packed"):
+        dnnkit.lstm_cell(x, (h, h), p_ih, w_hh)
+    with pytest.raises(ValueError, match=r"^lstm_cell: w_ih must have shape \(16, 5\)"):
+        dnnkit.lstm_cell(np.zeros((2, 5), np.float32), (h, h), p_ih, p_hh)
+    with pytest.raises(ValueError, match=r"^gru_cell: w_hh must have shape \(3\*hidden_size"):
+        dnnkit.gru_cell(x, h, p_ih, p_hh)
+    with pytest.raises(TypeError, match=r"^lstm_cell: w_ih has dtype float32 but input has float64"):
+        dnnkit.lstm_cell(x.astype(np.float64), None, p_ih, p_hh)
+    with pytest.raises(TypeError, match=r"^lstm: weights\[0\] \(weight_ih_l0\) is a packed weight"):
+        dnnkit.lstm(np.zeros((1, 2, 3), np.float32), None, None, [p_ih, p_hh])
+
+
 # ---------------------------------------------------------------------------------------- PyTorch
 TORCH_CASES = [(m, layers, bi, bias, bf) for m in MODES for (layers, bi, bias, bf) in
                [(1, False, True, False), (2, True, True, True), (3, False, False, False), (2, True, False, True)]]

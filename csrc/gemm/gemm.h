@@ -141,6 +141,19 @@ template <typename T>
 void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, index_t jp1, T beta, T* c,
                    index_t ldc, bool reverse = false);
 
+// C (m x n, row stride ldc) := act(A W^T + A2 W2^T + bias) with W^T packed once by the caller: w holds
+// W^T (k x n) for a weight W (n x k), w2 (may be null) W2^T (k2 x n); A (m x k, row stride lda) and A2
+// (m x k2, row stride lda2) have contiguous rows. What a fully-connected layer or an RNN cell called
+// again and again on the same weights would otherwise pay at every call, the packing of W, is paid
+// once (dnnkit.pack_weight). A is packed per call (it is small: few rows), in blocks of rows that stay
+// in L2 while the weight's panels stream past; the threads share the panels, whose direction alternates
+// from call to call (alternate_direction). bias (length n) may be null; beta is 0 (C is not read).
+// Throws std::bad_alloc before its parallel region.
+template <typename T>
+void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* c, index_t ldc, const T* bias,
+                    Activation act, const T* a2 = nullptr, index_t lda2 = 0, const PackedB<T>* w2 = nullptr,
+                    int nthreads = 0);
+
 // A (m x k, element (r, c) at a[r*rs + c*cs]) packed the way gemm() packs it, every cache block of it, so
 // that GemmArgs::a_packed can skip the packing: packed_a_blocks_elems(m, k) elements, 64-byte aligned.
 // For the active ISA's micro-kernel at the time of the gemm() call; runs on the calling thread.

@@ -1,9 +1,11 @@
 // Pre-packed B (PackedB) and the single-threaded product over a range of its panels (gemm.h).
 #include <algorithm>
+#include <vector>
 
 #include "blocking.h"
 #include "gemm.h"
 #include "pack.h"
+#include "../work_share.h"
 
 namespace dnnkit {
 
@@ -83,6 +85,53 @@ void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, ind
   }
 }
 
+template <typename T>
+void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* c, index_t ldc, const T* bias,
+                    Activation act, const T* a2, index_t lda2, const PackedB<T>* w2, int nthreads) {
+  const index_t n = w.n(), k = w.k(), k2 = w2 ? w2->k() : 0;
+  if (m <= 0 || n <= 0) return;
+  const UKernel<T>& uk = w.ukernel();
+  const int mr = uk.mr, nr = uk.nr;
+  AlignedBuffer<T> ap(static_cast<std::size_t>(std::max<index_t>(m * (k + k2), 1)));
+  T* const ap1 = ap.data();
+  T* const ap2 = ap.data() + m * k;
+  // Rows per block: a block's k slice (rows x KC) stays in L2 (256 rows x 336 float32: 336 KB) while
+  // each panel's KC x NR slice is reused from L1 across the block's micro-panels.
+  const index_t mc = std::max<index_t>(mr, 256 / mr * mr);
+  const index_t mblocks = ceil_div(m, mc), panels = w.panels();
+  int nt = nthreads > 0 ? nthreads : get_num_threads();
+  if (double(m) * double(n) * double(k + k2) < min_parallel_work()) nt = 1;
+  nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nt, panels)));
+  std::vector<PanelShare> shares;
+  if (nt > 1) {
+    shares.reserve(static_cast<std::size_t>(mblocks));
+    for (index_t mb = 0; mb < mblocks; ++mb) shares.emplace_back(nt, panels);
+  }
+  const bool reverse = alternate_direction(&w);
+  const bool epilogue = bias != nullptr || act != Activation::identity;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    const int tid = thread_id(), nth = thread_count();
+    pack_a_rows_part<T>(uk, m, k, a, lda, 1, ap1, tid, nth);
+    if (w2) pack_a_rows_part<T>(uk, m, k2, a2, lda2, 1, ap2, tid, nth);
+#pragma omp barrier
+    for (index_t mb = 0; mb < mblocks; ++mb) {
+      const index_t i0 = mb * mc, rows = std::min(mc, m - i0);
+      T* const cb = c + i0 * ldc;
+      for_each_unit(nt > 1 ? &shares[static_cast<std::size_t>(mb)] : nullptr, panels, reverse != ((mb & 1) != 0),
+                    [&](index_t jp) {
+                      gemm_packed_b<T>(rows, ap1 + i0 * k, w, jp, jp + 1, T(0), cb, ldc);
+                      if (w2) gemm_packed_b<T>(rows, ap2 + i0 * k2, *w2, jp, jp + 1, T(1), cb, ldc);
+                      if (epilogue) {
+                        const index_t j = jp * nr;
+                        apply_epilogue<T>(cb + j, ldc, 1, rows, std::min<index_t>(nr, n - j),
+                                          bias ? bias + j : nullptr, act);
+                      }
+                    });
+    }
+  }
+}
+
 template class PackedB<float>;
 template class PackedB<double>;
 template index_t packed_a_elems<float>(const UKernel<float>&, index_t, index_t);
@@ -98,5 +147,10 @@ template void gemm_packed_b<float>(index_t, const float*, const PackedB<float>&,
                                    index_t, bool);
 template void gemm_packed_b<double>(index_t, const double*, const PackedB<double>&, index_t, index_t, double,
                                     double*, index_t, bool);
+
+template void gemm_prepacked<float>(index_t, const float*, index_t, const PackedB<float>&, float*, index_t,
+                                    const float*, Activation, const float*, index_t, const PackedB<float>*, int);
+template void gemm_prepacked<double>(index_t, const double*, index_t, const PackedB<double>&, double*, index_t,
+                                     const double*, Activation, const double*, index_t, const PackedB<double>*, int);
 
 }  // namespace dnnkit

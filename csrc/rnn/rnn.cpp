@@ -574,9 +574,13 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     // A single step with h0 (a cell) whose two products run as one: on the strided-A kernel at a tile of
     // batch rows, as dot products at a few. LSTM and the plain RNNs (GRU keeps W_hn h apart, for its reset
     // gate), no projection.
+    // Weights packed by the caller (a cell, see RnnWeights): both products on them, summed as one except
+    // for GRU.
+    const bool prepacked = w.packed_ih != nullptr;
     const bool cell = !packed && h0 && !gru && !proj && Il > 0;
-    const bool one_direct = cell && direct_wins<T>(B, Il + S);
-    const bool one_product = one_direct || (cell && small_m_wins(B, GH, Il + S, sizeof(T)));
+    const bool one_direct = !prepacked && cell && direct_wins<T>(B, Il + S);
+    const bool one_product =
+        prepacked ? !gru : one_direct || (cell && small_m_wins(B, GH, Il + S, sizeof(T)));
     for (int d = 0; d < D; ++d) {
       const int li = l * D + d;
       DirBuffers<T>& b = buf[d];
@@ -585,7 +589,13 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
       for (index_t j = 0; j < GH; ++j)
         bias[j] = (bih ? bih[j] : T(0)) + (bhh && !(gru && j >= 2 * H) ? bhh[j] : T(0));
       for (index_t j = 0; j < H; ++j) bias[GH + j] = gru && bhh ? bhh[2 * H + j] : T(0);
-      if (one_product) {
+      if (prepacked) {
+        const bool both = h0 && !gru;
+        gemm_prepacked<T>(B, xl, Il, *w.packed_ih, b.xp.data(), GH, bias, Activation::identity,
+                          both ? h0 + li * B * S : nullptr, S, both ? w.packed_hh : nullptr);
+        if (h0 && gru)
+          gemm_prepacked<T>(B, h0 + li * B * S, S, *w.packed_hh, b.gh.data(), GH, nullptr, Activation::identity);
+      } else if (one_product) {
         // A single step (a cell): x W_ih^T + h0 W_hh^T + bias as one product, both weights read in place.
         GemmArgs<T> g = strided_gemm_args<T>(B, GH, Il, xl, Il, 1, w.w_ih[li], 1, Il, b.xp.data(), GH, T(0));
         g.bias = bias;
@@ -599,7 +609,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
       if (packed) {
         // Gate q's B operand: B_q(p, j) = W_hh[q*H + j, p] (S x H, read down the columns of W_hh).
         for (int q = 0; q < G; ++q) b.whh[q].pack(S, H, w.w_hh[li] + q * H * S, 1, S);
-      } else if (h0 && !one_product) {
+      } else if (h0 && !one_product && !prepacked) {
         gemm_a_wt<T>(B, GH, S, h0 + li * B * S, S, w.w_hh[li], b.gh.data(), GH, nullptr, T(0));
       }
       // The projection's B operand: B(p, j) = W_hr[j, p] (H x P).

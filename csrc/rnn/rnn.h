@@ -55,8 +55,16 @@ struct RnnShape {
 
 // Per layer-direction pointers (index l*D + d); biases may be null (bias=False).
 template <typename T>
+class PackedB;
+
+template <typename T>
 struct RnnWeights {
   std::vector<const T*> w_ih, w_hh, b_ih, b_hh, w_hr;  // w_hr: (P, H) with a projection, else empty
+  // A cell's weights packed by the caller (dnnkit.pack_weight: W_ih^T and W_hh^T, PackedB of I x GH and
+  // S x GH): when set (one step, one layer, one direction, no projection), rnn_forward multiplies by
+  // them and w_ih, w_hh are not read.
+  const PackedB<T>* packed_ih = nullptr;
+  const PackedB<T>* packed_hh = nullptr;
 };
 template <typename T>
 struct RnnWeightGrads {

@@ -14,6 +14,7 @@ from .api import (
     conv2d, conv2d_backward_bias, conv2d_backward_data, conv2d_backward_filter, explain, gemm, linear,
     linear_backward,
 )
+from .packed import PackedWeight, pack_weight
 from .problem import ConvProblem, GemmProblem, RnnProblem
 from .recurrent import (
     RnnReserve, gru, gru_backward, gru_cell, gru_cell_backward, lstm, lstm_backward, lstm_cell, lstm_cell_backward,
@@ -48,5 +49,5 @@ __all__ = [
     "set_num_threads", "get_num_threads", "set_tuning", "get_tuning", "set_workspace_limit",
     "get_workspace_limit", "lstm", "gru", "rnn", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
     "lstm_backward", "gru_backward", "rnn_backward", "lstm_cell_backward", "gru_cell_backward", "rnn_cell_backward",
-    "RnnReserve", "empty_cache",
+    "RnnReserve", "empty_cache", "pack_weight", "PackedWeight",
 ]

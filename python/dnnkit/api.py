@@ -13,6 +13,7 @@ from . import _cpu
 from .algos.gemm_cpu import ACTIVATION_CODES, LINEAR_RUN_KINDS
 from ._config import get_num_threads, get_workspace_limit
 from .dispatch import choose, dispatch_state, explain_problem
+from .packed import PackedWeight
 from .problem import ACTIVATIONS, RNN_MODES, ConvProblem, GemmProblem, RnnProblem, parse_descriptor
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -218,10 +219,13 @@ def _linear_key(input, weight, bias, activation, algo):
 def linear(input, weight, bias=None, *, activation=None, return_preactivation=False, algo="auto"):
     """y = act(input @ weight.T + bias), as torch.nn.functional.linear followed by the activation.
 
-    input: (..., in_features); weight: (out_features, in_features); bias: (out_features,) or None.
+    input: (..., in_features); weight: (out_features, in_features), or that weight packed once by
+    dnnkit.pack_weight (its own kernel: no packing of the weight at each call); bias: (out_features,) or None.
     activation: None, 'relu', 'tanh', 'sigmoid' or 'gelu' (the exact, erf form), fused into the GEMM.
     return_preactivation: also return z = input @ weight.T + bias (what linear_backward needs for gelu).
     """
+    if isinstance(weight, PackedWeight):
+        return _linear_packed(input, weight, bias, activation, return_preactivation, algo)
     key = None if return_preactivation is not False else _linear_key(input, weight, bias, activation, algo)
     hit = None if key is None else _linear_calls.get(key)
     if hit is not None:
@@ -250,6 +254,36 @@ def linear(input, weight, bias=None, *, activation=None, return_preactivation=Fa
     return y, z
 
 
+def _linear_packed(x, pw, bias, activation, return_preactivation, algo):
+    """linear on a weight packed by pack_weight: its own kernel (gemm_prepacked), no dispatch."""
+    op = "linear"
+    x = _array(op, "input", x)
+    if x.ndim < 1:
+        raise ValueError(f"linear: input must have at least 1 dimension, got shape {x.shape}")
+    if bias is not None:
+        bias = _array(op, "bias", bias, ndim=1)
+    if x.dtype != pw.dtype or (bias is not None and bias.dtype != pw.dtype):
+        _same_dtype(op, input=x, weight=pw.weight, bias=bias)  # raises, naming the arrays
+    out_f, in_f = pw.shape
+    if x.shape[-1] != in_f:
+        raise ValueError(f"linear: input has {x.shape[-1]} features (last dimension of shape {x.shape}) but the "
+                         f"packed weight {pw.shape} expects {in_f}")
+    if bias is not None and bias.shape[0] != out_f:
+        raise ValueError(f"linear: bias must have {out_f} elements (weight rows), got {bias.shape[0]}")
+    act = _activation(op, activation)
+    _flag(op, "return_preactivation", return_preactivation)
+    if algo != "auto":
+        raise ValueError(f"linear: a packed weight runs its own kernel; algo must be 'auto', got {algo!r}")
+    if not return_preactivation:
+        return _cpu.linear_prepacked(x, pw, bias, ACTIVATION_CODES[act])
+    z = _cpu.linear_prepacked(x, pw, bias, 0)
+    if act == "identity":
+        return z, z.copy()
+    y = _empty(op, z.shape, z.dtype)
+    _cpu.activation_forward(z, y, ACTIVATION_CODES[act])
+    return y, z
+
+
 def linear_backward(grad_output, input, weight, *, bias=True, activation=None, output=None,
                     preactivation=None, algo="auto"):
     """Gradients of y = act(input @ weight.T + bias): returns (grad_input, grad_weight, grad_bias).
@@ -258,6 +292,8 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
     tanh and sigmoid) or its preactivation (needed for gelu; see linear(return_preactivation=True)).
     """
     op = "linear_backward"
+    if isinstance(weight, PackedWeight):
+        weight = weight.weight
     x = _array(op, "input", input)
     if x.ndim < 1:
         raise ValueError(f"{op}: input must have at least 1 dimension, got shape {x.shape}")

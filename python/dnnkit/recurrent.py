@@ -52,6 +52,7 @@ from . import _cpu
 from ._config import get_workspace_limit
 from .api import _DTYPE_NAMES, _array, _choose, _empty, _flag, _FLOAT_DTYPES
 from .dispatch import dispatch_state
+from .packed import PackedWeight, unpacked
 from .problem import RnnProblem
 
 _CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
@@ -170,6 +171,9 @@ def _check_weights(op, mode, arrays, names, as_dict, has_bias, dtype, input_size
     checked = []
     for i, w in enumerate(arrays):
         label = _weight_label(names, as_dict, i)
+        if isinstance(w, PackedWeight):
+            raise TypeError(f"{op}: {label} is a packed weight; the sequences pack their weights themselves, once "
+                            f"per call (packed weights are for the cells and linear)")
         a = _array(op, label, w)
         if a.dtype != dtype:
             raise TypeError(f"{op}: {label} has dtype {a.dtype} but input has {dtype}; all arrays must share one dtype")
@@ -523,6 +527,8 @@ def _sig(a):
     (the caller then takes the checked path)."""
     if a is None:
         return None
+    if type(a) is PackedWeight:
+        return "packed", a.shape, a.dtype
     if type(a) is not np.ndarray or not a.flags.c_contiguous:
         raise AttributeError
     return a.shape, a.dtype
@@ -561,9 +567,18 @@ def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
     unbatched = x.ndim == 1
     B, I = (1, x.shape[0]) if unbatched else x.shape
     G = _GATES[mode]
-    w_ih = _cell_array(op, "w_ih", w_ih, dtype)
-    w_hh = _cell_array(op, "w_hh", w_hh, dtype)
-    if w_hh.ndim != 2 or w_hh.shape[1] < 1 or w_hh.shape[0] != G * w_hh.shape[1]:
+    packed = [isinstance(w, PackedWeight) for w in (w_ih, w_hh)]
+    if any(packed):
+        if not all(packed):
+            raise ValueError(f"{op}: w_ih and w_hh must both be packed (dnnkit.pack_weight) or both be arrays")
+        for name, w in (("w_ih", w_ih), ("w_hh", w_hh)):
+            if w.dtype != dtype:
+                raise TypeError(f"{op}: {name} has dtype {w.dtype} but input has {dtype}; all arrays must share "
+                                f"one dtype")
+    else:
+        w_ih = _cell_array(op, "w_ih", w_ih, dtype)
+        w_hh = _cell_array(op, "w_hh", w_hh, dtype)
+    if len(w_hh.shape) != 2 or w_hh.shape[1] < 1 or w_hh.shape[0] != G * w_hh.shape[1]:
         raise ValueError(f"{op}: w_hh must have shape ({G}*hidden_size, hidden_size) with hidden_size >= 1, "
                          f"got {w_hh.shape}")
     H = w_hh.shape[1]
@@ -609,6 +624,7 @@ def _cell_result(op, mode, p, shape, unbatched, x, h, c, flat, h_out, c_out, buf
     result = (h_out, c_out) if mode == "lstm" else h_out
     if not train:
         return result
+    flat = [unpacked(w) for w in flat]  # backward multiplies by the arrays themselves
     reserve = RnnReserve(op=op, mode=mode, cell=True, shape=shape, problem=p, x=x, h0=h, c0=c, weights=flat, names=None,
                          as_dict=False, has_bias=flat[2] is not None, ys=[h_out.reshape(1, B, H)], buffer=buffer,
                          batch_first=False, unbatched=unbatched)
@@ -617,7 +633,9 @@ def _cell_result(op, mode, p, shape, unbatched, x, h, c, flat, h_out, c_out, buf
 
 def lstm_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False):
     """torch.nn.LSTMCell's forward: (h', c') from x (B, I) or (I,), hx = (h, c) of (B, H) or (H,), or
-    None (zeros); w_ih (4H, I), w_hh (4H, H), biases (4H,) or None. With train, ((h', c'), reserve)."""
+    None (zeros); w_ih (4H, I), w_hh (4H, H), biases (4H,) or None. With train, ((h', c'), reserve).
+    w_ih and w_hh may both be weights packed once by dnnkit.pack_weight (a cell stepped in a loop then
+    packs nothing per call); so for every cell."""
     if hx is None:
         h = c = None
     else:

@@ -1,0 +1,70 @@
+"""Weights packed once for the CPU kernels: dnnkit.pack_weight.
+
+A product by a weight W (out_features x in_features) runs its micro-kernel on W^T cut into panels of NR
+columns, each stored k-major; the kernels pack W that way at every call, or read it in place more
+slowly. A model that calls a layer or an RNN cell again and again on the same weights (inference, or a
+cell stepped in a Python loop) can pack each weight once: ``pw = dnnkit.pack_weight(w)`` and pass ``pw``
+where ``w`` went (``linear`` and the cells). The packing is a copy: after changing ``w`` in place, call
+``pw.repack()``, or the kernels go on multiplying by the old values.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _cpu
+
+_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _weight(op, weight):
+    if not isinstance(weight, np.ndarray):
+        if hasattr(weight, "__cuda_array_interface__"):
+            raise TypeError(f"{op}: weight is a CUDA array; packed weights are for the CPU kernels")
+        try:
+            weight = np.asarray(weight)
+        except Exception as e:  # noqa: BLE001 - any conversion failure is the caller's bad input
+            raise TypeError(f"{op}: weight must be an array, got {type(weight).__name__} ({e})") from None
+    if weight.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{op}: weight must have dtype float32 or float64, got {weight.dtype}")
+    if weight.ndim != 2:
+        raise ValueError(f"{op}: weight must be 2-D (out_features, in_features), got shape {weight.shape}")
+    return weight
+
+
+class PackedWeight(_cpu.PackedWeight):
+    """A weight (out_features, in_features) packed for the active ISA's micro-kernel. ``weight`` is the
+    array it was packed from (the backward passes read it); ``shape`` and ``dtype`` are that array's;
+    ``nbytes`` the packing's size. Use it from many threads at once; ``repack`` may run beside them (a
+    product already running finishes on the old packing)."""
+
+    def __init__(self, weight):
+        weight = _weight("pack_weight", weight)
+        super().__init__(weight)
+        self.weight = weight
+        self.shape = weight.shape
+        self.dtype = weight.dtype
+
+    def repack(self, weight=None):
+        """Packs `weight` (default: the array this was packed from, after an in-place update) in place of
+        the current packing; the shape and dtype must stay."""
+        weight = self.weight if weight is None else _weight("pack_weight", weight)
+        if weight.shape != self.shape or weight.dtype != self.dtype:
+            raise ValueError(f"pack_weight: repack needs a weight of shape {self.shape} and dtype {self.dtype}, "
+                             f"got {weight.shape} {weight.dtype}")
+        super().repack(weight)
+        self.weight = weight
+        return self
+
+    def __repr__(self):
+        return f"PackedWeight(shape={self.shape}, dtype={self.dtype}, nbytes={self.nbytes})"
+
+
+def pack_weight(weight) -> PackedWeight:
+    """Packs a weight (out_features, in_features), float32 or float64, any strides, once, for
+    ``linear(x, packed, ...)`` and the cells (``lstm_cell(x, hx, packed_ih, packed_hh, ...)``)."""
+    return PackedWeight(weight)
+
+
+def unpacked(w):
+    """The array behind a PackedWeight, or w itself."""
+    return w.weight if isinstance(w, PackedWeight) else w

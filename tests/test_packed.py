@@ -1,0 +1,157 @@
+"""Weights packed once (dnnkit.pack_weight): linear on them against the float64 reference under every
+supported ISA and thread count (shapes crossing the micro-kernel's tiles and the product's 256-row
+blocks, every activation, strided operands, both dtypes), repacking, concurrent use from Python threads,
+and the errors of bad input. The cells on packed weights are tested in test_rnn.py."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import dnnkit
+from dnnkit.reference import linear_backward_ref, linear_ref, rel_l2
+from helpers import DTYPES, dtype_tolerance
+
+ACTIVATIONS = (None, "relu", "tanh", "sigmoid", "gelu")
+
+
+@st.composite
+def packed_cases(draw):
+    lead = draw(st.sampled_from([(), (0,), (1,), (2, 3)]) | st.tuples(st.integers(0, 300)))
+    return dict(lead=lead, in_f=draw(st.integers(0, 70)), out_f=draw(st.integers(1, 90)),
+                dtype=draw(st.sampled_from(DTYPES)), bias=draw(st.booleans()),
+                activation=draw(st.sampled_from(ACTIVATIONS)), strided=draw(st.booleans()),
+                seed=draw(st.integers(0, 2**32 - 1)))
+
+
+def make(c):
+    rng = np.random.default_rng(c["seed"])
+    x = rng.standard_normal(c["lead"] + (c["in_f"],)).astype(c["dtype"])
+    w = (rng.standard_normal((c["out_f"], c["in_f"])) / np.sqrt(max(c["in_f"], 1))).astype(c["dtype"])
+    b = rng.standard_normal(c["out_f"]).astype(c["dtype"]) if c["bias"] else None
+    if c["strided"]:
+        x = np.repeat(x, 2, axis=-1)[..., ::2]
+        w = np.asfortranarray(w)  # packed from a column-major weight
+        b = None if b is None else np.repeat(b, 3)[::3]
+    return x, w, b
+
+
+@given(c=packed_cases())
+def test_linear_on_a_packed_weight_matches_reference(isa, num_threads, c):
+    x, w, b = make(c)
+    pw = dnnkit.pack_weight(w)
+    assert pw.shape == w.shape and pw.dtype == w.dtype and pw.weight is w
+    tol = dtype_tolerance(c["dtype"])
+    y = dnnkit.linear(x, pw, b, activation=c["activation"])
+    assert y.shape == c["lead"] + (c["out_f"],) and y.dtype == c["dtype"]
+    assert rel_l2(y, linear_ref(x, w, b, c["activation"])) <= tol
+    y2, z = dnnkit.linear(x, pw, b, activation=c["activation"], return_preactivation=True)
+    assert rel_l2(y2, linear_ref(x, w, b, c["activation"])) <= tol
+    assert rel_l2(z, linear_ref(x, w, b, None)) <= tol and not np.shares_memory(y2, z)
+    # The backward takes the packed weight too (it multiplies by the array it was packed from).
+    gy = np.random.default_rng(c["seed"] + 1).standard_normal(y.shape).astype(c["dtype"])
+    got = dnnkit.linear_backward(gy, x, pw, bias=c["bias"], activation=c["activation"], preactivation=z)
+    expected = linear_backward_ref(gy, x, w, c["bias"], c["activation"], z)
+    for g, e in zip(got, expected):
+        assert (g is None) == (e is None)
+        if g is not None:
+            assert rel_l2(g, e) <= 10 * tol
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 1024, 512), (257, 40, 700), (520, 33, 9), (1, 2000, 300), (16, 100, 1)])
+def test_linear_on_a_packed_weight_at_larger_sizes(num_threads, m, n, k):
+    """Tiles of batch rows, more than two 256-row blocks with a tail, depths over one k block, one row."""
+    rng = np.random.default_rng(m + n + k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    pw = dnnkit.pack_weight(w)
+    for act in (None, "relu"):
+        assert rel_l2(dnnkit.linear(x, pw, b, activation=act), linear_ref(x, w, b, act)) <= 1e-5
+
+
+def test_nan_and_inf_propagate_through_a_packed_weight():
+    x = np.ones((3, 4), np.float32)
+    w = np.ones((5, 4), np.float32)
+    w[1, 2] = np.nan
+    w[3, 0] = np.inf
+    y = dnnkit.linear(x, dnnkit.pack_weight(w))
+    assert np.isnan(y[:, 1]).all() and np.isposinf(y[:, 3]).all() and (y[:, [0, 2, 4]] == 4).all()
+
+
+def test_repack_takes_in_place_updates():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 6)).astype(np.float32)
+    w = rng.standard_normal((5, 6)).astype(np.float32)
+    pw = dnnkit.pack_weight(w)
+    before = dnnkit.linear(x, pw)
+    w *= 2  # the packing is a copy: it keeps the old values until repacked
+    assert np.array_equal(dnnkit.linear(x, pw), before)
+    assert pw.repack() is pw
+    assert rel_l2(dnnkit.linear(x, pw), linear_ref(x, w)) <= 1e-6
+    w2 = rng.standard_normal((5, 6)).astype(np.float32)
+    pw.repack(w2)
+    assert pw.weight is w2 and rel_l2(dnnkit.linear(x, pw), linear_ref(x, w2)) <= 1e-6
+    assert pw.nbytes >= w.nbytes and "PackedWeight(shape=(5, 6)" in repr(pw)
+
+
+def test_a_packed_weight_is_shared_by_threads_while_it_is_repacked():
+    """Python threads multiply by one packed weight while another thread repacks it with the same
+    values: every result is the right one (a product holds the packing it started on)."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((300, 200)).astype(np.float32)
+    x = rng.standard_normal((32, 200)).astype(np.float32)
+    pw = dnnkit.pack_weight(w)
+    expected = dnnkit.linear(x, pw)
+    errors = []
+
+    def use():
+        for _ in range(30):
+            if not np.array_equal(dnnkit.linear(x, pw), expected):
+                errors.append("mismatch")
+
+    def repack():
+        for _ in range(30):
+            pw.repack(w.copy())
+
+    threads = [threading.Thread(target=use) for _ in range(3)] + [threading.Thread(target=repack)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_bad_input_is_named():
+    w = np.zeros((5, 4), np.float32)
+    pw = dnnkit.pack_weight(w)
+    with pytest.raises(TypeError, match=r"^pack_weight: weight must have dtype float32 or float64, got int64"):
+        dnnkit.pack_weight(np.zeros((3, 3), np.int64))
+    with pytest.raises(ValueError, match=r"^pack_weight: weight must be 2-D"):
+        dnnkit.pack_weight(np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match=r"^pack_weight: weight must have dtype float32 or float64, got object"):
+        dnnkit.pack_weight(None)
+    with pytest.raises(ValueError, match=r"^pack_weight: repack needs a weight of shape \(5, 4\)"):
+        pw.repack(np.zeros((4, 5), np.float32))
+    with pytest.raises(ValueError, match=r"^pack_weight: repack needs .* dtype float32"):
+        pw.repack(np.zeros((5, 4), np.float64))
+    with pytest.raises(TypeError, match=r"^linear: weight has dtype float32 but input has float64"):
+        dnnkit.linear(np.zeros((2, 4)), pw)
+    with pytest.raises(ValueError, match=r"^linear: input has 3 features .* packed weight \(5, 4\) expects 4"):
+        dnnkit.linear(np.zeros((2, 3), np.float32), pw)
+    with pytest.raises(ValueError, match=r"^linear: bias must have 5 elements"):
+        dnnkit.linear(np.zeros((2, 4), np.float32), pw, np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match=r"^linear: activation must be None or one of"):
+        dnnkit.linear(np.zeros((2, 4), np.float32), pw, activation="swish")
+    with pytest.raises(ValueError, match=r"^linear: a packed weight runs its own kernel"):
+        dnnkit.linear(np.zeros((2, 4), np.float32), pw, algo="blocked_gemm")
+    with pytest.raises(ValueError, match=r"^linear: input must have at least 1 dimension"):
+        dnnkit.linear(np.float32(1.0), pw)
+    # The kernel binding checks what it relies on, for direct callers.
+    with pytest.raises(TypeError, match=r"^linear: input must have the packed weight's dtype"):
+        dnnkit._cpu.linear_prepacked(np.zeros((2, 4)), pw)
+    with pytest.raises(ValueError, match=r"^linear: input has the wrong number of features"):
+        dnnkit._cpu.linear_prepacked(np.zeros((2, 3), np.float32), pw)
