@@ -5,7 +5,8 @@
 
 For each problem: the median time of dnnkit and of NumPy (runs interleaved, so both see the same
 machine state), GFLOP/s, the ratio dnnkit/NumPy (> 1: dnnkit faster) and the fraction of the measured
-float32 FMA peak (probed at the start of each pass). Fully-connected problems ('tb') run as dnnkit.linear(x, W) against x @ W.T.
+float32 FMA peak (probed at the start of each pass). Fully-connected problems ('tb') run as dnnkit.linear(x, W) against x @ W.T,
+then again on W packed once before timing (dnnkit.pack_weight; rows "fc-packed:").
 Then one thread at 2048^3 against the one-core peak, measured just before it.
 --passes N times the whole list N times over (each problem in N windows minutes apart, as a shared
 machine's load changes) and reports the medians over the passes and the range of the ratio.
@@ -71,12 +72,17 @@ def interleaved_medians(fns, budget, block=0.05, min_rounds=5, settle=0.15):
     return [statistics.median(ts) for ts in times]
 
 
-def make_call(p: GemmProblem, rng):
+def is_fc(p: GemmProblem) -> bool:
+    return p.trans_b and not p.trans_a
+
+
+def make_call(p: GemmProblem, rng, packed=False):
     dt = np.dtype(p.dtype)
-    if p.trans_b and not p.trans_a:  # a fully-connected layer: x (M x K), W (N x K)
+    if is_fc(p):  # a fully-connected layer: x (M x K), W (N x K)
         x = rng.standard_normal((p.m, p.k)).astype(dt)
         w = rng.standard_normal((p.n, p.k)).astype(dt)
-        return (lambda: dnnkit.linear(x, w)), (lambda: x @ w.T)
+        pw = dnnkit.pack_weight(w) if packed else w  # packed once, outside the timed call
+        return (lambda: dnnkit.linear(x, pw)), (lambda: x @ w.T)
     a = rng.standard_normal((p.k, p.m) if p.trans_a else (p.m, p.k)).astype(dt)
     b = rng.standard_normal((p.n, p.k) if p.trans_b else (p.k, p.n)).astype(dt)
     c = np.empty((p.m, p.n), dt)
@@ -122,7 +128,7 @@ def main(argv=None):
             print("| " + " | ".join(hdr) + " |")
             print("|" + "---|" * len(hdr))
         else:
-            print(f"{hdr[0]:<24} {hdr[1]:<24} {hdr[2]:>11} {hdr[3]:>10} {hdr[4]:>6} {hdr[5]:>7}" + (f" {hdr[6]:>12}" if multi else ""))
+            print(f"{hdr[0]:<26} {hdr[1]:<24} {hdr[2]:>11} {hdr[3]:>10} {hdr[4]:>6} {hdr[5]:>7}" + (f" {hdr[6]:>12}" if multi else ""))
 
     def show(p, name, timings):
         # timings: one (dnnkit, numpy) pair of medians per pass
@@ -139,11 +145,15 @@ def main(argv=None):
             print(f"| {row[0]} | `{row[1]}` | {row[2]:.1f} | {row[3]:.1f} | {row[4]:.2f} | {row[5]:.0f}% |"
                   + (f" {span} |" if multi else ""))
         else:
-            print(f"{row[0]:<24} {row[1]:<24} {row[2]:>11.1f} {row[3]:>10.1f} {row[4]:>6.2f} {row[5]:>6.0f}%"
+            print(f"{row[0]:<26} {row[1]:<24} {row[2]:>11.1f} {row[3]:>10.1f} {row[4]:>6.2f} {row[5]:>6.0f}%"
                   + (f" {span:>12}" if multi else ""))
         sys.stdout.flush()
 
-    plan = [(p, name) for p, name in read_problems(args.problems) if not args.filter or args.filter in name]
+    # Each fully-connected problem twice: on the weight as given, then packed once by dnnkit.pack_weight
+    # ("fc-packed:"; NumPy has no such form, so its side is the same x @ W.T).
+    problems = read_problems(args.problems)
+    problems += [(p, "fc-packed:" + name.split(":", 1)[-1]) for p, name in problems if is_fc(p)]
+    plan = [(p, name) for p, name in problems if not args.filter or args.filter in name]
     timings = {name: [] for _, name in plan}
     single = []  # per pass: (GFLOP/s on one thread at 2048^3, the one-core peak measured just before)
     peaks = []  # the two-thread probe at the start of each pass
@@ -155,7 +165,7 @@ def main(argv=None):
         peaks.append(peak if k == 0 else probe(nt))
         rng = np.random.default_rng(0)
         for p, name in plan:
-            ours, theirs = make_call(p, rng)
+            ours, theirs = make_call(p, rng, packed=name.startswith("fc-packed:"))
             timings[name].append(interleaved_medians([ours, theirs], args.budget))
             del ours, theirs
             if not multi:

@@ -5,7 +5,8 @@
 Sequences (torch.nn.LSTM / GRU, input size = hidden size; LSTMs with projections, "P<n>", take inputs of
 the projection's size): inference (torch under no_grad) and a training step (forward, then backward of
 every input, state and weight for a random grad_output);
-then the cells (torch.nn.LSTMCell / GRUCell) stepped over T time steps in a Python loop. For each
+then the cells (torch.nn.LSTMCell / GRUCell) stepped over T time steps in a Python loop, on plain weights
+and on weights packed once before the loop (dnnkit.pack_weight; torch's cells have no such form). For each
 problem: both medians (runs interleaved in blocks, see bench/gemm.py), the ratio torch/dnnkit (> 1:
 dnnkit faster) and dnnkit's GFLOP/s counting the GEMMs only (forward 2*T*B*G*H*(I + H) per layer and
 direction, 2*T*B*(G*H*(I + P) + P*H) with a projection; a training step 3x that).
@@ -97,9 +98,11 @@ def sequence_calls(torch, mode, H, B, T, L, train, rng, P=0):
     return ours, theirs
 
 
-def cell_calls(torch, mode, H, B, rng):
+def cell_calls(torch, mode, H, B, rng, packed=False):
     module = (torch.nn.LSTMCell if mode == "lstm" else torch.nn.GRUCell)(H, H)
     w_ih, w_hh, b_ih, b_hh = [p.detach().numpy().copy() for p in module.parameters()]
+    if packed:  # once, outside the timed loop, as a model packs its weights when it is loaded
+        w_ih, w_hh = dnnkit.pack_weight(w_ih), dnnkit.pack_weight(w_hh)
     xs = rng.standard_normal((CELL_STEPS, B, H)).astype(np.float32)
     h = rng.standard_normal((B, H)).astype(np.float32)
     txs, th = torch.from_numpy(xs), torch.from_numpy(h)
@@ -196,13 +199,16 @@ def main(argv=None):
                     sequence_calls(torch, mode, H, B, T, L, train, np.random.default_rng(seed), P))
             fl = flops(mode, H, B, T, L, P=P) * (3 if train else 1)
             plan.append((section, name, section + (" batch 1" if B == 1 else ""), make, fl))
-    section = f"cell, {CELL_STEPS} steps in a Python loop"
-    for mode, H, B in (CELLS_QUICK if args.quick else CELLS_FULL):
-        name = f"{mode}_cell H{H} B{B} x{CELL_STEPS}"
-        if args.filter and args.filter not in name:
-            continue
-        make = lambda mode=mode, H=H, B=B, seed=len(plan): cell_calls(torch, mode, H, B, np.random.default_rng(seed))
-        plan.append((section, name, section, make, flops(mode, H, B, CELL_STEPS, 1)))
+    for packed in (False, True):
+        section = (f"cell on weights packed once (dnnkit.pack_weight), {CELL_STEPS} steps in a Python loop" if packed
+                   else f"cell, {CELL_STEPS} steps in a Python loop")
+        for mode, H, B in (CELLS_QUICK if args.quick else CELLS_FULL):
+            name = f"{mode}_cell{' packed' if packed else ''} H{H} B{B} x{CELL_STEPS}"
+            if args.filter and args.filter not in name:
+                continue
+            make = (lambda mode=mode, H=H, B=B, seed=len(plan), packed=packed:
+                    cell_calls(torch, mode, H, B, np.random.default_rng(seed), packed))
+            plan.append((section, name, section, make, flops(mode, H, B, CELL_STEPS, 1)))
 
     timings = {(sec, name): [] for sec, name, _, _, _ in plan}
     shown = None
