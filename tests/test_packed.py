@@ -132,7 +132,7 @@ def test_bad_input_is_named():
         dnnkit.pack_weight(np.zeros((3, 3), np.int64))
     with pytest.raises(ValueError, match=r"^pack_weight: weight must be 2-D"):
         dnnkit.pack_weight(np.zeros(3, np.float32))
-    with pytest.raises(TypeError, match=r"^pack_weight: weight must have dtype float32 or float64, got object"):
+    with pytest.raises(TypeError, match=r"^pack_weight: weight must be an array, got None"):
         dnnkit.pack_weight(None)
     with pytest.raises(ValueError, match=r"^pack_weight: repack needs a weight of shape \(5, 4\)"):
         pw.repack(np.zeros((4, 5), np.float32))
@@ -150,6 +150,8 @@ def test_bad_input_is_named():
         dnnkit.linear(np.zeros((2, 4), np.float32), pw, algo="blocked_gemm")
     with pytest.raises(ValueError, match=r"^linear: input must have at least 1 dimension"):
         dnnkit.linear(np.float32(1.0), pw)
+    with pytest.raises(ValueError, match=r"^explain: a packed weight .* runs its own kernel"):
+        dnnkit.explain("linear", np.zeros((2, 4), np.float32), pw)
     # The kernel binding checks what it relies on, for direct callers.
     with pytest.raises(TypeError, match=r"^linear: input must have the packed weight's dtype"):
         dnnkit._cpu.linear_prepacked(np.zeros((2, 4)), pw)

@@ -542,6 +542,9 @@ def explain(what, *args, algo="auto", workspace_limit=None, **kwargs) -> Explana
     if isinstance(what, (GemmProblem, ConvProblem, RnnProblem)):
         p = what
     elif isinstance(what, str) and what in _PREPARE:
+        if any(isinstance(v, PackedWeight) for v in (*args, *kwargs.values())):
+            raise ValueError(f"explain: a packed weight (dnnkit.pack_weight) runs its own kernel, gemm_prepacked, "
+                             f"not a registry algorithm; explain {what} with the array it was packed from")
         p = _PREPARE[what](*args, **kwargs)
     elif isinstance(what, str):
         p = _parse_descriptor(what, **kwargs)

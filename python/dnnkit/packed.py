@@ -9,26 +9,12 @@ where ``w`` went (``linear`` and the cells). The packing is a copy: after changi
 """
 from __future__ import annotations
 
-import numpy as np
-
 from . import _cpu
 
-_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
 def _weight(op, weight):
-    if not isinstance(weight, np.ndarray):
-        if hasattr(weight, "__cuda_array_interface__"):
-            raise TypeError(f"{op}: weight is a CUDA array; packed weights are for the CPU kernels")
-        try:
-            weight = np.asarray(weight)
-        except Exception as e:  # noqa: BLE001 - any conversion failure is the caller's bad input
-            raise TypeError(f"{op}: weight must be an array, got {type(weight).__name__} ({e})") from None
-    if weight.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{op}: weight must have dtype float32 or float64, got {weight.dtype}")
-    if weight.ndim != 2:
-        raise ValueError(f"{op}: weight must be 2-D (out_features, in_features), got shape {weight.shape}")
-    return weight
+    from .api import _array  # api imports this module
+
+    return _array(op, "weight", weight, ndim=2)
 
 
 class PackedWeight(_cpu.PackedWeight):
