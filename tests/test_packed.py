@@ -98,6 +98,20 @@ def test_repack_takes_in_place_updates():
     assert pw.nbytes >= w.nbytes and "PackedWeight(shape=(5, 6)" in repr(pw)
 
 
+def test_a_packed_weight_pickles_and_copies_as_its_weight():
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((7, 5))
+    x = rng.standard_normal((3, 5))
+    pw = dnnkit.pack_weight(w)
+    for other in (pickle.loads(pickle.dumps(pw)), copy.deepcopy(pw), copy.copy(pw)):
+        assert isinstance(other, dnnkit.PackedWeight) and other.shape == (7, 5) and other.dtype == np.float64
+        assert np.array_equal(other.weight, w)
+        assert np.array_equal(dnnkit.linear(x, other), dnnkit.linear(x, pw))
+
+
 def test_a_packed_weight_is_shared_by_threads_while_it_is_repacked():
     """Python threads multiply by one packed weight while another thread repacks it with the same
     values: every result is the right one (a product holds the packing it started on)."""

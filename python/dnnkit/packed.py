@@ -41,6 +41,11 @@ class PackedWeight(_cpu.PackedWeight):
         self.weight = weight
         return self
 
+    def __reduce__(self):
+        # The packed layout belongs to the ISA of the machine that packed it: pickle (and copy) the
+        # weight, and pack again on load.
+        return PackedWeight, (self.weight,)
+
     def __repr__(self):
         return f"PackedWeight(shape={self.shape}, dtype={self.dtype}, nbytes={self.nbytes})"
 
