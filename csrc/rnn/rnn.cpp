@@ -32,11 +32,13 @@ namespace {
 
 // Whether A W^T with m rows runs faster as gemm_small_m's unpacked dot products than through the packing
 // GEMM: packing W costs a read and a write of it, which few rows do not repay, and more rows repay sooner
-// when W is in cache. Measured on AVX-512, 2 threads (W n x k float32): W of 1 MB, packed wins from 8
-// rows; 4 MB, from 16 rows; 16 MB, small_m still wins at 16 rows.
+// when W is in cache. Measured on AVX-512, 2 threads (W n x k float32, the cells' products, in-process
+// A/B): at 5 to 8 rows the dot products win from W of 0.75 MB (0.67-0.79 of the packing GEMM's time,
+// H256) and lose on 512 KB or less (1.2-1.36, H32-H128); at 12 and 16 rows they win from 3 MB
+// (0.74-0.85, H512) and tie or lose below it (2 MB at 16 rows: 1.14).
 inline bool small_m_wins(index_t m, index_t n, index_t k, std::size_t elem) {
   const double w_bytes = double(n) * double(k) * double(elem);
-  return k > 0 && (m <= 4 || (m <= 8 && w_bytes > (2 << 20)) || (m <= 16 && w_bytes > (8 << 20)));
+  return k > 0 && (m <= 4 || (m <= 8 && w_bytes > (512 << 10)) || (m <= 16 && w_bytes > (2 << 20)));
 }
 
 // Whether A W^T with m rows and depth k runs faster on gemm_wt_direct (W read in place by the strided-A
