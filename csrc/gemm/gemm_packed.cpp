@@ -1,6 +1,6 @@
 // Pre-packed B (PackedB) and the single-threaded product over a range of its panels (gemm.h).
 #include <algorithm>
-#include <vector>
+#include <optional>
 
 #include "blocking.h"
 #include "gemm.h"
@@ -98,15 +98,14 @@ void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* 
   // Rows per block: a block's k slice (rows x KC) stays in L2 (256 rows x 336 float32: 336 KB) while
   // each panel's KC x NR slice is reused from L1 across the block's micro-panels.
   const index_t mc = std::max<index_t>(mr, 256 / mr * mr);
-  const index_t mblocks = ceil_div(m, mc), panels = w.panels();
+  const index_t mblocks = ceil_div(m, mc), panels = w.panels(), units = mblocks * panels;
   int nt = nthreads > 0 ? nthreads : get_num_threads();
   if (double(m) * double(n) * double(k + k2) < min_parallel_work()) nt = 1;
-  nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nt, panels)));
-  std::vector<PanelShare> shares;
-  if (nt > 1) {
-    shares.reserve(static_cast<std::size_t>(mblocks));
-    for (index_t mb = 0; mb < mblocks; ++mb) shares.emplace_back(nt, panels);
-  }
+  nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nt, units)));
+  // Units are (row block, panel) pairs, block-major: with one block (a few rows) the threads split the
+  // panels; with many (a narrow output over many rows) they split the blocks.
+  std::optional<PanelShare> share;
+  if (nt > 1 && units < PanelShare::kMaxPanels) share.emplace(nt, units);
   const bool reverse = alternate_direction(&w);
   const bool epilogue = bias != nullptr || act != Activation::identity;
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -115,20 +114,17 @@ void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* 
     pack_a_rows_part<T>(uk, m, k, a, lda, 1, ap1, tid, nth);
     if (w2) pack_a_rows_part<T>(uk, m, k2, a2, lda2, 1, ap2, tid, nth);
 #pragma omp barrier
-    for (index_t mb = 0; mb < mblocks; ++mb) {
+    for_each_unit(share ? &*share : nullptr, units, reverse, [&](index_t u) {
+      const index_t mb = u / panels, jp = u % panels;
       const index_t i0 = mb * mc, rows = std::min(mc, m - i0);
       T* const cb = c + i0 * ldc;
-      for_each_unit(nt > 1 ? &shares[static_cast<std::size_t>(mb)] : nullptr, panels, reverse != ((mb & 1) != 0),
-                    [&](index_t jp) {
-                      gemm_packed_b<T>(rows, ap1 + i0 * k, w, jp, jp + 1, T(0), cb, ldc);
-                      if (w2) gemm_packed_b<T>(rows, ap2 + i0 * k2, *w2, jp, jp + 1, T(1), cb, ldc);
-                      if (epilogue) {
-                        const index_t j = jp * nr;
-                        apply_epilogue<T>(cb + j, ldc, 1, rows, std::min<index_t>(nr, n - j),
-                                          bias ? bias + j : nullptr, act);
-                      }
-                    });
-    }
+      gemm_packed_b<T>(rows, ap1 + i0 * k, w, jp, jp + 1, T(0), cb, ldc);
+      if (w2) gemm_packed_b<T>(rows, ap2 + i0 * k2, *w2, jp, jp + 1, T(1), cb, ldc);
+      if (epilogue) {
+        const index_t j = jp * nr;
+        apply_epilogue<T>(cb + j, ldc, 1, rows, std::min<index_t>(nr, n - j), bias ? bias + j : nullptr, act);
+      }
+    });
   }
 }
 
