@@ -697,9 +697,10 @@ def test_rnn_workspace_limit_is_reported_by_name():
 def test_cells_at_a_tile_of_batch_rows(isa, num_threads, mode, B, I, H):
     """Cells at batches that fill the strided-A kernel's tiles, with I + H of 320 or more, and at a few
     rows: LSTM and the plain RNN cells then run x W_ih^T + h W_hh^T + bias as one product over both
-    weights in place (GRU keeps two), on the strided-A kernel or as dot products (8 rows of a 4.7 MB LSTM
-    weight: more rows than one dot-kernel call takes); both dtypes match the float64 references, with
-    and without biases."""
+    weights in place, on the strided-A kernel or as dot products (8 rows of a 4.7 MB LSTM weight: more
+    rows than one dot-kernel call takes); GRU runs its r and z gates so where I or H alone is under 320,
+    and gate n's products apart. Both dtypes match the float64 references, with and without biases, and
+    the GRU cell's backward from what that forward saved matches too."""
     rng = np.random.default_rng(B + I + H)
     G = {"lstm": 4, "gru": 3}.get(mode, 1)
     for dtype in DTYPES:
@@ -719,6 +720,14 @@ def test_cells_at_a_tile_of_batch_rows(isa, num_threads, mode, B, I, H):
             elif mode == "gru":
                 out = dnnkit.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh)
                 assert rel_l2(out, gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh)) <= t
+                out, reserve = dnnkit.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh, train=True)
+                assert rel_l2(out, gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh)) <= t
+                gh = rng.standard_normal((B, H)).astype(dtype)
+                got = dnnkit.gru_cell_backward(gh, reserve)
+                weights = [w_ih, w_hh] + ([b_ih, b_hh] if bias else [])
+                ex, eh, _, ew = rnn_sequence_backward_ref("gru", x[None], h[None], None, weights, gh[None], None, None)
+                for g, e in zip(got, [ex[0], eh[0]] + ew):
+                    assert rel_l2(g, e) <= tol(dtype, BWD_TOL32)
             else:
                 fn = dnnkit.rnn_tanh_cell if mode == "rnn_tanh" else dnnkit.rnn_relu_cell
                 out = fn(x, h, w_ih, w_hh, b_ih, b_hh)

@@ -583,6 +583,12 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     const bool one_direct = !prepacked && cell && direct_wins<T>(B, Il + S);
     const bool one_product =
         prepacked ? !gru : one_direct || (cell && small_m_wins(B, GH, Il + S, sizeof(T)));
+    // A GRU cell whose batch fills the strided-A kernel's tiles but whose x W_ih^T or h0 W_hh^T alone is
+    // too shallow for it (depth under 320: the weight would be packed): gates r and z as one product over
+    // [x | h0], both weights read in place, and gate n's two products apart, since its reset gate scales
+    // W_hn h0 + b_hn (measured, GRU cell B56-B64 H256, in-process A/B: 0.82-0.90 of the time).
+    const bool gru_direct = !prepacked && !packed && h0 && gru && !proj && Il > 0 && direct_wins<T>(B, Il + S) &&
+                            !(direct_wins<T>(B, Il) && direct_wins<T>(B, S));
     for (int d = 0; d < D; ++d) {
       const int li = l * D + d;
       DirBuffers<T>& b = buf[d];
@@ -605,13 +611,20 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
           gemm_wt_direct2<T>(g, S, h0 + li * B * S, S, w.w_hh[li], S);
         else
           gemm_small_m2<T>(g, S, h0 + li * B * S, S, w.w_hh[li], S);
+      } else if (gru_direct) {
+        const T* hl = h0 + li * B * S;
+        GemmArgs<T> g = strided_gemm_args<T>(B, 2 * H, Il, xl, Il, 1, w.w_ih[li], 1, Il, b.xp.data(), GH, T(0));
+        g.bias = bias;
+        gemm_wt_direct2<T>(g, S, hl, S, w.w_hh[li], S);
+        gemm_a_wt<T>(B, H, Il, xl, Il, w.w_ih[li] + 2 * H * Il, b.xp.data() + 2 * H, GH, bias + 2 * H, T(0));
+        gemm_a_wt<T>(B, H, S, hl, S, w.w_hh[li] + 2 * H * S, b.gh.data() + 2 * H, GH, nullptr, T(0));
       } else {
         gemm_a_wt<T>(Tn * B, GH, Il, xl, Il, w.w_ih[li], b.xp.data(), GH, bias, T(0));
       }
       if (packed) {
         // Gate q's B operand: B_q(p, j) = W_hh[q*H + j, p] (S x H, read down the columns of W_hh).
         for (int q = 0; q < G; ++q) b.whh[q].pack(S, H, w.w_hh[li] + q * H * S, 1, S);
-      } else if (h0 && !one_product && !prepacked) {
+      } else if (h0 && !one_product && !prepacked && !gru_direct) {
         gemm_a_wt<T>(B, GH, S, h0 + li * B * S, S, w.w_hh[li], b.gh.data(), GH, nullptr, T(0));
       }
       // The projection's B operand: B(p, j) = W_hr[j, p] (H x P).
@@ -657,9 +670,10 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
             fused_step<T>(step, [&] { return share.next(set, tg.tid, set == 1); }, ap, b.whh, xpt, b.gh.data(), bhn, hprev, ldh, cprev, ct,
                           proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data());
           } else {
-            // A single step (its products by plain GEMM: into gh, or with x's into xp) or h_{t-1} = 0.
-            const bool summed = one_product;
-            forward_rows<T>(step, xpt, hprev && !summed ? b.gh.data() : nullptr, summed, bhn, hprev, ldh, cprev,
+            // A single step (its products by plain GEMM: into gh, or with x's into xp, GRU's gate n
+            // into gh) or h_{t-1} = 0.
+            const bool summed = one_product || gru_direct;
+            forward_rows<T>(step, xpt, hprev && (!summed || gru_direct) ? b.gh.data() : nullptr, summed, bhn, hprev, ldh, cprev,
                             ct, proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data());
           }
           if (proj) {
