@@ -734,6 +734,40 @@ def test_cells_at_a_tile_of_batch_rows(isa, num_threads, mode, B, I, H):
                 assert rel_l2(out, rnn_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh, nonlinearity=mode[4:])) <= t
 
 
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh"])
+@pytest.mark.parametrize("B,H,bidirectional", [(15, 70, False), (30, 40, True), (64, 100, False)])
+def test_sequences_over_several_micro_panels_of_rows(isa, num_threads, mode, B, H, bidirectional):
+    """Batches of several micro-panels of h_{t-1} against several panels of hidden units, so that a step's
+    work units (a micro-panel of rows against a panel of units) are shared between the threads: the
+    outputs, final states and every gradient match the float64 references, in both dtypes."""
+    for dtype in DTYPES:
+        c = SeqCase(mode=mode, T=4, B=B, I=11, H=H, layers=2, bidirectional=bidirectional, bias=True,
+                    batch_first=False, unbatched=False, initial=True, as_dict=False, dtype=dtype,
+                    threads=num_threads, seed=B * 7 + H)
+        x, h0, c0, weights = make_seq(c)
+        out, state, reserve = run_forward(c, x, h0, c0, weights, train=True)
+        h_n = state[0] if mode == "lstm" else state
+        eo, eh, ec = rnn_sequence_ref(mode, x, h0, c0, weights, c.layers, bidirectional)
+        t = tol(dtype, FWD_TOL32)
+        assert rel_l2(out, eo) <= t and rel_l2(h_n, eh) <= t
+        if mode == "lstm":
+            assert rel_l2(state[1], ec) <= t
+        inference = run_forward(c, x, h0, c0, weights)
+        assert rel_l2(inference[0], eo) <= t
+        rng = np.random.default_rng(c.seed + 1)
+        go = rng.standard_normal(out.shape).astype(dtype)
+        gh = rng.standard_normal(h_n.shape).astype(dtype)
+        gc = rng.standard_normal(h_n.shape).astype(dtype) if mode == "lstm" else None
+        dx, dh0, dc0, dw = run_backward(c, go, gh, gc, reserve)
+        ex, eh0, ec0, ew = rnn_sequence_backward_ref(mode, x, h0, c0, weights, go, gh, gc, c.layers, bidirectional)
+        t = tol(dtype, BWD_TOL32)
+        assert rel_l2(dx, ex) <= t and rel_l2(dh0, eh0) <= t
+        if mode == "lstm":
+            assert rel_l2(dc0, ec0) <= t
+        for g, e in zip(dw, ew):
+            assert rel_l2(g, e) <= t
+
+
 @pytest.mark.parametrize("nt,panels", [(1, 7), (2, 1), (2, 3), (2, 16), (3, 10), (4, 33)])
 def test_step_work_sharing_runs_every_panel_once(nt, panels):
     """The threads sharing an RNN step take panels from their own ranges and then from the others': over
