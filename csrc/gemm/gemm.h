@@ -147,7 +147,8 @@ void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, ind
 // again and again on the same weights would otherwise pay at every call, the packing of W, is paid
 // once (dnnkit.pack_weight). A is packed per call (it is small: few rows), in blocks of rows that stay
 // in L2 while the weight's panels stream past; the threads share the (row block, panel) pairs, run in
-// a direction that alternates from call to call (alternate_direction). bias (length n) may be null; beta is 0 (C is not read).
+// a direction that alternates from call to call (alternate_direction). bias (length n) may be null;
+// beta is 0 (C is not read).
 // Throws std::bad_alloc before its parallel region.
 template <typename T>
 void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* c, index_t ldc, const T* bias,

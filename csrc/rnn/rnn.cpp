@@ -264,7 +264,7 @@ void pack_a_balanced(const UKernel<T>& uk, index_t m, index_t k, const T* a, ind
   }
 }
 
-// One step's recurrent products and post-GEMM for the units next_panel() returns until it returns -1: a
+// One step's recurrent products and post-GEMM for the units next_unit() returns until it returns -1: a
 // unit is one micro-panel of h_{t-1} (step_row_blocks) against one panel of NR hidden units, so that a
 // thread that finishes early takes over a few rows' worth of another's work, not a whole panel's (LSTM
 // H256 B16 to B64, in-process A/B: 0.91-0.99 of the time). ap is h_{t-1} packed (pack_a_balanced),
@@ -272,8 +272,8 @@ void pack_a_balanced(const UKernel<T>& uk, index_t m, index_t k, const T* a, ind
 // over the whole depth at once, into the step's pre-activations xp (GRU's gate n, which the reset gate
 // scales, into gh), and the post-GEMM of those rows and units follows while the tiles (MR x NR x G
 // values, a few KB) are still in L1. The micro-kernel's C prefetch brings xp in during the product.
-template <typename T, class NextPanel>
-void fused_step(const StepRows& s, NextPanel&& next_panel, const T* ap, const PackedB<T>* whh, T* xp, T* gh,
+template <typename T, class NextUnit>
+void fused_step(const StepRows& s, NextUnit&& next_unit, const T* ap, const PackedB<T>* whh, T* xp, T* gh,
                 const T* bhn, const T* hprev, index_t ldh, const T* cprev, T* c, T* h, index_t ldy, T* save,
                 T* aux, const T* zeros) {
   const UKernel<T>& uk = whh[0].ukernel();
@@ -281,23 +281,20 @@ void fused_step(const StepRows& s, NextPanel&& next_panel, const T* ap, const Pa
   const index_t GH = G * s.H, K = whh[0].k();
   const bool gru = s.cell == RnnCell::gru;
   const index_t nrb = step_row_blocks(mr, s.B);
-  for (index_t u = next_panel(); u >= 0; u = next_panel()) {
-    const index_t jp = u / nrb, j = jp * nr;
+  for (index_t u = next_unit(); u >= 0; u = next_unit()) {
+    const index_t jp = u / nrb, j = jp * nr, i = (u % nrb) * hgt;
     const int n_t = static_cast<int>(std::min<index_t>(nr, s.H - j));
-    {
-      const index_t i = (u % nrb) * hgt;
-      const int m_t = static_cast<int>(std::min<index_t>(hgt, s.B - i));
-      const ukernel_fn<T> fn = m_t == mr ? uk.fn : uk.rows[m_t - 1];
-      for (int q = 0; q < G; ++q) {
-        const bool apart = gru && q == 2;
-        fn(K, ap + i * K, whh[q].panel(jp), (apart ? gh : xp) + i * GH + q * s.H + j, GH, 1, T(1),
-           apart ? T(0) : T(1), m_t, n_t);
-      }
-      const StepRows part{s.cell, m_t, s.H, j, j + n_t};
-      forward_rows<T>(part, xp + i * GH, gh ? gh + i * GH : nullptr, true, bhn, hprev ? hprev + i * ldh : nullptr,
-                      ldh, cprev ? cprev + i * s.H : nullptr, c + i * s.H, h + i * ldy, ldy,
-                      save ? save + i * GH : nullptr, aux ? aux + i * s.H : nullptr, zeros);
+    const int m_t = static_cast<int>(std::min<index_t>(hgt, s.B - i));
+    const ukernel_fn<T> fn = m_t == mr ? uk.fn : uk.rows[m_t - 1];
+    for (int q = 0; q < G; ++q) {
+      const bool apart = gru && q == 2;
+      fn(K, ap + i * K, whh[q].panel(jp), (apart ? gh : xp) + i * GH + q * s.H + j, GH, 1, T(1),
+         apart ? T(0) : T(1), m_t, n_t);
     }
+    const StepRows part{s.cell, m_t, s.H, j, j + n_t};
+    forward_rows<T>(part, xp + i * GH, gh ? gh + i * GH : nullptr, true, bhn, hprev ? hprev + i * ldh : nullptr,
+                    ldh, cprev ? cprev + i * s.H : nullptr, c + i * s.H, h + i * ldy, ldy,
+                    save ? save + i * GH : nullptr, aux ? aux + i * s.H : nullptr, zeros);
   }
 }
 
@@ -512,9 +509,9 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
       T* at = aux ? aux + t * B * H : nullptr;
       if (hprev) {
         pack_a_balanced<T>(uk, B, H, hprev, H, b.ap.data());
-        index_t jp = 0;
-        const index_t np = b.whh[0].panels() * step_row_blocks(uk.mr, B);
-        fused_step<T>(step, [&] { return jp < np ? jp++ : index_t(-1); }, b.ap.data(), b.whh, xpt, b.gh.data(), bhn, hprev, H,
+        index_t u = 0;
+        const index_t units = b.whh[0].panels() * step_row_blocks(uk.mr, B);
+        fused_step<T>(step, [&] { return u < units ? u++ : index_t(-1); }, b.ap.data(), b.whh, xpt, b.gh.data(), bhn, hprev, H,
                       cprev, ct, yl + t * B * H, H, st, at, zeros.data());
       } else {
         forward_rows<T>(step, xpt, nullptr, false, bhn, hprev, H, cprev, ct, yl + t * B * H, H, st, at,
@@ -642,8 +639,8 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     }
 
     SpinBarrier barriers[2] = {SpinBarrier(thread_group(0, nt, D).nt), SpinBarrier(thread_group(nt - 1, nt, D).nt)};
-    const index_t panels = ceil_div(H, uk.nr) * step_row_blocks(uk.mr, B);
-    PanelShare shares[2] = {PanelShare(thread_group(0, nt, D).nt, panels), PanelShare(thread_group(nt - 1, nt, D).nt, panels)};
+    const index_t units = ceil_div(H, uk.nr) * step_row_blocks(uk.mr, B);  // fused_step's
+    PanelShare shares[2] = {PanelShare(thread_group(0, nt, D).nt, units), PanelShare(thread_group(nt - 1, nt, D).nt, units)};
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
       const int tid = thread_id();
@@ -683,7 +680,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
             // A single step (its products by plain GEMM: into gh, or with x's into xp, GRU's gate n
             // into gh) or h_{t-1} = 0.
             const bool summed = one_product || gru_direct;
-            forward_rows<T>(step, xpt, hprev && (!summed || gru_direct) ? b.gh.data() : nullptr, summed, bhn, hprev, ldh, cprev,
+            forward_rows<T>(step, xpt, hprev && !one_product ? b.gh.data() : nullptr, summed, bhn, hprev, ldh, cprev,
                             ct, proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data());
           }
           if (proj) {
