@@ -733,12 +733,12 @@ PYBIND11_MODULE(_cpu, m) {
     if (itemsize == 4) {
       auto u = select_ukernel<float>(i);
       auto b = blocking_for<float>(i);
-      return py::make_tuple(u.name, u.mr, u.nr, b.mc, b.kc, b.nc);
+      return py::make_tuple(u.name, u.mr, u.nr, b.mc, b.kc, nc_for_l2(b, b.kc, sizeof(float)));
     }
     auto u = select_ukernel<double>(i);
     auto b = blocking_for<double>(i);
-    return py::make_tuple(u.name, u.mr, u.nr, b.mc, b.kc, b.nc);
-  }, "(name, MR, NR, MC, KC, NC) of an ISA's micro-kernel and blocking for itemsize 4 or 8.");
+    return py::make_tuple(u.name, u.mr, u.nr, b.mc, b.kc, nc_for_l2(b, b.kc, sizeof(double)));
+  }, "(name, MR, NR, MC, KC, NC) of an ISA's micro-kernel and blocking for itemsize 4 or 8 (NC for a full KC, sized to this L2).");
 
   m.def("sa_kernel_info", [](const std::string& isa, int itemsize) {
     const Isa i = isa_from_name(isa);
@@ -952,6 +952,7 @@ PYBIND11_MODULE(_cpu, m) {
     }
   });
   m.def("cpu_model_name", &cpu_model_name);
+  m.def("l2_cache_bytes", &l2_cache_bytes, "Bytes of L2 cache per core, as the GEMM's blocking sees it.");
   m.def("get_num_threads", &get_num_threads);
   m.def("set_num_threads", [](int n) {
     if (n < 1) throw py::value_error("set_num_threads: n must be >= 1");

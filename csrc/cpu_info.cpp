@@ -3,6 +3,9 @@
 #include <atomic>
 #include <fstream>
 #include <stdexcept>
+#include <string>
+
+#include <unistd.h>
 
 #include "common.h"
 
@@ -60,6 +63,30 @@ std::string cpu_model_name() {
     }
   }
   return "unknown";
+}
+
+long l2_cache_bytes() {
+  static const long bytes = [] {
+    long b = 0;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    for (int i = 0; b <= 0 && i < 8; ++i) {  // /sys/.../cache/indexN: level, size such as "1024K"
+      const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+      std::ifstream level(dir + "level"), size(dir + "size");
+      int lv = 0;
+      std::string sz;
+      if (!(level >> lv) || !(size >> sz)) break;
+      if (lv != 2 || sz.empty()) continue;
+      try {
+        b = std::stol(sz) * (sz.back() == 'K' ? 1024L : sz.back() == 'M' ? 1024L * 1024L : 1L);
+      } catch (const std::exception&) {
+        b = 0;
+      }
+    }
+    return b > 0 ? b : 512L * 1024L;
+  }();
+  return bytes;
 }
 
 static std::atomic<double> g_min_parallel_work{double(1 << 17)};

@@ -15,5 +15,8 @@ void set_isa(Isa isa);
 const char* isa_name(Isa isa);
 Isa isa_from_name(const std::string& name);
 std::string cpu_model_name();
+// Bytes of L2 cache per core (sysconf, else /sys; 512 KiB, the smallest of current x86 server cores, if
+// neither answers). The GEMM's NC is sized from it (blocking.h).
+long l2_cache_bytes();
 
 }  // namespace dnnkit

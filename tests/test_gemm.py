@@ -133,13 +133,16 @@ def test_gemm_tile_tails(isa, num_threads, gemm_algo, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_gemm_beyond_mc_and_nc(isa, num_threads, gemm_algo, dtype):
-    """m past one MC block and n past one NC block (the outer loops of the driver), with tails."""
+    """m past one MC block and n past one NC block (the outer loops of the driver), with tails. The
+    reported NC is that of a full KC block (shallower products take wider blocks, up to the table's), so
+    the cases past NC have depth KC."""
     g = ukernel_geometry(isa, dtype)
     for (m, n, k), trans_b, beta in [
-        ((g["MR"] + 1, g["NC"] + g["NR"] + 3, 5), True, 0.0),
-        ((g["MR"] + 1, g["NC"] + g["NR"] + 3, 5), False, 1.0),
+        ((g["MR"] + 1, g["NC"] + g["NR"] + 3, g["KC"]), True, 0.0),
+        ((g["MR"] + 1, g["NC"] + g["NR"] + 3, g["KC"]), False, 1.0),
+        ((g["MR"] + 1, 2 * g["NC"] + 5, 5), False, 0.0),
         ((g["MC"] + g["MR"] + 1, 2 * g["NR"] + 1, 9), False, 0.0),
-        ((g["MC"] + 3, g["NC"] + 1, 3), True, -0.5),
+        ((g["MC"] + 3, g["NC"] + 1, g["KC"]), True, -0.5),
     ]:
         check_gemm(gemm_algo, GemmCase(m, n, k, dtype, False, trans_b, 1.0, beta, True, ("C", "C", "C"), m + n))
 

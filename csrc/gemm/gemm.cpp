@@ -64,7 +64,7 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   // 6% from splitting m). Below that, splitting m reuses each A micro-panel over all columns.
   p.split_n = nt == 1 || panels_n >= 8 * nt || panels_n >= panels_m;
   // Equal NC blocks, each a multiple of NR; when threads split n, a multiple of nt of them.
-  index_t njb = ceil_div(std::max<index_t>(n, 1), blk.nc);
+  index_t njb = ceil_div(std::max<index_t>(n, 1), nc_for_l2(blk, p.kc, static_cast<index_t>(sizeof(T))));
   if (p.split_n) njb = round_up(njb, nt);
   p.nc = round_up(ceil_div(std::max<index_t>(n, 1), njb), uk.nr);
   return p;

@@ -31,6 +31,7 @@ def info() -> dict:
         "cpu": _cpu.cpu_model_name(),
         "isa_detected": _cpu.detected_isa(),
         "isa_active": _cpu.active_isa(),
+        "l2_cache_bytes": _cpu.l2_cache_bytes(),  # per core; sizes the GEMM's NC
         "openmp": _cpu.has_openmp(),
         "threads": get_num_threads(),
         # How idle OpenMP threads wait (the environment's, read when the runtime loaded): see the README on
