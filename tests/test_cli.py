@@ -27,6 +27,18 @@ def test_info_json():
     assert isinstance(info["threads"], int) and info["threads"] >= 1
 
 
+def test_info_blocking_fits_l2():
+    """Each dtype's packed B block (KC x NC) fills at most two thirds of the L2 that info reports, or NC
+    is at its floor of 128 columns; NC is a multiple of NR."""
+    info = dnnkit.info()
+    l2 = info["l2_cache_bytes"]
+    assert isinstance(l2, int) and l2 > 0
+    for dtype, u in info["ukernels"].items():
+        size = 4 if dtype == "float32" else 8
+        assert u["NC"] % u["NR"] == 0
+        assert u["NC"] == 128 or u["KC"] * u["NC"] * size <= 2 * l2 // 3, (dtype, u, l2)
+
+
 def test_info_text():
     r = run("info")
     assert r.returncode == 0, r.stderr
