@@ -100,6 +100,11 @@ void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const
 template <typename T>
 void pack_b_block(const GemmArgs<T>& g, int nr, index_t pc, index_t kc, index_t jc, index_t nc, index_t jr0,
                   index_t jr1, T* bp) {
+  // A row-major B, several panels: rows outermost (pack_b_rows).
+  if (!g.pack_b && g.b_group_cols == 0 && g.cs_b == 1 && jr1 - jr0 > 1) {
+    const index_t j0 = jr0 * nr, cols = std::min(nc, jr1 * nr) - j0;
+    if (pack_b_rows_fixed<T>(kc, cols, nr, g.b + pc * g.rs_b + jc + j0, g.rs_b, bp + jr0 * nr * kc)) return;
+  }
   for (index_t jr = jr0; jr < jr1; ++jr) {
     const index_t j = jc + jr * nr;
     const index_t n_t = std::min<index_t>(nr, jc + nc - j);
