@@ -9,6 +9,7 @@
 #include <memory>
 #include <type_traits>
 #include <string>
+#include <limits>
 #include <vector>
 
 #include "common.h"
@@ -253,7 +254,7 @@ py::array_t<T> contiguous(const py::object& x, const char* op, const char* name)
 
 template <typename T>
 void ukernel_test_impl(Isa isa, const py::array& ap, const py::array& bp, py::array& c, double alpha, double beta,
-                       int m, int n) {
+                       int m, int n, const py::object& bias_obj) {
   const UKernel<T> uk = select_ukernel<T>(isa);
   auto a = py::array_t<T, py::array::c_style>::ensure(ap);
   auto b = py::array_t<T, py::array::c_style>::ensure(bp);
@@ -268,8 +269,17 @@ void ukernel_test_impl(Isa isa, const py::array& ap, const py::array& bp, py::ar
   AlignedBuffer<T> abuf(static_cast<std::size_t>(k * uk.mr + 1)), bbuf(static_cast<std::size_t>(k * uk.nr + 1));
   std::copy(a.data(), a.data() + a.size(), abuf.data());
   std::copy(b.data(), b.data() + b.size(), bbuf.data());
+  // The bias, when given, copied to the front of a buffer whose values past n are NaN: a kernel that read
+  // past the n values it is given would put NaN in the tile.
+  std::vector<T> bias;
+  if (!bias_obj.is_none()) {
+    auto bv = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(bias_obj);
+    if (!bv || bv.ndim() != 1 || bv.size() != n) throw py::value_error("ukernel_test: bias must hold n values");
+    bias.assign(static_cast<std::size_t>(n + 64), std::numeric_limits<T>::quiet_NaN());
+    std::copy(bv.data(), bv.data() + n, bias.begin());
+  }
   uk.fn(k, abuf.data(), bbuf.data(), static_cast<T*>(c.mutable_data()), vc.rs, vc.cs, static_cast<T>(alpha),
-        static_cast<T>(beta), m, n);
+        static_cast<T>(beta), m, n, bias_obj.is_none() ? nullptr : bias.data());
 }
 
 bool is_f32(const py::array& x) { return py::isinstance<py::array_t<float>>(x) && x.itemsize() == 4; }
@@ -718,15 +728,18 @@ PYBIND11_MODULE(_cpu, m) {
 
   m.def("ukernel_test",
         [](const std::string& isa, const py::array& ap, const py::array& bp, py::array& c, double alpha, double beta,
-           int mm, int n) {
+           int mm, int n, const py::object& bias) {
           const Isa i = isa_from_name(isa);
           if (static_cast<int>(i) > static_cast<int>(detected_isa()))
             throw py::value_error("ukernel_test: this CPU does not support " + isa);
-          if (is_f32(c)) return ukernel_test_impl<float>(i, ap, bp, c, alpha, beta, mm, n);
-          if (is_f64(c)) return ukernel_test_impl<double>(i, ap, bp, c, alpha, beta, mm, n);
+          if (is_f32(c)) return ukernel_test_impl<float>(i, ap, bp, c, alpha, beta, mm, n, bias);
+          if (is_f64(c)) return ukernel_test_impl<double>(i, ap, bp, c, alpha, beta, mm, n, bias);
           throw py::type_error("ukernel_test: c must be float32 or float64");
         },
-        "Test-only: run one ISA's micro-kernel on packed panels (a: k*MR, b: k*NR) into the m x n tile c.");
+        py::arg("isa"), py::arg("a"), py::arg("b"), py::arg("c"), py::arg("alpha"), py::arg("beta"), py::arg("m"),
+        py::arg("n"), py::arg("bias") = py::none(),
+        "Test-only: run one ISA's micro-kernel on packed panels (a: k*MR, b: k*NR) into the m x n tile c, adding\n"
+        "bias (n values) when given.");
 
   m.def("ukernel_info", [](const std::string& isa, int itemsize) {
     const Isa i = isa_from_name(isa);

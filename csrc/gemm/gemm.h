@@ -136,10 +136,12 @@ void pack_a_rows_part(const UKernel<T>& uk, index_t m, index_t k, const T* a, in
 // with A packed by pack_a_rows and C row-major (row stride ldc; c points at C(0, 0)). beta == 0: C is
 // not read. k is blocked as gemm() blocks it, so each element is summed in the same order as there.
 // `reverse` runs the panels from jp1 - 1 down (same results): a loop that streams the same panels every
-// step alternates it, so that each step starts on the panels still in cache from the last.
+// step alternates it, so that each step starts on the panels still in cache from the last. bias (n
+// values, may be null) is added to every row in the micro-kernel's store on the last k block, as gemm()
+// adds a column bias.
 template <typename T>
 void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, index_t jp1, T beta, T* c,
-                   index_t ldc, bool reverse = false);
+                   index_t ldc, bool reverse = false, const T* bias = nullptr);
 
 // C (m x n, row stride ldc) := act(A W^T + A2 W2^T + bias) with W^T packed once by the caller: w holds
 // W^T (k x n) for a weight W (n x k), w2 (may be null) W2^T (k2 x n); A (m x k, row stride lda) and A2

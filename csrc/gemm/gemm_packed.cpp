@@ -49,7 +49,7 @@ void pack_a_rows(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t
 
 template <typename T>
 void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, index_t jp1, T beta, T* c,
-                   index_t ldc, bool reverse) {
+                   index_t ldc, bool reverse, const T* bias) {
   const UKernel<T>& uk = b.ukernel();
   const index_t k = b.k(), n = b.n();
   const int mr = uk.mr, nr = uk.nr;
@@ -57,7 +57,8 @@ void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, ind
   if (k == 0) {
     const index_t j1 = std::min(n, jp1 * nr);
     for (index_t i = 0; i < m; ++i)
-      for (index_t j = jp0 * nr; j < j1; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+      for (index_t j = jp0 * nr; j < j1; ++j)
+        c[i * ldc + j] = (beta == T(0) ? T(0) : beta * c[i * ldc + j]) + (bias ? bias[j] : T(0));
     return;
   }
   const index_t m_full = m / mr * mr;
@@ -75,12 +76,13 @@ void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, ind
       const index_t kc = std::min(kc_max, k - pc);
       const T beta_k = pc == 0 ? beta : T(1);
       const T* bblk = bpanel + pc * nr;
+      const T* bias_k = bias && pc + kc >= k ? bias + j : nullptr;
       // A panel of rows [i, i + mr) starts at ap + i*k; its k block [pc, pc + kc) at + pc*mr.
       for (index_t i = 0; i < m_full; i += mr)
-        uk.fn(kc, ap + i * k + pc * mr, bblk, c + i * ldc + j, ldc, 1, T(1), beta_k, mr, n_t);
+        uk.fn(kc, ap + i * k + pc * mr, bblk, c + i * ldc + j, ldc, 1, T(1), beta_k, mr, n_t, bias_k);
       if (m_tail)
         uk.rows[m_tail - 1](kc, ap + m_full * k + pc * m_tail, bblk, c + m_full * ldc + j, ldc, 1, T(1), beta_k,
-                            m_tail, n_t);
+                            m_tail, n_t, bias_k);
     }
   }
 }
@@ -107,7 +109,7 @@ void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* 
   std::optional<PanelShare> share;
   if (nt > 1 && units < PanelShare::kMaxPanels) share.emplace(nt, units);
   const bool reverse = alternate_direction(&w);
-  const bool epilogue = bias != nullptr || act != Activation::identity;
+  const bool epilogue = act != Activation::identity;  // the bias goes into the last product's store
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     const int tid = thread_id(), nth = thread_count();
@@ -118,11 +120,11 @@ void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* 
       const index_t mb = u / panels, jp = u % panels;
       const index_t i0 = mb * mc, rows = std::min(mc, m - i0);
       T* const cb = c + i0 * ldc;
-      gemm_packed_b<T>(rows, ap1 + i0 * k, w, jp, jp + 1, T(0), cb, ldc);
-      if (w2) gemm_packed_b<T>(rows, ap2 + i0 * k2, *w2, jp, jp + 1, T(1), cb, ldc);
+      gemm_packed_b<T>(rows, ap1 + i0 * k, w, jp, jp + 1, T(0), cb, ldc, false, w2 ? nullptr : bias);
+      if (w2) gemm_packed_b<T>(rows, ap2 + i0 * k2, *w2, jp, jp + 1, T(1), cb, ldc, false, bias);
       if (epilogue) {
         const index_t j = jp * nr;
-        apply_epilogue<T>(cb + j, ldc, 1, rows, std::min<index_t>(nr, n - j), bias ? bias + j : nullptr, act);
+        apply_epilogue<T>(cb + j, ldc, 1, rows, std::min<index_t>(nr, n - j), nullptr, act);
       }
     });
   }
@@ -140,9 +142,9 @@ template void pack_a_rows<float>(const UKernel<float>&, index_t, index_t, const 
 template void pack_a_rows<double>(const UKernel<double>&, index_t, index_t, const double*, index_t, index_t,
                                   double*);
 template void gemm_packed_b<float>(index_t, const float*, const PackedB<float>&, index_t, index_t, float, float*,
-                                   index_t, bool);
+                                   index_t, bool, const float*);
 template void gemm_packed_b<double>(index_t, const double*, const PackedB<double>&, index_t, index_t, double,
-                                    double*, index_t, bool);
+                                    double*, index_t, bool, const double*);
 
 template void gemm_prepacked<float>(index_t, const float*, index_t, const PackedB<float>&, float*, index_t,
                                     const float*, Activation, const float*, index_t, const PackedB<float>*, int);

@@ -289,7 +289,7 @@ void fused_step(const StepRows& s, NextUnit&& next_unit, const T* ap, const Pack
     for (int q = 0; q < G; ++q) {
       const bool apart = gru && q == 2;
       fn(K, ap + i * K, whh[q].panel(jp), (apart ? gh : xp) + i * GH + q * s.H + j, GH, 1, T(1),
-         apart ? T(0) : T(1), m_t, n_t);
+         apart ? T(0) : T(1), m_t, n_t, nullptr);
     }
     const StepRows part{s.cell, m_t, s.H, j, j + n_t};
     forward_rows<T>(part, xp + i * GH, gh ? gh + i * GH : nullptr, true, bhn, hprev ? hprev + i * ldh : nullptr,
@@ -495,10 +495,7 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
       gemm_a_wt<T>(rows, GH, Il, xc, Il, w.w_ih[l], xp, GH, b.bias.data(), T(0), 1, Tn * B);
     } else {
       pack_a_rows<T>(uk, rows, Il, xc, Il, 1, b.axp.data());
-      gemm_packed_b<T>(rows, b.axp.data(), b.wih, 0, b.wih.panels(), T(0), xp, GH);
-      const T* bias = b.bias.data();
-      for (index_t r = 0; r < rows; ++r)
-        for (index_t j = 0; j < GH; ++j) xp[r * GH + j] += bias[j];
+      gemm_packed_b<T>(rows, b.axp.data(), b.wih, 0, b.wih.panels(), T(0), xp, GH, false, b.bias.data());
     }
     for (index_t t = t0; t < t1; ++t) {
       const T* hprev = t == 0 ? (h0 ? h0 + l * B * H : nullptr) : yl + (t - 1) * B * H;
