@@ -54,7 +54,7 @@ template <typename T>
 void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, const T* bias, Activation act,
                     bool per_row = false) {
   if constexpr (std::is_same_v<T, float>) {
-    if (cs_c == 1 && (act == Activation::tanh || act == Activation::sigmoid)) {
+    if (cs_c == 1 && (act == Activation::tanh || act == Activation::sigmoid || act == Activation::gelu)) {
       if (const GateKernelsF32* gk = gate_kernels_f32()) {
         for (index_t i = 0; i < m; ++i) {
           float* __restrict row = c + i * rs_c;
@@ -66,7 +66,7 @@ void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, cons
 #pragma omp simd
             for (index_t j = 0; j < n; ++j) row[j] += b[j];
           }
-          gk->math(act == Activation::tanh ? 2 : 1, row, row, n);
+          gk->math(act == Activation::tanh ? 2 : act == Activation::sigmoid ? 1 : 3, row, row, n);
         }
         return;
       }

@@ -96,6 +96,56 @@ inline typename V::reg vtanh(typename V::reg x) {
   return a[0];
 }
 
+// gelu(x) = x Phi(x), Phi(x) = erfc(-x / sqrt 2) / 2 (torch's exact form), for the GEMM's epilogue. With
+// z = |x| / sqrt 2:
+//   z <= 1: erf(z) = z A(z^2), A of degree 5 (relative error 1.2e-7 in float arithmetic);
+//   z > 1:  erfc(z) = exp(-z^2) B(1/z) / z, B of degree 10 (relative error 8e-7), exp(-z^2) from the
+//           exact square x^2 / 2 = s + d (FMA) as exp(-s)(1 - d); 0 past z = 9, where erfc(z) < 5e-37:
+//           nothing on the way is denormal (denormal operands cost the cores microcode assists, which
+//           made GEMM outputs of magnitude 13-14 several times slower than the rest).
+// Phi is then (1 + sign(x) erf(z)) / 2 below z = 1, 1 - erfc(z)/2 for x > 0, erfc(z)/2 for x < 0: the
+// negative tail keeps its relative accuracy. The polynomials are least-squares fits at Chebyshev nodes
+// made for this file. gelu(-inf) is NaN and gelu(inf) inf, as x Phi(x) is; below x = -12.7, where
+// |gelu(x)| < 3e-36, it is -0.
+template <class V>
+inline typename V::reg vgelu(typename V::reg x) {
+  using R = typename V::reg;
+  const R half = V::set1(0.5f);
+  const R z = V::mul(V::abs(x), V::set1(0.70710678118654752f));
+  // erf(z), z <= 1
+  const R s = V::mul(z, z);
+  R a = V::fma(s, V::set1(-5.654105916619301e-04f), V::set1(4.923277534544468e-03f));
+  a = V::fma(a, s, V::set1(-2.6716385036706924e-02f));
+  a = V::fma(a, s, V::set1(1.1280364543199539e-01f));
+  a = V::fma(a, s, V::set1(-3.7612348794937134e-01f));
+  a = V::fma(a, s, V::set1(1.1283791065216064f));
+  const R erf_small = V::mul(z, a);
+  // erfc(z), z > 1 (|x| clamped to [sqrt 2, 9 sqrt 2] here; the blends below pick what applies). z^2 is
+  // taken as x^2 / 2 from x, not from the rounded z: in the tail exp(-z^2) magnifies z's rounding error.
+  const R xc = V::min_nan(V::set1(12.727922061357855f), V::max_nan(V::set1(1.4142135623730950f), V::abs(x)));
+  const R t = V::recip(V::mul(xc, V::set1(0.70710678118654752f)));
+  R b = V::fma(t, V::set1(-1.590101271867752e-01f), V::set1(8.423112034797668e-01f));
+  b = V::fma(b, t, V::set1(-1.8407167196273804f));
+  b = V::fma(b, t, V::set1(2.027833938598633f));
+  b = V::fma(b, t, V::set1(-9.335841536521912e-01f));
+  b = V::fma(b, t, V::set1(-2.949764132499695e-01f));
+  b = V::fma(b, t, V::set1(5.163862705230713e-01f));
+  b = V::fma(b, t, V::set1(-1.3675500638782978e-02f));
+  b = V::fma(b, t, V::set1(-2.8115004301071167e-01f));
+  b = V::fma(b, t, V::set1(-2.4499902792740613e-05f));
+  b = V::fma(b, t, V::set1(5.641896724700928e-01f));
+  const R xx = V::mul(xc, xc);
+  const R sq = V::mul(xx, half);
+  const R d = V::mul(V::fma(xc, xc, V::sub(V::set1(0.0f), xx)), half);  // z^2 - sq, exactly
+  const R e = V::mul(vexp<V>(V::sub(V::set1(0.0f), sq)), V::fnma(d, V::set1(1.0f), V::set1(1.0f)));
+  R erfc_large = V::mul(V::mul(e, b), t);
+  erfc_large = V::blend(V::lt(V::set1(9.0f), z), erfc_large, V::set1(0.0f));  // past z = 9: 0
+  const R phi_small = V::fma(V::copysign(erf_small, x), half, half);
+  const R phi_large = V::blend(V::ge(x, V::set1(0.0f)), V::mul(erfc_large, half), V::fnma(erfc_large, half, V::set1(1.0f)));
+  const R phi = V::blend(V::lt(V::set1(1.0f), z), phi_small, phi_large);
+  return V::mul(x, phi);
+}
+
 // Runs body(j, U, mask, full) over [j0, j1): blocks of U full vectors, then single vectors, the last
 // partial one under a mask.
 template <class V, int U, class F>
@@ -240,7 +290,7 @@ template <class V>
 void math(int fn, const float* x, float* y, index_t n) {
   for_vectors<V, 1>(0, n, [&](index_t j, auto, typename V::mask m, auto full) {
     const auto v = ld<V>(x + j, m, full);
-    st<V>(y + j, m, fn == 0 ? vexp<V>(v) : fn == 1 ? vsigmoid<V>(v) : vtanh<V>(v), full);
+    st<V>(y + j, m, fn == 0 ? vexp<V>(v) : fn == 1 ? vsigmoid<V>(v) : fn == 2 ? vtanh<V>(v) : vgelu<V>(v), full);
   });
 }
 

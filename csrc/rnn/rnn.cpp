@@ -881,9 +881,11 @@ void rnn_math_test(int fn, const T* x, T* y, index_t n) {
   } else if (fn == 1) {
 #pragma omp simd
     for (index_t i = 0; i < n; ++i) y[i] = fastmath::sigmoid(x[i]);
-  } else {
+  } else if (fn == 2) {
 #pragma omp simd
     for (index_t i = 0; i < n; ++i) y[i] = fastmath::tanh(x[i]);
+  } else {
+    for (index_t i = 0; i < n; ++i) y[i] = T(0.5) * x[i] * (T(1) + std::erf(x[i] * T(0.70710678118654752440)));
   }
 }
 
