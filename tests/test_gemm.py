@@ -365,3 +365,17 @@ def test_vector_gelu_accuracy(isa):
     out = np.empty_like(special)
     dnnkit._cpu.rnn_math_test(3, special, out)
     assert out[0] == np.inf and np.isnan(out[1]) and np.isnan(out[2])
+
+
+@pytest.mark.parametrize("activation", ["tanh", "sigmoid", "gelu", "relu"])
+def test_linear_output_same_with_and_without_preactivation(isa, activation):
+    """linear's fused epilogue and the separate activation pass (return_preactivation=True) compute the same
+    function, so y is the same either way."""
+    rng = np.random.default_rng(11)
+    x = (4 * rng.standard_normal((37, 70))).astype(np.float32)
+    w = rng.standard_normal((45, 70)).astype(np.float32)
+    b = rng.standard_normal(45).astype(np.float32)
+    y = dnnkit.linear(x, w, b, activation=activation)
+    y2, z = dnnkit.linear(x, w, b, activation=activation, return_preactivation=True)
+    assert np.array_equal(y, y2)
+    assert np.array_equal(z, dnnkit.linear(x, w, b))
