@@ -254,7 +254,7 @@ py::array_t<T> contiguous(const py::object& x, const char* op, const char* name)
 
 template <typename T>
 void ukernel_test_impl(Isa isa, const py::array& ap, const py::array& bp, py::array& c, double alpha, double beta,
-                       int m, int n, const py::object& bias_obj) {
+                       int m, int n, const py::object& bias_obj, bool bias_rows) {
   const UKernel<T> uk = select_ukernel<T>(isa);
   auto a = py::array_t<T, py::array::c_style>::ensure(ap);
   auto b = py::array_t<T, py::array::c_style>::ensure(bp);
@@ -274,12 +274,14 @@ void ukernel_test_impl(Isa isa, const py::array& ap, const py::array& bp, py::ar
   std::vector<T> bias;
   if (!bias_obj.is_none()) {
     auto bv = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(bias_obj);
-    if (!bv || bv.ndim() != 1 || bv.size() != n) throw py::value_error("ukernel_test: bias must hold n values");
-    bias.assign(static_cast<std::size_t>(n + 64), std::numeric_limits<T>::quiet_NaN());
-    std::copy(bv.data(), bv.data() + n, bias.begin());
+    const int len = bias_rows ? m : n;
+    if (!bv || bv.ndim() != 1 || bv.size() != len)
+      throw py::value_error("ukernel_test: bias must hold n values (m with bias_rows)");
+    bias.assign(static_cast<std::size_t>(len + 64), std::numeric_limits<T>::quiet_NaN());
+    std::copy(bv.data(), bv.data() + len, bias.begin());
   }
   uk.fn(k, abuf.data(), bbuf.data(), static_cast<T*>(c.mutable_data()), vc.rs, vc.cs, static_cast<T>(alpha),
-        static_cast<T>(beta), m, n, bias_obj.is_none() ? nullptr : bias.data());
+        static_cast<T>(beta), m, n, bias_obj.is_none() ? nullptr : bias.data(), bias_rows);
 }
 
 bool is_f32(const py::array& x) { return py::isinstance<py::array_t<float>>(x) && x.itemsize() == 4; }
@@ -728,18 +730,18 @@ PYBIND11_MODULE(_cpu, m) {
 
   m.def("ukernel_test",
         [](const std::string& isa, const py::array& ap, const py::array& bp, py::array& c, double alpha, double beta,
-           int mm, int n, const py::object& bias) {
+           int mm, int n, const py::object& bias, bool bias_rows) {
           const Isa i = isa_from_name(isa);
           if (static_cast<int>(i) > static_cast<int>(detected_isa()))
             throw py::value_error("ukernel_test: this CPU does not support " + isa);
-          if (is_f32(c)) return ukernel_test_impl<float>(i, ap, bp, c, alpha, beta, mm, n, bias);
-          if (is_f64(c)) return ukernel_test_impl<double>(i, ap, bp, c, alpha, beta, mm, n, bias);
+          if (is_f32(c)) return ukernel_test_impl<float>(i, ap, bp, c, alpha, beta, mm, n, bias, bias_rows);
+          if (is_f64(c)) return ukernel_test_impl<double>(i, ap, bp, c, alpha, beta, mm, n, bias, bias_rows);
           throw py::type_error("ukernel_test: c must be float32 or float64");
         },
         py::arg("isa"), py::arg("a"), py::arg("b"), py::arg("c"), py::arg("alpha"), py::arg("beta"), py::arg("m"),
-        py::arg("n"), py::arg("bias") = py::none(),
+        py::arg("n"), py::arg("bias") = py::none(), py::arg("bias_rows") = false,
         "Test-only: run one ISA's micro-kernel on packed panels (a: k*MR, b: k*NR) into the m x n tile c, adding\n"
-        "bias (n values) when given.");
+        "bias (n values per column, or m per row with bias_rows) when given.");
 
   m.def("ukernel_info", [](const std::string& isa, int itemsize) {
     const Isa i = isa_from_name(isa);

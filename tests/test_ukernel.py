@@ -1,7 +1,7 @@
 """The micro-kernel contract of csrc/gemm/ukernel.h, tested exactly through dnnkit._cpu.ukernel_test.
 
     a: packed A panel, k*MR elements, a[p*MR + i] = A(i, p);  b: packed B panel, k*NR elements, b[p*NR + j] = B(p, j)
-    for i < m <= MR, j < n <= NR:  C(i, j) := beta * C(i, j) + alpha * sum_p A(i, p) B(p, j) [+ bias[j]]
+    for i < m <= MR, j < n <= NR:  C(i, j) := beta * C(i, j) + alpha * sum_p A(i, p) B(p, j) [+ bias[j] or bias[i]]
     nothing outside the m x n tile is read or written; with beta == 0, C is never read; k == 0 is allowed.
 
 Every supported ISA, float32 and float64 (the panels have c's dtype); c is a view into a larger buffer
@@ -45,7 +45,8 @@ def tile_view(mr: int, nr: int, layout: str, dtype):
 def run_case(isa, dtype, m, n, k, alpha, beta, layout, seed, pad=None, bias=False):
     """Runs the ISA's micro-kernel on random panels and checks the whole contract. pad: a value written
     into the panels' rows i >= m of A and columns j >= n of B, which must not reach the m x n tile.
-    bias: pass n per-column values (the binding puts NaN past them, which must not reach the tile)."""
+    bias: True for n per-column values, "rows" for m per-row values (the binding puts NaN past them, which
+    must not reach the tile)."""
     g = ukernel_geometry(isa, dtype)
     mr, nr = g["MR"], g["NR"]
     rng = np.random.default_rng(seed)
@@ -60,13 +61,15 @@ def run_case(isa, dtype, m, n, k, alpha, beta, layout, seed, pad=None, bias=Fals
     c, buf = tile_view(mr, nr, layout, dtype)
     c[:m, :n] = c0 if beta != 0.0 else np.nan  # beta == 0: C must not be read
 
-    bias_values = rng.standard_normal(n).astype(dtype) if bias else None
-    dnnkit._cpu.ukernel_test(isa, a_packed, b_packed, c, alpha, beta, m, n, bias_values)
+    rows = bias == "rows"
+    bias_values = rng.standard_normal(m if rows else n).astype(dtype) if bias else None
+    dnnkit._cpu.ukernel_test(isa, a_packed, b_packed, c, alpha, beta, m, n, bias_values, rows)
 
     got = c[:m, :n].copy()
     expected = gemm_ref(A[:m], B[:, :n], c0, alpha, beta)
     if bias:
-        expected = expected + bias_values.astype(np.float64)[None, :]
+        b64 = bias_values.astype(np.float64)
+        expected = expected + (b64[:, None] if rows else b64[None, :])
     assert not np.isnan(got).any(), "NaN in the tile: C was read with beta == 0, or padding leaked in"
     err = rel_l2(got, expected)
     assert err <= TOL[dtype], f"{g['name']} m={m} n={n} k={k} alpha={alpha} beta={beta} {layout}: error {err:.3g}"
@@ -83,7 +86,7 @@ def test_ukernel_contract(isa, dtype, data):
     alpha = data.draw(st.one_of(st.sampled_from([1.0, -0.5, 0.0]), st.floats(-2, 2, width=32)), label="alpha")
     beta = data.draw(st.one_of(st.sampled_from([0.0, 1.0, -1.25]), st.floats(-2, 2, width=32)), label="beta")
     layout = data.draw(st.sampled_from(C_LAYOUTS), label="layout")
-    bias = data.draw(st.booleans(), label="bias")
+    bias = data.draw(st.sampled_from([False, True, "rows"]), label="bias")
     run_case(isa, dtype, m, n, k, alpha, beta, layout, seed=data.draw(st.integers(0, 2**32 - 1), label="seed"),
              bias=bias)
 
@@ -99,6 +102,7 @@ def test_ukernel_full_and_edge_tiles(isa, dtype, layout, beta):
         if m >= 1 and n >= 1:
             run_case(isa, dtype, m, n, 17, 1.5, beta, layout, seed)
             run_case(isa, dtype, m, n, 17, 1.0, beta, layout, seed, bias=True)
+            run_case(isa, dtype, m, n, 17, 1.0, beta, layout, seed, bias="rows")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -128,6 +132,7 @@ def test_ukernel_k_zero(isa, dtype):
         assert np.array_equal(c, np.full_like(c, -1.5))
         run_case(isa, dtype, g["MR"] - 1, 2, 0, 1.0, 2.0, layout, seed=1)
         run_case(isa, dtype, g["MR"], g["NR"], 0, 1.0, 0.0, layout, seed=2, bias=True)
+        run_case(isa, dtype, g["MR"], g["NR"], 0, 1.0, 0.0, layout, seed=3, bias="rows")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

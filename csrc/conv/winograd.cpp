@@ -559,7 +559,7 @@ void products(const UKernel<T>& uk, index_t Kg, index_t Cg, int a2, const T* ug,
       const T* ue = ug + k / mr * a2 * u_point_stride(mr, Cg, sizeof(T)) + e * u_point_stride(rows, Cg, sizeof(T));
       for (int j = 0; j < nb; j += nr)
         fn(Cg, ue, ve + j * Cg, me + (k - k0) * kTileBlock + j, kTileBlock, 1, T(1), T(0), rows,
-           std::min(nr, nb - j), nullptr);
+           std::min(nr, nb - j), nullptr, false);
     }
   }
 }
@@ -697,7 +697,7 @@ void products_t(const UKernel<T>& uk, index_t Cg, int a2, index_t tiles, const T
       // The tile panel at t has `rows` rows; its depth block [cs, cs + kc) starts at + cs*rows.
       for (index_t j = 0; j < kn; j += nr)
         fn(kc, vt + e * vs + t * Cg + cs * rows, ut + e * us + j * kc, mt + e * ms + (t - ta) * kTileBlock + j,
-           kTileBlock, 1, T(1), beta, rows, static_cast<int>(std::min<index_t>(nr, kn - j)), nullptr);
+           kTileBlock, 1, T(1), beta, rows, static_cast<int>(std::min<index_t>(nr, kn - j)), nullptr, false);
     }
 }
 
@@ -1094,7 +1094,7 @@ void conv2d_bwd_filter_winograd_impl(const ConvShape& sh, const T* x, const T* d
           for (index_t jp = 0; jp < cpanels; ++jp) {
             const index_t c0 = jp * nr;
             fn(dd, a, vp + e * pl.vps + c0 * dd, mb + e * pl.mps + k0 * Cg + c0, Cg, 1, T(1), beta, rows,
-               static_cast<int>(std::min<index_t>(nr, Cg - c0)), nullptr);
+               static_cast<int>(std::min<index_t>(nr, Cg - c0)), nullptr, false);
           }
         }  // barrier: M holds the chunks so far; the panels are free
       }

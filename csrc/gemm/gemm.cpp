@@ -78,10 +78,10 @@ void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const
                   index_t ir_begin, index_t ir_end, index_t jc, index_t nc, index_t kc, T beta, bool last) {
   const int mr = uk.mr, nr = uk.nr;
   const index_t n_jr = ceil_div(nc, nr);
-  // A column bias goes into the micro-kernel's store on the last k block; a row bias (the transposed
-  // problem's) and the activation into a pass over the tile after it.
-  const T* const col_bias = last && g.bias && !g.bias_per_row ? g.bias : nullptr;
-  const bool epilogue = last && ((g.bias && g.bias_per_row) || g.act != Activation::identity);
+  // The bias (per column, or per row: a convolution's output channels, the transposed problem's) goes
+  // into the micro-kernel's store on the last k block; the activation into a pass over the tile after.
+  const T* const k_bias = last ? g.bias : nullptr;
+  const bool epilogue = last && g.act != Activation::identity;
   for (index_t ir = ir_begin; ir < ir_end; ++ir) {
     const index_t i = ic + ir * mr;
     const int m_t = static_cast<int>(std::min<index_t>(mr, ic + mc - i));
@@ -91,10 +91,9 @@ void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const
       const index_t j = jc + jr * nr;
       const int n_t = static_cast<int>(std::min<index_t>(nr, jc + nc - j));
       T* c = g.c + i * g.rs_c + j * g.cs_c;
-      fn(kc, a_panel, bp + jr * nr * kc, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, col_bias ? col_bias + j : nullptr);
-      if (epilogue)
-        apply_epilogue<T>(c, g.rs_c, g.cs_c, m_t, n_t, g.bias && g.bias_per_row ? g.bias + i : nullptr, g.act,
-                          g.bias_per_row);
+      fn(kc, a_panel, bp + jr * nr * kc, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t,
+         k_bias ? k_bias + (g.bias_per_row ? i : j) : nullptr, g.bias_per_row);
+      if (epilogue) apply_epilogue<T>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
     }
   }
 }

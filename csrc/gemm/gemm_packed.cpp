@@ -79,10 +79,10 @@ void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, ind
       const T* bias_k = bias && pc + kc >= k ? bias + j : nullptr;
       // A panel of rows [i, i + mr) starts at ap + i*k; its k block [pc, pc + kc) at + pc*mr.
       for (index_t i = 0; i < m_full; i += mr)
-        uk.fn(kc, ap + i * k + pc * mr, bblk, c + i * ldc + j, ldc, 1, T(1), beta_k, mr, n_t, bias_k);
+        uk.fn(kc, ap + i * k + pc * mr, bblk, c + i * ldc + j, ldc, 1, T(1), beta_k, mr, n_t, bias_k, false);
       if (m_tail)
         uk.rows[m_tail - 1](kc, ap + m_full * k + pc * m_tail, bblk, c + m_full * ldc + j, ldc, 1, T(1), beta_k,
-                            m_tail, n_t, bias_k);
+                            m_tail, n_t, bias_k, false);
     }
   }
 }

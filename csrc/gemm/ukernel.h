@@ -1,23 +1,24 @@
 // The GEMM micro-kernel contract, written once.
 //
-//   ukernel(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias)
+//   ukernel(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows)
 //
 //   a : packed A micro-panel, MR x k, stored k-major:  a[p*MR + i] = A(i, p)    (64-byte aligned)
 //   b : packed B micro-panel, k x NR, stored k-major:  b[p*NR + j] = B(p, j)    (64-byte aligned)
 //   c : the C tile; element (i, j) lives at c[i*rs_c + j*cs_c]
 //
-//   bias: null, or n per-column values (bias[j]), any alignment
+//   bias: null, or n per-column values (bias[j]), or with bias_rows m per-row values (bias[i]); any
+//         alignment
 //
 //   For 0 <= i < m <= MR and 0 <= j < n <= NR:
-//       C(i,j) := beta * C(i,j) + alpha * sum_p A(i,p) B(p,j)  [+ bias[j]]
+//       C(i,j) := beta * C(i,j) + alpha * sum_p A(i,p) B(p,j)  [+ bias[j], or bias[i] with bias_rows]
 //
 //   - Rows i >= m and columns j >= n of C are never read or written (edge tiles); the packed panels
 //     are zero-padded there by the packing routines, so the kernel always computes a full MR x NR tile.
 //   - When beta == 0, C is never read: it may hold NaN or Inf, and the result is alpha * A*B exactly.
 //   - k == 0 is allowed: C := beta * C (or 0 when beta == 0), plus the bias.
 //   - The bias is added in the tile's store, while it is in registers: a GEMM with a bias (the input
-//     projections of an RNN, a linear layer) passes it on its last k block instead of a second pass over
-//     C, which at 3200 x 2048 x 512 cost 15% of the product.
+//     projections of an RNN, a linear layer; per row, a convolution's output channels) passes it on its
+//     last k block instead of a second pass over C, which at 3200 x 2048 x 512 cost 15% of the product.
 //   - NaN and Inf in A and B propagate through the products as IEEE arithmetic says.
 #pragma once
 #include "../common.h"
@@ -27,7 +28,7 @@ namespace dnnkit {
 
 template <typename T>
 using ukernel_fn = void (*)(index_t k, const T* a, const T* b, T* c, index_t rs_c, index_t cs_c, T alpha,
-                            T beta, int m, int n, const T* bias);
+                            T beta, int m, int n, const T* bias, bool bias_rows);
 
 template <typename T>
 struct UKernel {

@@ -67,25 +67,25 @@ struct Avx512F64 {
 namespace {
 constexpr int kMR = 14;  // rows of the tile; 2 vectors wide
 void uk_f32(dnnkit::index_t k, const float* a, const float* b, float* c, dnnkit::index_t rs_c,
-            dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias) {
-  ukernel_tile<Avx512F32, kMR, 2>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+            dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias, bool bias_rows) {
+  ukernel_tile<Avx512F32, kMR, 2>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
 }
 void uk_f64(dnnkit::index_t k, const double* a, const double* b, double* c, dnnkit::index_t rs_c,
-            dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias) {
-  ukernel_tile<Avx512F64, kMR, 2>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+            dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias, bool bias_rows) {
+  ukernel_tile<Avx512F64, kMR, 2>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
 }
 double probe(dnnkit::index_t iters, double* flops) { return fma_probe<Avx512F32, 16>(iters, flops); }
 
 // Exact-row variants (UKernel::rows): ukernel_tile with M = 1..kMR rows and A panels of stride M.
 template <int M>
 void uk_rows_f32(dnnkit::index_t k, const float* a, const float* b, float* c, dnnkit::index_t rs_c,
-                 dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias) {
-  ukernel_tile<Avx512F32, M, 2>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+                 dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias, bool bias_rows) {
+  ukernel_tile<Avx512F32, M, 2>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
 }
 template <int M>
 void uk_rows_f64(dnnkit::index_t k, const double* a, const double* b, double* c, dnnkit::index_t rs_c,
-                 dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias) {
-  ukernel_tile<Avx512F64, M, 2>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+                 dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias, bool bias_rows) {
+  ukernel_tile<Avx512F64, M, 2>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
 }
 template <template <int> class F, typename Fn, int... M>
 constexpr std::array<Fn, sizeof...(M)> rows_table(std::integer_sequence<int, M...>) {

@@ -10,7 +10,7 @@ namespace {
 template <class V, int MR, int NV>
 void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const typename V::T* __restrict b,
                   typename V::T* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, typename V::T alpha,
-                  typename V::T beta, int m, int n, const typename V::T* bias) {
+                  typename V::T beta, int m, int n, const typename V::T* bias, bool bias_rows) {
   using T = typename V::T;
   using R = typename V::reg;
   constexpr int W = V::width;
@@ -54,24 +54,31 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
 
   const R va = V::set1(alpha);
   if (m == MR && n == NR && cs_c == 1) {
-    // alpha * acc + bias as one FMA (bias 0 without one).
+    // alpha * acc + bias as one FMA (bias 0 without one): a column bias's vectors plus a row bias's
+    // broadcast, one of them zero (adding it is exact).
     R vbias[NV];
 #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) vbias[j] = bias ? V::loadu(bias + j * W) : V::zero();
+    for (int j = 0; j < NV; ++j) vbias[j] = bias && !bias_rows ? V::loadu(bias + j * W) : V::zero();
+    const bool rows = bias && bias_rows;
     if (beta == T(0)) {
 #pragma GCC unroll 64
-      for (int i = 0; i < MR; ++i)
+      for (int i = 0; i < MR; ++i) {
+        const R rb = rows ? V::set1(bias[i]) : V::zero();
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) V::storeu(c + i * rs_c + j * W, V::fma(acc[i][j], va, vbias[j]));
+        for (int j = 0; j < NV; ++j)
+          V::storeu(c + i * rs_c + j * W, V::fma(acc[i][j], va, V::add(vbias[j], rb)));
+      }
     } else {
       const R vb = V::set1(beta);
 #pragma GCC unroll 64
-      for (int i = 0; i < MR; ++i)
+      for (int i = 0; i < MR; ++i) {
+        const R rb = rows ? V::set1(bias[i]) : V::zero();
 #pragma GCC unroll 8
         for (int j = 0; j < NV; ++j) {
           T* cp = c + i * rs_c + j * W;
-          V::storeu(cp, V::fma(vb, V::loadu(cp), V::fma(acc[i][j], va, vbias[j])));
+          V::storeu(cp, V::fma(vb, V::loadu(cp), V::fma(acc[i][j], va, V::add(vbias[j], rb))));
         }
+      }
     }
     return;
   }
@@ -83,7 +90,7 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
     for (int j = 0; j < NV; ++j) V::store(tile + i * NR + j * W, V::mul(acc[i][j], va));
   if (bias)
     for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) tile[i * NR + j] += bias[j];
+      for (int j = 0; j < n; ++j) tile[i * NR + j] += bias[bias_rows ? i : j];
   if (beta == T(0)) {
     for (int i = 0; i < m; ++i)
       for (int j = 0; j < n; ++j) c[i * rs_c + j * cs_c] = tile[i * NR + j];

@@ -31,24 +31,24 @@ namespace {
 constexpr int kMR = 4;
 constexpr int kNR = 8;
 void uk_f32(dnnkit::index_t k, const float* a, const float* b, float* c, dnnkit::index_t rs_c,
-            dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias) {
-  ukernel_tile<Scalar<float>, kMR, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+            dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias, bool bias_rows) {
+  ukernel_tile<Scalar<float>, kMR, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
 }
 void uk_f64(dnnkit::index_t k, const double* a, const double* b, double* c, dnnkit::index_t rs_c,
-            dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias) {
-  ukernel_tile<Scalar<double>, kMR, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+            dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias, bool bias_rows) {
+  ukernel_tile<Scalar<double>, kMR, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
 }
 
 // Exact-row variants (UKernel::rows): ukernel_tile with M = 1..kMR rows and A panels of stride M.
 template <int M>
 void uk_rows_f32(dnnkit::index_t k, const float* a, const float* b, float* c, dnnkit::index_t rs_c,
-                 dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias) {
-  ukernel_tile<Scalar<float>, M, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+                 dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias, bool bias_rows) {
+  ukernel_tile<Scalar<float>, M, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
 }
 template <int M>
 void uk_rows_f64(dnnkit::index_t k, const double* a, const double* b, double* c, dnnkit::index_t rs_c,
-                 dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias) {
-  ukernel_tile<Scalar<double>, M, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+                 dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias, bool bias_rows) {
+  ukernel_tile<Scalar<double>, M, kNR>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
 }
 const dnnkit::ukernel_fn<float> kRowsF32[kMR] = {uk_rows_f32<1>, uk_rows_f32<2>, uk_rows_f32<3>, uk_rows_f32<4>};
 const dnnkit::ukernel_fn<double> kRowsF64[kMR] = {uk_rows_f64<1>, uk_rows_f64<2>, uk_rows_f64<3>,

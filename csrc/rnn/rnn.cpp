@@ -289,7 +289,7 @@ void fused_step(const StepRows& s, NextUnit&& next_unit, const T* ap, const Pack
     for (int q = 0; q < G; ++q) {
       const bool apart = gru && q == 2;
       fn(K, ap + i * K, whh[q].panel(jp), (apart ? gh : xp) + i * GH + q * s.H + j, GH, 1, T(1),
-         apart ? T(0) : T(1), m_t, n_t, nullptr);
+         apart ? T(0) : T(1), m_t, n_t, nullptr, false);
     }
     const StepRows part{s.cell, m_t, s.H, j, j + n_t};
     forward_rows<T>(part, xp + i * GH, gh ? gh + i * GH : nullptr, true, bhn, hprev ? hprev + i * ldh : nullptr,
