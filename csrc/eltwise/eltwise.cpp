@@ -11,9 +11,9 @@ void activation_forward(const T* z, T* y, index_t n, Activation act) {
   if constexpr (std::is_same_v<T, float>) {
     // float32 tanh, sigmoid and gelu by the vector functions the GEMM's epilogue uses (epilogue.h), so
     // that linear's output is the same with and without return_preactivation.
-    const GateKernelsF32* gk = gate_kernels_f32();
-    if (gk && (act == Activation::tanh || act == Activation::sigmoid || act == Activation::gelu)) {
-      const int fn = act == Activation::tanh ? 2 : act == Activation::sigmoid ? 1 : 3;
+    const int fn = vector_math_fn(act);
+    const GateKernelsF32* gk = fn >= 0 ? gate_kernels_f32() : nullptr;
+    if (gk) {
       constexpr index_t kChunk = 4096;
 #pragma omp parallel for schedule(static) num_threads(get_num_threads()) if (n > 65536)
       for (index_t i = 0; i < n; i += kChunk) gk->math(fn, z + i, y + i, std::min(kChunk, n - i));

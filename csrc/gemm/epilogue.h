@@ -44,59 +44,51 @@ struct Epilogue {
   bool empty() const { return bias == nullptr && act == Activation::identity; }
 };
 
+// The vector function of gates.h (GateKernelsF32::math) that computes act on float32, or -1: tanh,
+// sigmoid and gelu run there (relative error about 2e-7 for tanh and sigmoid, under 1e-6 for gelu;
+// tests/test_rnn.py and tests/test_gemm.py) where the ISA has them. libm's, one element at a time,
+// made linear with tanh 8x and with gelu 6x slower than without an activation at 3200 x 1024 x 256.
+inline int vector_math_fn(Activation act) {
+  switch (act) {
+    case Activation::sigmoid: return 1;
+    case Activation::tanh: return 2;
+    case Activation::gelu: return 3;
+    default: return -1;
+  }
+}
+
 // Applies bias and activation to an m x n tile at c (row stride rs_c, column stride cs_c); `bias`
-// points at the tile's first column, or at its first row when per_row.
-//
-// float32 tanh and sigmoid on a row-major C go a row at a time through the vector functions of the RNN
-// kernels (gates.h: relative error about 2e-7, tested in tests/test_rnn.py) where the ISA has them:
-// libm's, one element at a time, made linear with tanh 8x slower than without it at 3200 x 1024 x 256.
+// points at the tile's first column, or at its first row when per_row. float32 rows of a row-major C
+// take the activation from vector_math_fn's function where the ISA has one.
 template <typename T>
 void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, const T* bias, Activation act,
                     bool per_row = false) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (cs_c == 1 && (act == Activation::tanh || act == Activation::sigmoid || act == Activation::gelu)) {
-      if (const GateKernelsF32* gk = gate_kernels_f32()) {
-        for (index_t i = 0; i < m; ++i) {
-          float* __restrict row = c + i * rs_c;
-          if (bias && per_row) {
-            const float b = bias[i];
-            for (index_t j = 0; j < n; ++j) row[j] += b;
-          } else if (bias) {
-            const float* __restrict b = bias;
-#pragma omp simd
-            for (index_t j = 0; j < n; ++j) row[j] += b[j];
-          }
-          gk->math(act == Activation::tanh ? 2 : act == Activation::sigmoid ? 1 : 3, row, row, n);
-        }
-        return;
-      }
-    }
-  }
-  if (cs_c == 1 && bias && !per_row && act == Activation::identity) {
-    // The common case (a linear layer's bias on a row-major C) as unit-stride loops the compiler
-    // vectorizes; the general loop below indexes by a run-time stride.
-    for (index_t i = 0; i < m; ++i) {
-      T* __restrict row = c + i * rs_c;
-      const T* __restrict b = bias;
-#pragma omp simd
-      for (index_t j = 0; j < n; ++j) row[j] += b[j];
-    }
-    return;
-  }
+  const GateKernelsF32* vk = nullptr;
+  if constexpr (std::is_same_v<T, float>)
+    if (cs_c == 1 && vector_math_fn(act) >= 0) vk = gate_kernels_f32();
   for (index_t i = 0; i < m; ++i) {
     T* row = c + i * rs_c;
-    if (bias && per_row)
-      for (index_t j = 0; j < n; ++j) row[j * cs_c] += bias[i];
-    else if (bias)
-      for (index_t j = 0; j < n; ++j) row[j * cs_c] += bias[j];
-    switch (act) {
-      case Activation::identity: break;
-      case Activation::relu:
-        for (index_t j = 0; j < n; ++j) row[j * cs_c] = activate(Activation::relu, row[j * cs_c]);
-        break;
-      default:
-        for (index_t j = 0; j < n; ++j) row[j * cs_c] = activate(act, row[j * cs_c]);
+    if (bias && !per_row && cs_c == 1) {
+      // The common case (a linear layer's bias on a row-major C) as a unit-stride loop the compiler
+      // vectorizes; the loops below index by a run-time stride.
+      T* __restrict r = row;
+      const T* __restrict b = bias;
+#pragma omp simd
+      for (index_t j = 0; j < n; ++j) r[j] += b[j];
+    } else if (bias) {
+      for (index_t j = 0; j < n; ++j) row[j * cs_c] += per_row ? bias[i] : bias[j];
     }
+    if (act == Activation::identity) continue;
+    if constexpr (std::is_same_v<T, float>) {
+      if (vk) {
+        vk->math(vector_math_fn(act), row, row, n);
+        continue;
+      }
+    }
+    if (act == Activation::relu)  // the activation a constant: a loop the compiler vectorizes
+      for (index_t j = 0; j < n; ++j) row[j * cs_c] = activate(Activation::relu, row[j * cs_c]);
+    else
+      for (index_t j = 0; j < n; ++j) row[j * cs_c] = activate(act, row[j * cs_c]);
   }
 }
 

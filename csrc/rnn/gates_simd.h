@@ -137,7 +137,7 @@ inline typename V::reg vgelu(typename V::reg x) {
   const R xx = V::mul(xc, xc);
   const R sq = V::mul(xx, half);
   const R d = V::mul(V::fma(xc, xc, V::sub(V::set1(0.0f), xx)), half);  // z^2 - sq, exactly
-  const R e = V::mul(vexp<V>(V::sub(V::set1(0.0f), sq)), V::fnma(d, V::set1(1.0f), V::set1(1.0f)));
+  const R e = V::mul(vexp<V>(V::sub(V::set1(0.0f), sq)), V::sub(V::set1(1.0f), d));
   R erfc_large = V::mul(V::mul(e, b), t);
   erfc_large = V::blend(V::lt(V::set1(9.0f), z), erfc_large, V::set1(0.0f));  // past z = 9: 0
   const R phi_small = V::fma(V::copysign(erf_small, x), half, half);
