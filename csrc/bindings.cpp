@@ -944,8 +944,8 @@ PYBIND11_MODULE(_cpu, m) {
         "Test of the RNN step's work sharing: (panels not run exactly once, panels run by a non-owner).");
 
   m.def("rnn_math_test", [](int fn, const py::array& x, py::array& y) {
-    if (fn < 0 || fn > 3)
-      throw py::value_error("rnn_math_test: fn must be 0 (exp), 1 (sigmoid), 2 (tanh) or 3 (gelu)");
+    if (fn < 0 || fn > 4)
+      throw py::value_error("rnn_math_test: fn must be 0 (exp), 1 (sigmoid), 2 (tanh), 3 (gelu) or 4 (gelu')");
     auto run = [&](auto tag) {
       using T = decltype(tag);
       const T* xp = rnn_arg<T>(x, x.size(), "x", false);
@@ -956,7 +956,7 @@ PYBIND11_MODULE(_cpu, m) {
     if (is_f32(x)) run(float{});
     else if (is_f64(x)) run(double{});
     else throw py::type_error("rnn_math_test: x must be float32 or float64");
-  }, "Test-only: the vector exp (0), sigmoid (1), tanh (2) or gelu (3) on a contiguous array, into y.");
+  }, "Test-only: the vector exp (0), sigmoid (1), tanh (2), gelu (3) or gelu's derivative (4) on a contiguous array, into y.");
 
   m.def("detected_isa", [] { return std::string(isa_name(detected_isa())); });
   m.def("active_isa", [] { return std::string(isa_name(active_isa())); });

@@ -367,6 +367,32 @@ def test_vector_gelu_accuracy(isa):
     assert out[0] == np.inf and np.isnan(out[1]) and np.isnan(out[2])
 
 
+def test_vector_gelu_derivative_accuracy(isa):
+    """gelu'(x) = Phi(x) + x phi(x) as linear's backward computes it (rnn_math_test's fn 4: the vector
+    function on AVX2 and AVX-512, the C library's erfc and exp in double on the portable ISA), against
+    float64: error under 1e-6 of |Phi| + |x phi| (the sum's own scale; it crosses zero near x = -0.75)
+    from -16 to 16 wherever that scale is a normal float32, and under 1e-30 where it is not."""
+    import math
+
+    rng = np.random.default_rng(6)
+    x = np.concatenate([np.linspace(-16, 16, 20001), 3 * rng.standard_normal(20000),
+                        [0.0, -0.0, 1e-30, 1.4142135, -1.4142135, 12.727922, -12.727922, 14.142136, -14.142136]]
+                       ).astype(np.float32)
+    xd = x.astype(np.float64)
+    phi = np.array([0.5 * math.erfc(-v / math.sqrt(2.0)) for v in xd])
+    pdf = np.exp(-0.5 * xd * xd) / math.sqrt(2.0 * math.pi)
+    ref, scale = phi + xd * pdf, phi + np.abs(xd * pdf)
+    d = np.empty_like(x)
+    dnnkit._cpu.rnn_math_test(4, x, d)
+    big = scale > 1e-30
+    err = np.abs(d[big] - ref[big]) / scale[big]
+    assert err.max() <= 1e-6, (err.max(), x[big][np.argmax(err)])
+    assert np.abs(d[~big]).max() <= 1e-30
+    out = np.empty(1, dtype=np.float32)
+    dnnkit._cpu.rnn_math_test(4, np.array([np.nan], dtype=np.float32), out)
+    assert np.isnan(out[0])
+
+
 @pytest.mark.parametrize("activation", ["tanh", "sigmoid", "gelu", "relu"])
 def test_linear_output_same_with_and_without_preactivation(isa, activation):
     """linear's fused epilogue and the separate activation pass (return_preactivation=True) compute the same

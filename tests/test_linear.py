@@ -255,3 +255,37 @@ def test_column_sums_behind_the_bias_gradients(num_threads, dtype, m, n):
     assert got.shape == (n,) and got.dtype == dtype
     np.testing.assert_allclose(got, x.astype(np.float64).sum(axis=0), rtol=1e-6 if dtype == np.float32 else 1e-13,
                                atol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("activation", ["identity", "relu", "tanh", "sigmoid", "gelu"])
+@pytest.mark.parametrize("n", [0, 1, 37, 2048, 2049, 70001])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_activation_backward_elementwise(isa, num_threads, dtype, activation, n):
+    """The activations' backward pass (what linear_backward applies to grad_output) element by element
+    against the float64 derivative, from z, from y, or from both, across its blocks of 2048 values and
+    its threads (past 65536 values); NaN in z or grad_y propagates."""
+    from dnnkit.algos.gemm_cpu import ACTIVATION_CODES
+    from dnnkit.reference import activation_grad_ref, activation_ref
+
+    rng = np.random.default_rng(n)
+    z = (4 * rng.standard_normal(n)).astype(dtype)
+    gy = rng.standard_normal(n).astype(dtype)
+    if n > 1:
+        z[n // 2] = np.nan
+        gy[n // 3] = np.nan
+    y = activation_ref(z, activation).astype(dtype)
+    want = gy.astype(np.float64) * activation_grad_ref(z, activation)
+    if activation != "identity":
+        want[np.isnan(z)] = np.nan
+    tol = 1e-6 if dtype == np.float32 else 1e-13
+    for saved in ("z", "y", "both"):
+        if saved == "y" and activation == "gelu":
+            continue
+        gz = np.full(n, 7.0, dtype=dtype)
+        dnnkit._cpu.activation_backward(gy, None if saved == "y" else z, None if saved == "z" else y, gz,
+                                        ACTIVATION_CODES[activation])
+        if saved == "y" and activation in ("tanh", "sigmoid"):
+            # the derivative from y (rounded to dtype) differs from it at z by y's rounding
+            assert np.allclose(gz, want, rtol=4 * tol, atol=4 * tol, equal_nan=True), saved
+        else:
+            assert np.allclose(gz, want, rtol=tol, atol=tol, equal_nan=True), saved

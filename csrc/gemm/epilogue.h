@@ -17,7 +17,13 @@ inline T activate(Activation act, T z) {
     case Activation::relu: return z < T(0) ? T(0) : z;  // NaN passes through, as in torch.relu
     case Activation::tanh: return std::tanh(z);
     case Activation::sigmoid: return T(1) / (T(1) + std::exp(-z));
-    case Activation::gelu: return T(0.5) * z * (T(1) + std::erf(z * T(0.70710678118654752440)));
+    case Activation::gelu: {
+      // Phi(z) as erfc(-z / sqrt 2) / 2 (1 + erf(z / sqrt 2) cancels in the negative tail), float32 in
+      // double: erfcf magnifies its argument's rounding there.
+      using W = std::conditional_t<std::is_same_v<T, float>, double, T>;
+      const W w = z;
+      return static_cast<T>(W(0.5) * w * std::erfc(w * W(-0.70710678118654752440)));
+    }
     default: return z;
   }
 }
@@ -29,10 +35,12 @@ inline T activate_grad(Activation act, T z, T y) {
     case Activation::relu: return z > T(0) ? T(1) : (z != z ? z : T(0));
     case Activation::tanh: return T(1) - y * y;
     case Activation::sigmoid: return y * (T(1) - y);
-    case Activation::gelu: {
-      const T cdf = T(0.5) * (T(1) + std::erf(z * T(0.70710678118654752440)));
-      const T pdf = std::exp(T(-0.5) * z * z) * T(0.39894228040143267794);  // 1/sqrt(2*pi)
-      return cdf + z * pdf;
+    case Activation::gelu: {  // Phi(z) + z phi(z), as in activate
+      using W = std::conditional_t<std::is_same_v<T, float>, double, T>;
+      const W w = z;
+      const W cdf = W(0.5) * std::erfc(w * W(-0.70710678118654752440));
+      const W pdf = std::exp(W(-0.5) * w * w) * W(0.39894228040143267794);  // 1/sqrt(2*pi)
+      return static_cast<T>(cdf + w * pdf);
     }
     default: return T(1);
   }

@@ -24,8 +24,8 @@ struct GateKernelsF32 {
   void (*rnn_fwd)(bool relu, index_t j0, index_t j1, const float* xp, const float* gh, float* h);
   void (*lstm_bwd)(index_t H, index_t j0, index_t j1, const float* dy, const float* dhr, const float* gates,
                    const float* c, const float* cp, float* dc, float* dg);
-  // exp (fn 0), sigmoid (1), tanh (2) or gelu (3) of n contiguous values (in place allowed): the functions
-  // above, for tests and for the GEMM's epilogue.
+  // exp (fn 0), sigmoid (1), tanh (2), gelu (3) or gelu's derivative (4) of n contiguous values (in place
+  // allowed): the functions above, for tests, the GEMM's epilogue and the activations' backward.
   void (*math)(int fn, const float* x, float* y, index_t n);
 };
 

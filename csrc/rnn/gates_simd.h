@@ -107,43 +107,75 @@ inline typename V::reg vtanh(typename V::reg x) {
 // negative tail keeps its relative accuracy. The polynomials are least-squares fits at Chebyshev nodes
 // made for this file. gelu(-inf) is NaN and gelu(inf) inf, as x Phi(x) is; below x = -12.7, where
 // |gelu(x)| < 3e-36, it is -0.
-template <class V>
-inline typename V::reg vgelu(typename V::reg x) {
+// Phi(x) and exp(-x^2 / 2) (0 past |x| = 9 sqrt 2) of N vectors, for vgelu_n and vgelu_grad_n.
+template <class V, int N>
+inline void vgelu_parts_n(const typename V::reg (&x)[N], typename V::reg (&phi)[N], typename V::reg (&e)[N]) {
   using R = typename V::reg;
   const R half = V::set1(0.5f);
-  const R z = V::mul(V::abs(x), V::set1(0.70710678118654752f));
+  R z[N], s[N], a[N], xa[N], t[N], b[N], d[N];
+  for (int u = 0; u < N; ++u) z[u] = V::mul(V::abs(x[u]), V::set1(0.70710678118654752f));
   // erf(z), z <= 1
-  const R s = V::mul(z, z);
-  R a = V::fma(s, V::set1(-5.654105916619301e-04f), V::set1(4.923277534544468e-03f));
-  a = V::fma(a, s, V::set1(-2.6716385036706924e-02f));
-  a = V::fma(a, s, V::set1(1.1280364543199539e-01f));
-  a = V::fma(a, s, V::set1(-3.7612348794937134e-01f));
-  a = V::fma(a, s, V::set1(1.1283791065216064f));
-  const R erf_small = V::mul(z, a);
-  // erfc(z), z > 1 (|x| clamped to [sqrt 2, 9 sqrt 2] here; the blends below pick what applies). z^2 is
+  for (int u = 0; u < N; ++u) s[u] = V::mul(z[u], z[u]);
+  for (int u = 0; u < N; ++u) a[u] = V::fma(s[u], V::set1(-5.654105916619301e-04f), V::set1(4.923277534544468e-03f));
+  for (int u = 0; u < N; ++u) a[u] = V::fma(a[u], s[u], V::set1(-2.6716385036706924e-02f));
+  for (int u = 0; u < N; ++u) a[u] = V::fma(a[u], s[u], V::set1(1.1280364543199539e-01f));
+  for (int u = 0; u < N; ++u) a[u] = V::fma(a[u], s[u], V::set1(-3.7612348794937134e-01f));
+  for (int u = 0; u < N; ++u) a[u] = V::fma(a[u], s[u], V::set1(1.1283791065216064f));
+  for (int u = 0; u < N; ++u) a[u] = V::mul(z[u], a[u]);  // erf(z) below z = 1
+  // erfc(z), z > 1 (|x| clamped to [sqrt 2, 9 sqrt 2] for B; the blends below pick what applies). z^2 is
   // taken as x^2 / 2 from x, not from the rounded z: in the tail exp(-z^2) magnifies z's rounding error.
-  const R xc = V::min_nan(V::set1(12.727922061357855f), V::max_nan(V::set1(1.4142135623730950f), V::abs(x)));
-  const R t = V::recip(V::mul(xc, V::set1(0.70710678118654752f)));
-  R b = V::fma(t, V::set1(-1.590101271867752e-01f), V::set1(8.423112034797668e-01f));
-  b = V::fma(b, t, V::set1(-1.8407167196273804f));
-  b = V::fma(b, t, V::set1(2.027833938598633f));
-  b = V::fma(b, t, V::set1(-9.335841536521912e-01f));
-  b = V::fma(b, t, V::set1(-2.949764132499695e-01f));
-  b = V::fma(b, t, V::set1(5.163862705230713e-01f));
-  b = V::fma(b, t, V::set1(-1.3675500638782978e-02f));
-  b = V::fma(b, t, V::set1(-2.8115004301071167e-01f));
-  b = V::fma(b, t, V::set1(-2.4499902792740613e-05f));
-  b = V::fma(b, t, V::set1(5.641896724700928e-01f));
-  const R xx = V::mul(xc, xc);
-  const R sq = V::mul(xx, half);
-  const R d = V::mul(V::fma(xc, xc, V::sub(V::set1(0.0f), xx)), half);  // z^2 - sq, exactly
-  const R e = V::mul(vexp<V>(V::sub(V::set1(0.0f), sq)), V::sub(V::set1(1.0f), d));
-  R erfc_large = V::mul(V::mul(e, b), t);
-  erfc_large = V::blend(V::lt(V::set1(9.0f), z), erfc_large, V::set1(0.0f));  // past z = 9: 0
-  const R phi_small = V::fma(V::copysign(erf_small, x), half, half);
-  const R phi_large = V::blend(V::ge(x, V::set1(0.0f)), V::mul(erfc_large, half), V::fnma(erfc_large, half, V::set1(1.0f)));
-  const R phi = V::blend(V::lt(V::set1(1.0f), z), phi_small, phi_large);
-  return V::mul(x, phi);
+  for (int u = 0; u < N; ++u) xa[u] = V::min_nan(V::set1(12.727922061357855f), V::abs(x[u]));
+  for (int u = 0; u < N; ++u)
+    t[u] = V::recip(V::mul(V::max_nan(V::set1(1.4142135623730950f), xa[u]), V::set1(0.70710678118654752f)));
+  for (int u = 0; u < N; ++u) b[u] = V::fma(t[u], V::set1(-1.590101271867752e-01f), V::set1(8.423112034797668e-01f));
+  for (int u = 0; u < N; ++u) b[u] = V::fma(b[u], t[u], V::set1(-1.8407167196273804f));
+  for (int u = 0; u < N; ++u) b[u] = V::fma(b[u], t[u], V::set1(2.027833938598633f));
+  for (int u = 0; u < N; ++u) b[u] = V::fma(b[u], t[u], V::set1(-9.335841536521912e-01f));
+  for (int u = 0; u < N; ++u) b[u] = V::fma(b[u], t[u], V::set1(-2.949764132499695e-01f));
+  for (int u = 0; u < N; ++u) b[u] = V::fma(b[u], t[u], V::set1(5.163862705230713e-01f));
+  for (int u = 0; u < N; ++u) b[u] = V::fma(b[u], t[u], V::set1(-1.3675500638782978e-02f));
+  for (int u = 0; u < N; ++u) b[u] = V::fma(b[u], t[u], V::set1(-2.8115004301071167e-01f));
+  for (int u = 0; u < N; ++u) b[u] = V::fma(b[u], t[u], V::set1(-2.4499902792740613e-05f));
+  for (int u = 0; u < N; ++u) b[u] = V::fma(b[u], t[u], V::set1(5.641896724700928e-01f));
+  for (int u = 0; u < N; ++u) {
+    const R xx = V::mul(xa[u], xa[u]);
+    e[u] = V::sub(V::set1(0.0f), V::mul(xx, half));                          // -s, s = x^2/2 rounded
+    d[u] = V::mul(V::fma(xa[u], xa[u], V::sub(V::set1(0.0f), xx)), half);  // x^2/2 - s, exactly
+  }
+  vexp_n<V, N, true>(e);
+  for (int u = 0; u < N; ++u) {
+    const auto tail = V::lt(V::set1(9.0f), z[u]);  // past z = 9: erfc and exp(-x^2/2) are 0
+    e[u] = V::blend(tail, V::mul(e[u], V::sub(V::set1(1.0f), d[u])), V::set1(0.0f));
+    const R erfc_large = V::mul(V::mul(e[u], b[u]), t[u]);
+    const R phi_small = V::fma(V::copysign(a[u], x[u]), half, half);
+    const R phi_large =
+        V::blend(V::ge(x[u], V::set1(0.0f)), V::mul(erfc_large, half), V::fnma(erfc_large, half, V::set1(1.0f)));
+    phi[u] = V::blend(V::lt(V::set1(1.0f), z[u]), phi_small, phi_large);
+  }
+}
+
+// gelu of N vectors, in place.
+template <class V, int N>
+inline void vgelu_n(typename V::reg (&x)[N]) {
+  typename V::reg phi[N], e[N];
+  vgelu_parts_n<V, N>(x, phi, e);
+  for (int u = 0; u < N; ++u) x[u] = V::mul(x[u], phi[u]);
+}
+
+// gelu'(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi), of N vectors in place: the
+// derivative linear's backward applies.
+template <class V, int N>
+inline void vgelu_grad_n(typename V::reg (&x)[N]) {
+  typename V::reg phi[N], e[N];
+  vgelu_parts_n<V, N>(x, phi, e);
+  for (int u = 0; u < N; ++u) x[u] = V::fma(V::mul(x[u], V::set1(0.3989422804014327f)), e[u], phi[u]);
+}
+
+template <class V>
+inline typename V::reg vgelu(typename V::reg x) {
+  typename V::reg a[1] = {x};
+  vgelu_n<V, 1>(a);
+  return a[0];
 }
 
 // Runs body(j, U, mask, full) over [j0, j1): blocks of U full vectors, then single vectors, the last
@@ -286,12 +318,30 @@ void lstm_bwd(index_t H, index_t j0, index_t j1, const float* dy, const float* d
   });
 }
 
+// Vectors at a time in math (see vexp_n): blocks of 4, then of 2 (a GEMM tile's row of 32 values on
+// AVX-512), then single vectors.
 template <class V>
 void math(int fn, const float* x, float* y, index_t n) {
-  for_vectors<V, 1>(0, n, [&](index_t j, auto, typename V::mask m, auto full) {
-    const auto v = ld<V>(x + j, m, full);
-    st<V>(y + j, m, fn == 0 ? vexp<V>(v) : fn == 1 ? vsigmoid<V>(v) : fn == 2 ? vtanh<V>(v) : vgelu<V>(v), full);
-  });
+  using R = typename V::reg;
+  auto run = [&](auto f) {
+    auto body = [&](index_t j, auto nv, typename V::mask m, auto full) {
+      constexpr int U = decltype(nv)::value;
+      R v[U];
+      for (int u = 0; u < U; ++u) v[u] = ld<V>(x + j + u * V::width, m, full);
+      f(v);
+      for (int u = 0; u < U; ++u) st<V>(y + j + u * V::width, m, v[u], full);
+    };
+    const index_t n4 = n / (4 * V::width) * (4 * V::width);
+    for_vectors<V, 4>(0, n4, body);
+    for_vectors<V, 2>(n4, n, body);
+  };
+  switch (fn) {
+    case 0: return run([](auto& v) { vexp_n<V, std::extent_v<std::remove_reference_t<decltype(v)>>>(v); });
+    case 1: return run([](auto& v) { vsigmoid_n<V, std::extent_v<std::remove_reference_t<decltype(v)>>>(v); });
+    case 2: return run([](auto& v) { vtanh_n<V, std::extent_v<std::remove_reference_t<decltype(v)>>>(v); });
+    case 3: return run([](auto& v) { vgelu_n<V, std::extent_v<std::remove_reference_t<decltype(v)>>>(v); });
+    default: return run([](auto& v) { vgelu_grad_n<V, std::extent_v<std::remove_reference_t<decltype(v)>>>(v); });
+  }
 }
 
 }  // namespace gates_simd

@@ -19,6 +19,7 @@
 #include "../work_share.h"
 #include "fast_math.h"
 #include "gates.h"
+#include "../gemm/epilogue.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -884,8 +885,10 @@ void rnn_math_test(int fn, const T* x, T* y, index_t n) {
   } else if (fn == 2) {
 #pragma omp simd
     for (index_t i = 0; i < n; ++i) y[i] = fastmath::tanh(x[i]);
+  } else if (fn == 3) {
+    for (index_t i = 0; i < n; ++i) y[i] = activate(Activation::gelu, x[i]);
   } else {
-    for (index_t i = 0; i < n; ++i) y[i] = T(0.5) * x[i] * (T(1) + std::erf(x[i] * T(0.70710678118654752440)));
+    for (index_t i = 0; i < n; ++i) y[i] = activate_grad(Activation::gelu, x[i], T(0));
   }
 }
 
