@@ -16,7 +16,7 @@ void activation_forward(const T* z, T* y, index_t n, Activation act) {
     if (gk) {
       constexpr index_t kChunk = 4096;
 #pragma omp parallel for schedule(static) num_threads(get_num_threads()) if (n > 65536)
-      for (index_t i = 0; i < n; i += kChunk) gk->math(fn, z + i, y + i, std::min(kChunk, n - i));
+      for (index_t i = 0; i < n; i += kChunk) gk->math(fn, z + i, kChunk, y + i, kChunk, 1, std::min(kChunk, n - i));
       return;
     }
   }
@@ -71,7 +71,7 @@ void activation_backward(const T* grad_y, const T* z, const T* y, T* grad_z, ind
         if constexpr (std::is_same_v<T, float>) {
           if (gk) {
             alignas(64) float d[kChunk];
-            gk->math(4, z + i0, d, i1 - i0);
+            gk->math(4, z + i0, kChunk, d, kChunk, 1, i1 - i0);
 #pragma omp simd
             for (index_t i = i0; i < i1; ++i) gz[i] = gy[i] * d[i - i0];
             break;

@@ -66,8 +66,9 @@ inline int vector_math_fn(Activation act) {
 }
 
 // Applies bias and activation to an m x n tile at c (row stride rs_c, column stride cs_c); `bias`
-// points at the tile's first column, or at its first row when per_row. float32 rows of a row-major C
-// take the activation from vector_math_fn's function where the ISA has one.
+// points at the tile's first column, or at its first row when per_row. A float32 row-major C takes the
+// activation from vector_math_fn's function where the ISA has one, the whole tile in one call after
+// the bias (its rows in pairs: twice the independent vectors of one row of 32).
 template <typename T>
 void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, const T* bias, Activation act,
                     bool per_row = false) {
@@ -86,18 +87,14 @@ void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, cons
     } else if (bias) {
       for (index_t j = 0; j < n; ++j) row[j * cs_c] += per_row ? bias[i] : bias[j];
     }
-    if (act == Activation::identity) continue;
-    if constexpr (std::is_same_v<T, float>) {
-      if (vk) {
-        vk->math(vector_math_fn(act), row, row, n);
-        continue;
-      }
-    }
+    if (act == Activation::identity || vk) continue;  // vk: the whole tile below
     if (act == Activation::relu)  // the activation a constant: a loop the compiler vectorizes
       for (index_t j = 0; j < n; ++j) row[j * cs_c] = activate(Activation::relu, row[j * cs_c]);
     else
       for (index_t j = 0; j < n; ++j) row[j * cs_c] = activate(act, row[j * cs_c]);
   }
+  if constexpr (std::is_same_v<T, float>)
+    if (vk) vk->math(vector_math_fn(act), c, rs_c, c, rs_c, m, n);
 }
 
 }  // namespace dnnkit

@@ -24,9 +24,10 @@ struct GateKernelsF32 {
   void (*rnn_fwd)(bool relu, index_t j0, index_t j1, const float* xp, const float* gh, float* h);
   void (*lstm_bwd)(index_t H, index_t j0, index_t j1, const float* dy, const float* dhr, const float* gates,
                    const float* c, const float* cp, float* dc, float* dg);
-  // exp (fn 0), sigmoid (1), tanh (2), gelu (3) or gelu's derivative (4) of n contiguous values (in place
-  // allowed): the functions above, for tests, the GEMM's epilogue and the activations' backward.
-  void (*math)(int fn, const float* x, float* y, index_t n);
+  // exp (fn 0), sigmoid (1), tanh (2), gelu (3) or gelu's derivative (4) of m rows of n values (x's rows
+  // ldx apart, y's ldy; in place allowed): the functions above, for tests, the GEMM's epilogue (a tile at
+  // a time) and the activations' forward and backward passes (m = 1).
+  void (*math)(int fn, const float* x, index_t ldx, float* y, index_t ldy, index_t m, index_t n);
 };
 
 const GateKernelsF32* gate_kernels_avx2();

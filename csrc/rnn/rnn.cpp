@@ -874,7 +874,7 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
 template <typename T>
 void rnn_math_test(int fn, const T* x, T* y, index_t n) {
   if constexpr (std::is_same_v<T, float>) {
-    if (const GateKernelsF32* vk = gate_kernels_f32()) return vk->math(fn, x, y, n);
+    if (const GateKernelsF32* vk = gate_kernels_f32()) return vk->math(fn, x, n, y, n, 1, n);
   }
   if (fn == 0) {
 #pragma omp simd
