@@ -7,7 +7,9 @@ For each problem: the median time of dnnkit and of NumPy (runs interleaved, so b
 machine state), GFLOP/s, the ratio dnnkit/NumPy (> 1: dnnkit faster) and the fraction of the measured
 float32 FMA peak (probed at the start of each pass). Fully-connected problems ('tb') run as dnnkit.linear(x, W) against x @ W.T,
 then again on W packed once before timing (dnnkit.pack_weight; rows "fc-packed:").
-Then one thread at 2048^3 against the one-core peak, measured just before it.
+Then one thread at 2048^3 against the one-core peak, measured just before it. Then (when torch is
+installed; rows "act:") linear with a fused activation, forward and a training step (forward and
+linear_backward), beside torch.nn.functional.linear followed by the activation (and autograd's backward).
 --passes N times the whole list N times over (each problem in N windows minutes apart, as a shared
 machine's load changes) and reports the medians over the passes and the range of the ratio.
 """
@@ -89,6 +91,88 @@ def make_call(p: GemmProblem, rng, packed=False):
     A = a.T if p.trans_a else a
     B = b.T if p.trans_b else b
     return (lambda: dnnkit.gemm(a, b, c, trans_a=p.trans_a, trans_b=p.trans_b)), (lambda: np.matmul(A, B, out=c))
+
+
+# linear with an activation beside torch: (M, N, K) = (rows of x, out_features, in_features).
+ACT_SHAPES = ((3200, 1024, 256), (256, 4096, 1024), (64, 4096, 1024))
+ACTS = ("relu", "tanh", "gelu")
+
+
+def act_calls(m, n, k, act, train, rng, torch):
+    """(dnnkit call, torch call) for linear + act on float32; with train, forward and backward."""
+    import torch.nn.functional as F
+
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    gy = rng.standard_normal((m, n)).astype(np.float32)
+    tf = {"relu": torch.relu, "tanh": torch.tanh, "gelu": F.gelu}[act]
+    tx, tw, tb, tgy = (torch.from_numpy(v.copy()) for v in (x, w, b, gy))
+    if not train:
+        def ours():
+            return dnnkit.linear(x, w, b, activation=act)
+
+        def theirs():
+            with torch.no_grad():
+                return tf(F.linear(tx, tw, tb))
+        return ours, theirs
+
+    def ours():
+        y, z = dnnkit.linear(x, w, b, activation=act, return_preactivation=True)
+        return dnnkit.linear_backward(gy, x, w, bias=True, activation=act, output=y, preactivation=z)
+
+    for t in (tx, tw, tb):
+        t.requires_grad_(True)
+
+    def theirs():
+        for t in (tx, tw, tb):
+            t.grad = None
+        tf(F.linear(tx, tw, tb)).backward(tgy)
+        return tx.grad, tw.grad, tb.grad
+    return ours, theirs
+
+
+def act_rows(args, nt, rng):
+    """The "act:" table: dnnkit.linear(..., activation=) beside torch, forward and training step."""
+    try:
+        import torch
+    except ImportError:
+        print("# act: torch is not installed (pip install -e .[bench]); rows skipped")
+        return
+    torch.set_num_threads(nt)
+    plan = [(m, n, k, act, train) for train in (False, True) for (m, n, k) in ACT_SHAPES for act in ACTS]
+    names = [f"act:{'train' if tr else 'fwd'} {act} {m}x{n}x{k}" for m, n, k, act, tr in plan]
+    keep = [i for i, nm in enumerate(names) if not args.filter or args.filter in nm]
+    if not keep:
+        return
+    times = {i: [] for i in keep}
+    for _ in range(args.passes):
+        for i in keep:
+            ours, theirs = act_calls(*plan[i][:5], rng, torch)
+            times[i].append(interleaved_medians([ours, theirs], args.budget))
+    hdr = ["problem", "dnnkit ms", "torch ms", "ratio", "dnnkit GF/s"] + (["ratio range"] if args.passes > 1 else [])
+    print(f"# linear with an activation beside torch {torch.__version__} ({nt} threads each); ratio = torch/dnnkit"
+          " time (> 1: dnnkit faster); GF/s counts the GEMMs only (2MNK forward, 6MNK with the backward)")
+    if args.markdown:
+        print("| " + " | ".join(hdr) + " |")
+        print("|" + "---|" * len(hdr))
+    ratios = []
+    for i in keep:
+        m, n, k, act, train = plan[i]
+        t0 = float(np.median([t[0] for t in times[i]]))
+        t1 = float(np.median([t[1] for t in times[i]]))
+        rs = [t[1] / t[0] for t in times[i]]
+        r = float(np.median(rs))
+        ratios.append(r)
+        g = (6 if train else 2) * m * n * k / t0 / 1e9
+        span = f"{min(rs):.2f}-{max(rs):.2f}"
+        cells = [names[i], f"{t0 * 1e3:.3f}", f"{t1 * 1e3:.3f}", f"{r:.2f}", f"{g:.1f}"] + ([span] if args.passes > 1 else [])
+        if args.markdown:
+            print("| " + " | ".join(cells) + " |")
+        else:
+            print(f"{cells[0]:<34} " + " ".join(f"{c:>11}" for c in cells[1:]))
+    gm = float(np.exp(np.mean(np.log(ratios))))
+    print(f"# act: geometric-mean ratio torch/dnnkit {gm:.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})")
 
 
 def main(argv=None):
@@ -192,6 +276,7 @@ def main(argv=None):
         span = f" (range {100 * min(fr):.0f}-{100 * max(fr):.0f}% over {len(fr)} passes)" if multi else ""
         print(f"# one thread, 2048^3: {g1:.1f} GFLOP/s = {100 * float(np.median(fr)):.0f}% of the one-core peak "
               f"{float(np.median([p1 for _, p1 in single])):.1f} measured just before{span}")
+    act_rows(args, nt, np.random.default_rng(1))
     groups = {}
     for row in rows:
         groups.setdefault(row[0].split(":")[0], []).append(row[4])
