@@ -391,13 +391,15 @@ def test_vector_gelu_derivative_accuracy(isa):
 
 
 @pytest.mark.parametrize("activation", ["tanh", "sigmoid", "gelu", "relu"])
-def test_linear_output_same_with_and_without_preactivation(isa, activation):
+@pytest.mark.parametrize("m,n", [(37, 45), (300, 20)])
+def test_linear_output_same_with_and_without_preactivation(isa, activation, m, n):
     """linear's fused epilogue and the separate activation pass (return_preactivation=True) compute the same
-    function, so y is the same either way."""
+    function, so y is the same either way; 300 x 20 is solved transposed (C^T = W X^T), its tiles' columns
+    contiguous."""
     rng = np.random.default_rng(11)
-    x = (4 * rng.standard_normal((37, 70))).astype(np.float32)
-    w = rng.standard_normal((45, 70)).astype(np.float32)
-    b = rng.standard_normal(45).astype(np.float32)
+    x = (4 * rng.standard_normal((m, 70))).astype(np.float32)
+    w = rng.standard_normal((n, 70)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
     y = dnnkit.linear(x, w, b, activation=activation)
     y2, z = dnnkit.linear(x, w, b, activation=activation, return_preactivation=True)
     assert np.array_equal(y, y2)

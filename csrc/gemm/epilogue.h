@@ -66,15 +66,16 @@ inline int vector_math_fn(Activation act) {
 }
 
 // Applies bias and activation to an m x n tile at c (row stride rs_c, column stride cs_c); `bias`
-// points at the tile's first column, or at its first row when per_row. A float32 row-major C takes the
-// activation from vector_math_fn's function where the ISA has one, the whole tile in one call after
-// the bias (its rows in pairs: twice the independent vectors of one row of 32).
+// points at the tile's first column, or at its first row when per_row. A float32 C with contiguous rows
+// (or contiguous columns: the tiles of a product solved transposed) takes the activation from
+// vector_math_fn's function where the ISA has one, the whole tile in one call after the bias (its rows
+// in pairs: twice the independent vectors of one row of 32).
 template <typename T>
 void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, const T* bias, Activation act,
                     bool per_row = false) {
   const GateKernelsF32* vk = nullptr;
   if constexpr (std::is_same_v<T, float>)
-    if (cs_c == 1 && vector_math_fn(act) >= 0) vk = gate_kernels_f32();
+    if ((cs_c == 1 || rs_c == 1) && vector_math_fn(act) >= 0) vk = gate_kernels_f32();
   for (index_t i = 0; i < m; ++i) {
     T* row = c + i * rs_c;
     if (bias && !per_row && cs_c == 1) {
@@ -93,8 +94,10 @@ void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, cons
     else
       for (index_t j = 0; j < n; ++j) row[j * cs_c] = activate(act, row[j * cs_c]);
   }
-  if constexpr (std::is_same_v<T, float>)
-    if (vk) vk->math(vector_math_fn(act), c, rs_c, c, rs_c, m, n);
+  if constexpr (std::is_same_v<T, float>) {
+    if (vk && cs_c == 1) vk->math(vector_math_fn(act), c, rs_c, c, rs_c, m, n);
+    else if (vk) vk->math(vector_math_fn(act), c, cs_c, c, cs_c, n, m);  // a transposed product's tile:
+  }                                                                       // its columns are contiguous
 }
 
 }  // namespace dnnkit
