@@ -508,6 +508,23 @@ def test_fast_math_accuracy(isa):
     assert np.max(np.abs(y64 - np.tanh(x64))) <= 1e-15
 
 
+def test_fast_math_large_magnitudes(isa):
+    """tanh and sigmoid of large inputs: tanh is +-1 exactly past |x| = 10 and sigmoid 1 above x = 88; below
+    x = -87.34, where sigmoid(x) is smaller than every normal float, sigmoid is 0 (as with flush to zero).
+    No output is denormal (denormals cost the cores microcode assists)."""
+    mags = np.concatenate([np.linspace(10, 200, 20001), np.logspace(2, 38, 200), [np.inf]]).astype(np.float32)
+    x = np.concatenate([mags, -mags])
+    tanh = np.empty_like(x)
+    dnnkit._cpu.rnn_math_test(2, x, tanh)
+    assert np.array_equal(tanh, np.sign(x))
+    sig = np.empty_like(x)
+    dnnkit._cpu.rnn_math_test(1, x, sig)
+    assert np.all(sig[x >= 88] == 1.0)
+    assert np.all(sig[x <= -87.34] == 0)
+    for y in (tanh, sig):
+        assert not np.any((y != 0) & (np.abs(y) < np.finfo(np.float32).tiny))
+
+
 def test_fast_math_vector_tails(isa):
     """Arrays of every length up to three vectors: the masked tail gives what a full vector gives, reads
     and writes nothing past the end, and NaN or inf in any lane stays in that lane."""

@@ -46,7 +46,8 @@ inline float tanh(float x) {
   return std::copysign(ax < kSmall ? small : large, x);
 }
 
-inline float sigmoid(float x) { return 1.0f / (1.0f + fastmath::exp(-x)); }
+// 0 below x = -87.34, where sigmoid(x) is under the smallest normal float (as the vector kernels give).
+inline float sigmoid(float x) { return x < -87.33654f ? 0.0f : 1.0f / (1.0f + fastmath::exp(-x)); }
 
 inline double exp(double x) { return std::exp(x); }
 inline double tanh(double x) { return std::tanh(x); }
