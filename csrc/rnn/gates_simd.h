@@ -82,24 +82,19 @@ inline void vtanh_n(typename V::reg (&x)[N]) {
 }
 
 template <class V>
-inline typename V::reg vexp(typename V::reg x) {
-  typename V::reg a[1] = {x};
-  vexp_n<V, 1>(a);
-  return a[0];
-}
-
-template <class V>
-inline typename V::reg vsigmoid(typename V::reg x) {
-  typename V::reg a[1] = {x};
-  vsigmoid_n<V, 1>(a);
-  return a[0];
-}
-
-template <class V>
 inline typename V::reg vtanh(typename V::reg x) {
   typename V::reg a[1] = {x};
   vtanh_n<V, 1>(a);
   return a[0];
+}
+
+// x^2 / 2 as s + d: s rounded, d = x^2/2 - s exactly (by an FMA). In the tails exp(-x^2/2) magnifies
+// the rounding of x^2 by up to x^2/2 times, so the gelu functions carry d separately.
+template <class V>
+inline void vhalf_square(typename V::reg x, typename V::reg& s, typename V::reg& d) {
+  const typename V::reg xx = V::mul(x, x);
+  s = V::mul(xx, V::set1(0.5f));
+  d = V::mul(V::fma(x, x, V::sub(V::set1(0.0f), xx)), V::set1(0.5f));
 }
 
 // gelu(x) = x Phi(x), Phi(x) = erfc(-x / sqrt 2) / 2 (torch's exact form), and its derivative.
@@ -147,9 +142,9 @@ inline void vgelu_parts_n(const typename V::reg (&x)[N], typename V::reg (&phi)[
   for (int u = 0; u < N; ++u) b[u] = V::fma(b[u], t[u], V::set1(-2.4499902792740613e-05f));
   for (int u = 0; u < N; ++u) b[u] = V::fma(b[u], t[u], V::set1(5.641896724700928e-01f));
   for (int u = 0; u < N; ++u) {
-    const R xx = V::mul(xa[u], xa[u]);
-    e[u] = V::sub(V::set1(0.0f), V::mul(xx, half));                          // -s, s = x^2/2 rounded
-    d[u] = V::mul(V::fma(xa[u], xa[u], V::sub(V::set1(0.0f), xx)), half);  // x^2/2 - s, exactly
+    R sq;
+    vhalf_square<V>(xa[u], sq, d[u]);
+    e[u] = V::sub(V::set1(0.0f), sq);
   }
   vexp_n<V, N, true>(e);
   for (int u = 0; u < N; ++u) {
@@ -175,10 +170,10 @@ template <class V, int N>
 inline void vgelu_n(typename V::reg (&x)[N]) {
   using R = typename V::reg;
   const R half = V::set1(0.5f);
-  R t[N], p[N], s[N], d[N], r[N];
+  R z[N], t[N], p[N], s[N], d[N], r[N];
   for (int u = 0; u < N; ++u) {
-    const R z = V::min_nan(V::set1(9.0f), V::mul(V::abs(x[u]), V::set1(0.70710678118654752f)));
-    t[u] = V::recip(V::fma(z, half, V::set1(1.0f)));
+    z[u] = V::mul(V::abs(x[u]), V::set1(0.70710678118654752f));
+    t[u] = V::recip(V::fma(V::min_nan(V::set1(9.0f), z[u]), half, V::set1(1.0f)));
   }
   for (int u = 0; u < N; ++u) p[u] = V::fma(t[u], V::set1(0.13542471826076508f), V::set1(-0.6286317110061646f));
   for (int u = 0; u < N; ++u) p[u] = V::fma(p[u], t[u], V::set1(1.0327699184417725f));
@@ -190,10 +185,7 @@ inline void vgelu_n(typename V::reg (&x)[N]) {
   for (int u = 0; u < N; ++u) p[u] = V::fma(p[u], t[u], V::set1(0.9979783296585083f));
   for (int u = 0; u < N; ++u) p[u] = V::fma(p[u], t[u], V::set1(-1.265415072441101f));
   for (int u = 0; u < N; ++u) {
-    const R xa = V::min_nan(V::set1(12.727922061357855f), V::abs(x[u]));
-    const R xx = V::mul(xa, xa);
-    s[u] = V::mul(xx, half);                                                // x^2/2 rounded
-    d[u] = V::mul(V::fma(xa, xa, V::sub(V::set1(0.0f), xx)), half);        // x^2/2 - s, exactly
+    vhalf_square<V>(V::min_nan(V::set1(12.727922061357855f), V::abs(x[u])), s[u], d[u]);
     r[u] = V::sub(p[u], s[u]);
     d[u] = V::sub(V::sub(p[u], V::add(r[u], s[u])), d[u]);                 // (P - s - r) - d
   }
@@ -201,8 +193,7 @@ inline void vgelu_n(typename V::reg (&x)[N]) {
   for (int u = 0; u < N; ++u) {
     const R q = V::mul(r[u], t[u]);
     R erfc = V::fma(q, d[u], q);
-    const R z = V::mul(V::abs(x[u]), V::set1(0.70710678118654752f));
-    erfc = V::blend(V::lt(V::set1(9.0f), z), erfc, V::set1(0.0f));  // past z = 9: 0, no denormals
+    erfc = V::blend(V::lt(V::set1(9.0f), z[u]), erfc, V::set1(0.0f));  // past z = 9: 0, no denormals
     const R phi = V::blend(V::ge(x[u], V::set1(0.0f)), V::mul(erfc, half), V::fnma(erfc, half, V::set1(1.0f)));
     x[u] = V::mul(x[u], phi);
   }
@@ -215,13 +206,6 @@ inline void vgelu_grad_n(typename V::reg (&x)[N]) {
   typename V::reg phi[N], e[N];
   vgelu_parts_n<V, N>(x, phi, e);
   for (int u = 0; u < N; ++u) x[u] = V::fma(V::mul(x[u], V::set1(0.3989422804014327f)), e[u], phi[u]);
-}
-
-template <class V>
-inline typename V::reg vgelu(typename V::reg x) {
-  typename V::reg a[1] = {x};
-  vgelu_n<V, 1>(a);
-  return a[0];
 }
 
 // Runs body(j, U, mask, full) over [j0, j1): blocks of U full vectors, then single vectors, the last
@@ -364,6 +348,10 @@ void lstm_bwd(index_t H, index_t j0, index_t j1, const float* dy, const float* d
   });
 }
 
+// The number of vectors in an array of them (a block of math's), from its type.
+template <class A>
+constexpr int kVectors = static_cast<int>(std::extent_v<std::remove_reference_t<A>>);
+
 // math over m rows of n values (rows ldx and ldy apart; m = 1 for a contiguous array). Vectors at a time
 // (see vexp_n): two rows together, each in blocks of 2 vectors (a GEMM tile's rows of 32 values on
 // AVX-512: 4 vectors, where one row at a time gave 2), then single vectors; the last row of an odd m alone,
@@ -408,11 +396,11 @@ void math(int fn, const float* x, index_t ldx, float* y, index_t ldy, index_t m,
     }
   };
   switch (fn) {
-    case 0: return run([](auto& v) { vexp_n<V, std::extent_v<std::remove_reference_t<decltype(v)>>>(v); });
-    case 1: return run([](auto& v) { vsigmoid_n<V, std::extent_v<std::remove_reference_t<decltype(v)>>>(v); });
-    case 2: return run([](auto& v) { vtanh_n<V, std::extent_v<std::remove_reference_t<decltype(v)>>>(v); });
-    case 3: return run([](auto& v) { vgelu_n<V, std::extent_v<std::remove_reference_t<decltype(v)>>>(v); });
-    default: return run([](auto& v) { vgelu_grad_n<V, std::extent_v<std::remove_reference_t<decltype(v)>>>(v); });
+    case 0: return run([](auto& v) { vexp_n<V, kVectors<decltype(v)>>(v); });
+    case 1: return run([](auto& v) { vsigmoid_n<V, kVectors<decltype(v)>>(v); });
+    case 2: return run([](auto& v) { vtanh_n<V, kVectors<decltype(v)>>(v); });
+    case 3: return run([](auto& v) { vgelu_n<V, kVectors<decltype(v)>>(v); });
+    default: return run([](auto& v) { vgelu_grad_n<V, kVectors<decltype(v)>>(v); });
   }
 }
 
