@@ -289,3 +289,28 @@ def test_activation_backward_elementwise(isa, num_threads, dtype, activation, n)
             assert np.allclose(gz, want, rtol=4 * tol, atol=4 * tol, equal_nan=True), saved
         else:
             assert np.allclose(gz, want, rtol=tol, atol=tol, equal_nan=True), saved
+
+
+@pytest.mark.parametrize("activation", ["identity", "relu", "tanh", "sigmoid", "gelu"])
+@pytest.mark.parametrize("n", [0, 1, 37, 4097, 70001])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_activation_forward_elementwise(isa, num_threads, dtype, activation, n):
+    """The activations' forward pass (linear's with return_preactivation=True) element by element against
+    the float64 reference, across its blocks and its threads (past 65536 values); NaN, infinities and
+    signed zeros pass as in the reference (relu keeps NaN and -0.0, maps -inf to 0)."""
+    from dnnkit.algos.gemm_cpu import ACTIVATION_CODES
+    from dnnkit.reference import activation_ref
+
+    rng = np.random.default_rng(n + 3)
+    z = (4 * rng.standard_normal(n)).astype(dtype)
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0], dtype=dtype)
+    if n > 2 * len(special):
+        z[n // 2:n // 2 + len(special)] = special
+    y = np.full(n, 7.0, dtype=dtype)
+    dnnkit._cpu.activation_forward(z, y, ACTIVATION_CODES[activation])
+    with np.errstate(invalid="ignore"):  # gelu(-inf) = -inf * 0 = NaN
+        want = activation_ref(z, activation)
+    tol = 1e-6 if dtype == np.float32 else 1e-13
+    assert np.allclose(y, want, rtol=tol, atol=tol, equal_nan=True)
+    if activation in ("identity", "relu"):  # exact, signs of zeros included
+        assert np.array_equal(np.signbit(y), np.signbit(want.astype(dtype))) and np.array_equal(y, want, equal_nan=True)

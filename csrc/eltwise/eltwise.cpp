@@ -20,6 +20,17 @@ void activation_forward(const T* z, T* y, index_t n, Activation act) {
       return;
     }
   }
+  if (act == Activation::relu || act == Activation::identity) {
+    // Branch-free, vectorized: relu through activate's switch, a branch on a sign that is random for
+    // real activations, took 6.6 ms for 3.3 M values, five times the GEMM that made them.
+    const bool relu = act == Activation::relu;
+#pragma omp parallel for simd schedule(static) num_threads(get_num_threads()) if (n > 65536)
+    for (index_t i = 0; i < n; ++i) {
+      const T v = z[i];
+      y[i] = relu && v < T(0) ? T(0) : v;  // NaN passes through, as in activate
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) num_threads(get_num_threads()) if (n > 65536)
   for (index_t i = 0; i < n; ++i) y[i] = activate(act, z[i]);
 }
