@@ -73,6 +73,27 @@ def test_linear_on_a_packed_weight_at_larger_sizes(num_threads, m, n, k):
         assert rel_l2(dnnkit.linear(x, pw, b, activation=act), linear_ref(x, w, b, act)) <= 1e-5
 
 
+@pytest.mark.parametrize("m,n,k", [(253, 70, 40), (300, 1100, 700), (1100, 96, 1500)])
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_many_rows_on_a_packed_weight_match_the_unpacked_product_exactly(isa, num_threads, m, n, k, activation):
+    """Over one block of rows, linear on a packed weight runs the blocked GEMM on the packed panels in
+    place: the same k blocks, bias and epilogue as the unpacked product, so the same bits; with the ISA
+    changed after packing (the panels fit another micro-kernel), the packed weight's own kernel, close."""
+    rng = np.random.default_rng(m + n + k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    pw = dnnkit.pack_weight(w)
+    assert np.array_equal(dnnkit.linear(x, pw, b, activation=activation),
+                          dnnkit.linear(x, w, b, activation=activation, algo="blocked_gemm"))
+    previous = dnnkit._cpu.active_isa()
+    try:
+        dnnkit._cpu.set_isa("ref" if previous != "ref" else previous)
+        assert rel_l2(dnnkit.linear(x, pw, b, activation=activation), linear_ref(x, w, b, activation)) <= 1e-5
+    finally:
+        dnnkit._cpu.set_isa(previous)
+
+
 def test_nan_and_inf_propagate_through_a_packed_weight():
     x = np.ones((3, 4), np.float32)
     w = np.ones((5, 4), np.float32)

@@ -71,11 +71,13 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
 }
 
 // The micro-panels of one packed A block (mc rows: full MR-row panels, then a tail panel of exactly the
-// remaining rows, stride m_t, run by the exact-height kernel) against the B panels [jr_begin, jr_end).
+// remaining rows, stride m_t, run by the exact-height kernel) against the B block's panels, b_stride
+// elements apart (NR*KC when packed here, NR*k when read in place from GemmArgs::b_panels).
 // A micro-panel outermost: it stays in L1 while the B block streams from L2.
 template <typename T>
-void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const T* bp, index_t ic, index_t mc,
-                  index_t ir_begin, index_t ir_end, index_t jc, index_t nc, index_t kc, T beta, bool last) {
+void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const T* bp, index_t b_stride, index_t ic,
+                  index_t mc, index_t ir_begin, index_t ir_end, index_t jc, index_t nc, index_t kc, T beta,
+                  bool last) {
   const int mr = uk.mr, nr = uk.nr;
   const index_t n_jr = ceil_div(nc, nr);
   // The bias (per column, or per row: a convolution's output channels, the transposed problem's) goes
@@ -91,7 +93,7 @@ void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const
       const index_t j = jc + jr * nr;
       const int n_t = static_cast<int>(std::min<index_t>(nr, jc + nc - j));
       T* c = g.c + i * g.rs_c + j * g.cs_c;
-      fn(kc, a_panel, bp + jr * nr * kc, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t,
+      fn(kc, a_panel, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t,
          k_bias ? k_bias + (g.bias_per_row ? i : j) : nullptr, g.bias_per_row);
       if (epilogue) apply_epilogue<T>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
     }
@@ -242,12 +244,13 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
     return;
   }
   const UKernel<T> uk = select_ukernel<T>(active_isa());
-  if (g.b_group_cols == 0 && !g.pack_b && !g.a_packed && transposing_helps<T>(g.m, g.n, uk)) return gemm<T>(transposed(g), nthreads);
+  if (g.b_group_cols == 0 && !g.pack_b && !g.a_packed && !g.b_panels && transposing_helps<T>(g.m, g.n, uk))
+    return gemm<T>(transposed(g), nthreads);
   const Plan p = make_plan<T>(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), uk);
   const index_t b_block = p.nc * p.kc;
   // Allocated before the parallel region: an exception must not cross it.
   AlignedBuffer<T> abuf(g.a_packed ? 0 : static_cast<std::size_t>(round_up(p.mc, p.mr) * p.kc));
-  AlignedBuffer<T> bbuf(static_cast<std::size_t>(b_block * (p.split_n ? p.nthreads : 1)));
+  AlignedBuffer<T> bbuf(g.b_panels ? 0 : static_cast<std::size_t>(b_block * (p.split_n ? p.nthreads : 1)));
 
 #pragma omp parallel num_threads(p.nthreads) if (p.nthreads > 1)
   {
@@ -275,13 +278,18 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
 #pragma omp for schedule(static)
           for (index_t ir = 0; ir < n_ir; ++ir) pack_a(ir, ir + 1);
           // implicit barrier: A block complete
-          T* bp = bbuf.data() + tid * b_block;
+          T* const own = bbuf.data() + tid * b_block;
           const index_t n_jc = ceil_div(g.n, p.nc);
           for (index_t jb = tid; jb < n_jc; jb += nt) {
             const index_t jc = jb * p.nc;
             const index_t nc = std::min(p.nc, g.n - jc);
-            pack_b_block<T>(g, p.nr, pc, kc, jc, nc, 0, ceil_div(nc, p.nr), bp);
-            macro_kernel<T>(g, uk, ap, bp, ic, mc, 0, n_ir, jc, nc, kc, beta, last);
+            if (g.b_panels) {
+              macro_kernel<T>(g, uk, ap, g.b_panels + jc * g.k + pc * p.nr, p.nr * g.k, ic, mc, 0, n_ir, jc, nc, kc,
+                              beta, last);
+              continue;
+            }
+            pack_b_block<T>(g, p.nr, pc, kc, jc, nc, 0, ceil_div(nc, p.nr), own);
+            macro_kernel<T>(g, uk, ap, own, p.nr * kc, ic, mc, 0, n_ir, jc, nc, kc, beta, last);
           }
         } else {
           // Each thread packs and runs only its own A micro-panels: no barrier for A.
@@ -291,11 +299,18 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
           pack_a(ir0, ir1);
           for (index_t jc = 0; jc < g.n; jc += p.nc) {
             const index_t nc = std::min(p.nc, g.n - jc);
-            const index_t n_jr = ceil_div(nc, p.nr);
+            if (g.b_panels) {
+              macro_kernel<T>(g, uk, ap, g.b_panels + jc * g.k + pc * p.nr, p.nr * g.k, ic, mc, ir0, ir1, jc, nc,
+                              kc, beta, last);
+            } else {
+              const index_t n_jr = ceil_div(nc, p.nr);
 #pragma omp for schedule(static)
-            for (index_t jr = 0; jr < n_jr; ++jr) pack_b_block<T>(g, p.nr, pc, kc, jc, nc, jr, jr + 1, bp);
-            // implicit barrier: B block complete
-            macro_kernel<T>(g, uk, ap, bp, ic, mc, ir0, ir1, jc, nc, kc, beta, last);
+              for (index_t jr = 0; jr < n_jr; ++jr) pack_b_block<T>(g, p.nr, pc, kc, jc, nc, jr, jr + 1, bp);
+              // implicit barrier: B block complete
+              macro_kernel<T>(g, uk, ap, bp, p.nr * kc, ic, mc, ir0, ir1, jc, nc, kc, beta, last);
+            }
+            // The shared B block, and the A buffer: a thread's micro-panels of the next (ic, pc) block
+            // (another kc, another block height) may lie where another thread's of this block still are.
 #pragma omp barrier
           }
         }

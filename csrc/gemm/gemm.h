@@ -36,6 +36,9 @@ struct GemmArgs {
   // A already packed by pack_a_blocks for these m and k (a and its strides are then unused): a product
   // that reuses one A against many B operands packs it once.
   const T* a_packed = nullptr;
+  // B already packed as PackedB packs it (below), full-depth NR-wide panels for the active micro-kernel,
+  // panel jp at b_panels + jp*NR*k (b and its strides are then unused): the B blocks are read in place.
+  const T* b_panels = nullptr;
 };
 
 // The arguments of C (m x n, row stride ldc, unit column stride) := beta * C + A B for A and B given by
