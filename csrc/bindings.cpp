@@ -646,10 +646,12 @@ PYBIND11_MODULE(_cpu, m) {
         },
         "y := act(x @ w.T + bias), y allocated, for x (..., k) and w (n, k) of one dtype; kind as gemm's "
         "kernels: 0 blocked, 1 gemm_small_m, 2 gemm_wt_direct.");
-  m.def("gemm_wt_direct_width", [](int itemsize) {
-          return itemsize == 4 ? select_sa_kernel<float>(active_isa()).nr : select_sa_kernel<double>(active_isa()).nr;
-        }, py::arg("itemsize"),
-        "Rows of A one tile of gemm_wt_direct's strided-A kernel covers on the active ISA (0: it has none).");
+  m.def("gemm_wt_direct_width", [](int itemsize, index_t rows) {
+          return itemsize == 4 ? select_sa_kernel<float>(active_isa(), rows).nr
+                               : select_sa_kernel<double>(active_isa(), rows).nr;
+        }, py::arg("itemsize"), py::arg("rows") = 0,
+        "Rows of A one tile of gemm_wt_direct's strided-A kernel covers on the active ISA for a product of "
+        "`rows` rows (0: the widest tile; 0 returned: the ISA has none).");
 
   m.def("gemm_workspace_bytes",
         [](index_t mm, index_t n, index_t k, int itemsize, int nthreads) {

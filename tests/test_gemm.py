@@ -341,6 +341,31 @@ def test_row_kernels_same_result_in_either_direction(isa, num_threads, dtype, ke
     assert rel_l2(outs[0], want) <= (2e-6 if dtype == np.float32 else 1e-13) * 3
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_a_tile_widths_give_the_same_bits(isa, num_threads, dtype):
+    """gemm_wt_direct takes the narrowest strided-A tile that holds the batch (AVX-512: 16, 32, 48 or 64
+    float32 rows): any batch's rows come out bit for bit as they do inside a larger batch, so the choice
+    never changes a result. Depth 1500 crosses the kernel's 1024-deep blocks."""
+    if dnnkit._cpu.gemm_wt_direct_width(np.dtype(dtype).itemsize) == 0:
+        pytest.skip("no strided-A micro-kernel on this ISA")
+    rng = np.random.default_rng(17)
+    a = rng.standard_normal((130, 1500)).astype(dtype)
+    w = rng.standard_normal((75, 1500)).astype(dtype)
+    bias = rng.standard_normal(75).astype(dtype)
+    full = np.empty((130, 75), dtype)
+    dnnkit._cpu.gemm_wt_direct(a, w.T, full, 1.0, 0.0, bias, 0, 0)
+    widths = set()
+    for m in (1, 5, 8, 13, 16, 17, 24, 32, 33, 48, 49, 64, 65, 100):
+        widths.add(dnnkit._cpu.gemm_wt_direct_width(np.dtype(dtype).itemsize, m))
+        part = np.full((m, 75), np.nan, dtype)
+        dnnkit._cpu.gemm_wt_direct(a[:m], w.T, part, 1.0, 0.0, bias, 0, 0)
+        assert np.array_equal(part, full[:m]), m
+    assert rel_l2(full, a.astype(np.float64) @ w.T.astype(np.float64) + bias) <= (
+        1e-6 if dtype == np.float32 else 1e-13)
+    if dnnkit._cpu.active_isa() == "avx512":
+        assert len(widths) == 4  # every tile width was run
+
+
 def test_vector_gelu_accuracy(isa):
     """The float32 gelu of the GEMM's epilogue (the vector function rnn_math_test's fn 3 runs), against
     x Phi(x) with Phi from erfc in float64: relative error under 1e-6 from -16 to 16 on AVX2 and AVX-512,

@@ -169,7 +169,7 @@ template <typename T>
 void gemm_wt_direct(const GemmArgs<T>& g, int nthreads) {
   // Contract: cs_a == 1 and rs_b == 1, as gemm_small_m's; checked by the caller.
   if (g.m == 0 || g.n == 0) return;
-  const SaKernel<T> sk = select_sa_kernel<T>(active_isa());
+  const SaKernel<T> sk = select_sa_kernel<T>(active_isa(), g.m);
   if (g.k == 0 || !sk.fn) return gemm<T>(g, nthreads);
   wt_direct<T>(g, 0, nullptr, 0, nullptr, 0, sk, nthreads);
 }
@@ -178,7 +178,7 @@ template <typename T>
 void gemm_wt_direct2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2,
                      int nthreads) {
   if (g.m == 0 || g.n == 0) return;
-  const SaKernel<T> sk = select_sa_kernel<T>(active_isa());
+  const SaKernel<T> sk = select_sa_kernel<T>(active_isa(), g.m);
   if (sk.fn && g.k + k2 > 0) return wt_direct<T>(g, k2, a2, lda2, w2, ldw2, sk, nthreads);
   // No strided-A kernel: the two products one after the other, which an activation cannot follow.
   if (g.act != Activation::identity)

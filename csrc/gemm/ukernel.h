@@ -87,14 +87,18 @@ template <typename T> DotKernel<T> dot_kernel_ref();
 template <typename T> DotKernel<T> dot_kernel_avx2();
 template <typename T> DotKernel<T> dot_kernel_avx512();
 
-template <typename T> SaKernel<T> sa_kernel_avx2();
-template <typename T> SaKernel<T> sa_kernel_avx512();
+template <typename T> SaKernel<T> sa_kernel_avx2(index_t m);
+template <typename T> SaKernel<T> sa_kernel_avx512(index_t m);
 
+// The strided-A kernel for a product of m rows of A (the batch; m <= 0: the ISA's widest): the narrowest
+// tile at least m wide where the ISA has several (AVX-512: 16, 32, 48 or 64 float32 columns), so that a
+// small batch does not pay for a wide tile's unused columns. Every width sums each element in the same
+// order (one FMA per step of depth, in the same depth blocks): the choice never changes a result.
 template <typename T>
-SaKernel<T> select_sa_kernel(Isa isa) {
+SaKernel<T> select_sa_kernel(Isa isa, index_t m = 0) {
   switch (isa) {
-    case Isa::avx512: return sa_kernel_avx512<T>();
-    case Isa::avx2: return sa_kernel_avx2<T>();
+    case Isa::avx512: return sa_kernel_avx512<T>(m);
+    case Isa::avx2: return sa_kernel_avx2<T>(m);
     default: return {"none", 0, 0, nullptr};
   }
 }

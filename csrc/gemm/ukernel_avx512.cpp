@@ -96,16 +96,29 @@ template <int M> struct RowsF64 { static constexpr dnnkit::ukernel_fn<double> fn
 constexpr auto kRowsF32 = rows_table<RowsF32, dnnkit::ukernel_fn<float>>(std::make_integer_sequence<int, kMR>{});
 constexpr auto kRowsF64 = rows_table<RowsF64, dnnkit::ukernel_fn<double>>(std::make_integer_sequence<int, kMR>{});
 
-void sa_f32(dnnkit::index_t k, const float* a, dnnkit::index_t lda, dnnkit::index_t k2, const float* a2,
-            dnnkit::index_t lda2, const float* b, float* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, float alpha,
-            float beta, int m, int n, const float* bias) {
-  ukernel_tile_sa<Avx512F32, 6, 4>(k, a, lda, k2, a2, lda2, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+// Strided-A tiles of MR rows of W by NV vectors of the batch: 6 x 4 vectors (24 accumulators, 4 loads
+// and 6 broadcasts per 24 FMAs), and for narrower batches 8 x 3, 8 x 2 and 8 x 1. Each row of W is a
+// stream of its own with a base register of its own: 10 to 14 rows ran out of registers (measured,
+// float32, one thread, 16 and 32 rows: 8 x 1 and 8 x 2 at 119-143 GFLOP/s, 10-14 rows 84-137).
+template <class V, int MR, int NV>
+void sa_tile(dnnkit::index_t k, const typename V::T* a, dnnkit::index_t lda, dnnkit::index_t k2,
+             const typename V::T* a2, dnnkit::index_t lda2, const typename V::T* b, typename V::T* c,
+             dnnkit::index_t rs_c, dnnkit::index_t cs_c, typename V::T alpha, typename V::T beta, int m, int n,
+             const typename V::T* bias) {
+  ukernel_tile_sa<V, MR, NV>(k, a, lda, k2, a2, lda2, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
 }
-void sa_f64(dnnkit::index_t k, const double* a, dnnkit::index_t lda, dnnkit::index_t k2, const double* a2,
-            dnnkit::index_t lda2, const double* b, double* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c,
-            double alpha, double beta, int m, int n, const double* bias) {
-  ukernel_tile_sa<Avx512F64, 6, 4>(k, a, lda, k2, a2, lda2, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
+template <class V>
+dnnkit::SaKernel<typename V::T> sa_for_rows(dnnkit::index_t m, const char* const (&names)[4]) {
+  constexpr int W = V::width;
+  if (m > 0 && m <= W) return {names[0], 8, W, sa_tile<V, 8, 1>};
+  if (m > 0 && m <= 2 * W) return {names[1], 8, 2 * W, sa_tile<V, 8, 2>};
+  if (m > 0 && m <= 3 * W) return {names[2], 8, 3 * W, sa_tile<V, 8, 3>};
+  return {names[3], 6, 4 * W, sa_tile<V, 6, 4>};
 }
+constexpr const char* kSaNamesF32[4] = {"ukernel_sa_8x16_avx512", "ukernel_sa_8x32_avx512",
+                                        "ukernel_sa_8x48_avx512", "ukernel_sa_6x64_avx512"};
+constexpr const char* kSaNamesF64[4] = {"ukernel_sa_8x8_avx512", "ukernel_sa_8x16_avx512",
+                                        "ukernel_sa_8x24_avx512", "ukernel_sa_6x32_avx512"};
 
 constexpr int kDotMI = 4;
 constexpr int kDotNJ = 4;
@@ -129,10 +142,9 @@ template <> UKernel<double> ukernel_avx512<double>() {
   return {"ukernel_14x16_avx512", kMR, 16, uk_f64, kRowsF64.data()};
 }
 double fma_probe_avx512(index_t iters, double* flops) { return probe(iters, flops); }
-// 6 x 64: 24 accumulators, 4 vector loads and 6 broadcasts per 24 FMAs; a batch of up to 64 rows reads
-// each weight row once.
-template <> SaKernel<float> sa_kernel_avx512<float>() { return {"ukernel_sa_6x64_avx512", 6, 64, sa_f32}; }
-template <> SaKernel<double> sa_kernel_avx512<double>() { return {"ukernel_sa_6x32_avx512", 6, 32, sa_f64}; }
+// A batch of up to 64 rows (float32) reads each weight row once, in the narrowest tile that holds it.
+template <> SaKernel<float> sa_kernel_avx512<float>(index_t m) { return sa_for_rows<Avx512F32>(m, kSaNamesF32); }
+template <> SaKernel<double> sa_kernel_avx512<double>(index_t m) { return sa_for_rows<Avx512F64>(m, kSaNamesF64); }
 template <> DotKernel<float> dot_kernel_avx512<float>() {
   return {"dot_4x4_avx512", kDotMI, kDotNJ, dot_f32};
 }

@@ -67,6 +67,9 @@ class SmallMGemm(Algorithm):
     backend = "cpu"
     tolerance = 1e-5
     MAX_M = 16  # above this the blocked GEMM wins (measured: m = 32 is a tie, m = 16 a 1.5-2.5x win)
+    # From here the strided-A kernel's 16-row tile, where it runs (k >= 320), is faster (measured, AVX-512
+    # float32, 1024-4096 outputs, k 512-1024: 13-16 rows 0.70-0.95 of the dot kernels' time; 12 a tie).
+    DIRECT_FROM = 13
 
     def supports(self, p) -> str | None:
         reason = _linear_layout_reason(p)
@@ -74,6 +77,8 @@ class SmallMGemm(Algorithm):
             return reason
         if p.m > self.MAX_M:
             return f"m = {p.m} is over {self.MAX_M}; the blocked GEMM is faster there"
+        if p.m >= self.DIRECT_FROM and WtDirectGemm().supports(p) is None:
+            return f"m = {p.m} is {self.DIRECT_FROM} or more and gemm_wt_direct runs this depth; it is faster there"
         return None
 
     def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
@@ -87,22 +92,26 @@ class WtDirectGemm(Algorithm):
     op = "gemm"
     backend = "cpu"
     tolerance = 1e-5
-    MIN_FILL = 0.8  # below this share of the tiles' rows in use, the blocked GEMM is faster (measured)
+    # Below these shares of the tiles' rows in use, the blocked GEMM is faster (measured): one tile (the
+    # narrowest of 16, 32, 48 or 64 rows that holds the batch, AVX-512 float32: 20 rows in a 32-row tile
+    # 0.72-0.85 of the blocked GEMM's time at k = 1024, a tie at 512), or two 64-row tiles.
+    MIN_FILL_ONE = 0.6
+    MIN_FILL = 0.8
     MIN_K = 320  # below this depth the tile's store and A's packing are not amortized (k = 256: 1.00-1.06x slower)
 
     def supports(self, p) -> str | None:
         reason = _linear_layout_reason(p)
         if reason:
             return reason
-        width = _cpu.gemm_wt_direct_width(p.itemsize)
+        width = _cpu.gemm_wt_direct_width(p.itemsize, p.m)  # the tile for this batch (the narrowest that holds it)
         if width == 0:
             return f"no strided-A micro-kernel for {_cpu.active_isa()}"
         if p.k < self.MIN_K:
             return f"k = {p.k} is under {self.MIN_K}; the blocked GEMM is faster there"
         tiles = -(-p.m // width)
         if p.m == 0 or tiles > 2:
-            return f"m = {p.m} is not 1 to {2 * width}; the blocked GEMM is faster there"
-        if p.m < self.MIN_FILL * tiles * width:
+            return f"m = {p.m} is not 1 to {2 * _cpu.gemm_wt_direct_width(p.itemsize)}; the blocked GEMM is faster there"
+        if p.m < (self.MIN_FILL_ONE if tiles == 1 else self.MIN_FILL) * tiles * width:
             return (f"m = {p.m} fills {p.m / (tiles * width):.0%} of its {tiles * width}-row tiles; "
                     "the blocked GEMM is faster there")
         return None
