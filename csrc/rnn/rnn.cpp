@@ -108,9 +108,10 @@ void gemm_a_wt(index_t m, index_t n, index_t k, const T* a, index_t lda, const T
   GemmArgs<T> g = strided_gemm_args<T>(m, n, k, a, lda, 1, w, 1, k, c, ldc, beta);
   g.bias = bias;
   const index_t r = rows < 0 ? m : rows;
-  // From 13 rows the strided-A kernel's 16-row tile beats the dot kernels where it runs (gemm_cpu's
-  // SmallMGemm.DIRECT_FROM).
-  if (small_m_wins(r, n, k, sizeof(T)) && !(r >= 13 && direct_wins<T>(r, k)))
+  // From 13 rows the strided-A kernel in a tile of at most 16 rows beats the dot kernels where it runs
+  // (gemm_cpu's SmallMGemm.DIRECT_FROM).
+  const bool narrow_direct = r >= 13 && select_sa_kernel<T>(active_isa(), r).nr <= 16 && direct_wins<T>(r, k);
+  if (small_m_wins(r, n, k, sizeof(T)) && !narrow_direct)
     gemm_small_m<T>(g, nthreads);
   else if (direct_wins<T>(r, k))
     gemm_wt_direct<T>(g, nthreads);

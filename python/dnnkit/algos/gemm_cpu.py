@@ -67,8 +67,9 @@ class SmallMGemm(Algorithm):
     backend = "cpu"
     tolerance = 1e-5
     MAX_M = 16  # above this the blocked GEMM wins (measured: m = 32 is a tie, m = 16 a 1.5-2.5x win)
-    # From here the strided-A kernel's 16-row tile, where it runs (k >= 320), is faster (measured, AVX-512
-    # float32, 1024-4096 outputs, k 512-1024: 13-16 rows 0.70-0.95 of the dot kernels' time; 12 a tie).
+    # From here the strided-A kernel, where it runs (k >= 320) in a tile of at most 16 rows, is faster
+    # (measured, AVX-512 float32, 1024-4096 outputs, k 512-1024: 13-16 rows 0.70-0.95 of the dot kernels'
+    # time, 12 a tie; in AVX2's 24-row tile, 15-16 rows 0.92-1.2: left to the dot kernels).
     DIRECT_FROM = 13
 
     def supports(self, p) -> str | None:
@@ -77,7 +78,8 @@ class SmallMGemm(Algorithm):
             return reason
         if p.m > self.MAX_M:
             return f"m = {p.m} is over {self.MAX_M}; the blocked GEMM is faster there"
-        if p.m >= self.DIRECT_FROM and WtDirectGemm().supports(p) is None:
+        if (p.m >= self.DIRECT_FROM and _cpu.gemm_wt_direct_width(p.itemsize, p.m) <= 16
+                and WtDirectGemm().supports(p) is None):
             return f"m = {p.m} is {self.DIRECT_FROM} or more and gemm_wt_direct runs this depth; it is faster there"
         return None
 
