@@ -16,7 +16,7 @@ namespace dnnkit {
 namespace fastmath {
 
 inline float exp(float x) {
-  constexpr float kMin = -87.0f, kMax = 88.0f;  // 2^n stays a normal float
+  constexpr float kMin = -87.33654f, kMax = 88.0f;  // ln of the smallest normal float: 2^n stays normal
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693145751953125f;   // ln 2 = kLn2Hi + kLn2Lo, kLn2Hi exact in 16 bits
   constexpr float kLn2Lo = 1.428606765330187e-6f;

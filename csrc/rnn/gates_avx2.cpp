@@ -20,7 +20,7 @@ struct Avx2 {
   using mask = __m256i;
   static constexpr index_t width = 8;
   // 2^n built in the exponent bits must stay a normal float: n in [-126, 127] (fastmath::exp's range).
-  static constexpr float kExpLo = -87.0f, kExpHi = 88.0f;
+  static constexpr float kExpLo = -87.33654f, kExpHi = 88.0f;  // ln of the smallest normal float: 2^n stays normal
   static inline mask tail(index_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n < 8 ? n : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
