@@ -114,8 +114,8 @@ class WtDirectGemm(Algorithm):
         if p.m == 0 or tiles > 2:
             return f"m = {p.m} is not 1 to {2 * _cpu.gemm_wt_direct_width(p.itemsize)}; the blocked GEMM is faster there"
         if p.m < (self.MIN_FILL_ONE if tiles == 1 else self.MIN_FILL) * tiles * width:
-            return (f"m = {p.m} fills {p.m / (tiles * width):.0%} of its {tiles * width}-row tiles; "
-                    "the blocked GEMM is faster there")
+            where = f"its {width}-row tile" if tiles == 1 else f"its two {width}-row tiles"
+            return f"m = {p.m} fills {p.m / (tiles * width):.0%} of {where}; other kernels are faster there"
         return None
 
     def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
