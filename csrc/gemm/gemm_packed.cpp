@@ -99,7 +99,7 @@ void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* 
     // More rows than one block: the blocked GEMM's order, an A micro-panel in L1 against B blocks in L2,
     // the B blocks read in place from the packed weight. Below, each block of rows would stream the whole
     // weight from memory again, its panels through L1, and the A panels from L2 (batch 1024, 4096 x 4096:
-    // 0.81x of the unpacked GEMM on one thread and two).
+    // 0.81x of the unpacked GEMM's speed on one thread, 0.84x on two).
     GemmArgs<T> g = strided_gemm_args<T>(m, n, k, a, lda, 1, nullptr, 0, 0, c, ldc, T(0));
     g.b_panels = w.panel(0);
     g.bias = bias;
