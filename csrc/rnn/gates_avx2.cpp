@@ -1,5 +1,5 @@
 // The RNN post-GEMM kernels of gates.h for AVX2 and FMA: 8 floats a vector, tails through VMASKMOVPS,
-// 2^n built in the exponent bits (x clamped to [-87, 88], as fastmath::exp), reciprocals by
+// 2^n built in the exponent bits (x clamped to [-87.34, 88], as fastmath::exp), reciprocals by
 // division (VRCPPS's 12 bits would need two Newton steps).
 #include <immintrin.h>
 
