@@ -757,16 +757,17 @@ PYBIND11_MODULE(_cpu, m) {
     return py::make_tuple(u.name, u.mr, u.nr, b.mc, b.kc, nc_for_l2(b, b.kc, sizeof(double)));
   }, "(name, MR, NR, MC, KC, NC) of an ISA's micro-kernel and blocking for itemsize 4 or 8 (NC for a full KC, sized to this L2).");
 
-  m.def("sa_kernel_info", [](const std::string& isa, int itemsize) {
+  m.def("sa_kernel_info", [](const std::string& isa, int itemsize, index_t rows) {
     const Isa i = isa_from_name(isa);
     if (itemsize == 4) {
-      auto k = select_sa_kernel<float>(i);
+      auto k = select_sa_kernel<float>(i, rows);
       return py::make_tuple(k.name, k.mr, k.nr);
     }
-    auto k = select_sa_kernel<double>(i);
+    auto k = select_sa_kernel<double>(i, rows);
     return py::make_tuple(k.name, k.mr, k.nr);
-  }, "(name, MR, NR) of an ISA's strided-A micro-kernel (gemm_wt_direct) for itemsize 4 or 8; 'none', 0, 0 "
-     "where it has none.");
+  }, py::arg("isa"), py::arg("itemsize"), py::arg("rows") = 0,
+     "(name, MR, NR) of an ISA's strided-A micro-kernel (gemm_wt_direct) for itemsize 4 or 8 and a batch of "
+     "`rows` rows (0: the widest tile); 'none', 0, 0 where it has none.");
 
   m.def("measure_peak_gflops", [](const std::string& isa, int nthreads, double seconds) {
     if (nthreads < 1) throw py::value_error("measure_peak_gflops: nthreads must be >= 1");

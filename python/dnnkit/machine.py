@@ -30,6 +30,14 @@ def ukernels() -> dict:
     out = {}
     for dtype, size in (("float32", 4), ("float64", 8)):
         name, mr, nr, mc, kc, nc = _cpu.ukernel_info(isa(), size)
+        # The strided-A tiles, narrowest first: a batch takes the narrowest that holds it.
+        tiles, rows = [], 1
+        while True:
+            sa_name, _, sa_nr = _cpu.sa_kernel_info(isa(), size, rows)
+            if sa_nr == 0 or (tiles and sa_name == tiles[-1]):
+                break
+            tiles.append(sa_name)
+            rows = sa_nr + 1
         out[dtype] = {"ukernel": name, "MR": mr, "NR": nr, "MC": mc, "KC": kc, "NC": nc,
-                      "strided_a": _cpu.sa_kernel_info(isa(), size)[0]}
+                      "strided_a": ", ".join(tiles) if tiles else "none"}
     return out
