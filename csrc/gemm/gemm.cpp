@@ -273,6 +273,11 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
         auto pack_a = [&](index_t ir0, index_t ir1) {
           if (!g.a_packed) pack_a_block<T>(g.a, g.rs_a, g.cs_a, p.mr, ic, mc, pc, kc, ir0, ir1, abuf.data());
         };
+        // The B block at column jc read in place from GemmArgs::b_panels: its panels NR*k apart.
+        auto in_place = [&](index_t jc, index_t nc, index_t ir0, index_t ir1) {
+          macro_kernel<T>(g, uk, ap, g.b_panels + jc * g.k + pc * p.nr, p.nr * g.k, ic, mc, ir0, ir1, jc, nc, kc,
+                          beta, last);
+        };
         if (p.split_n) {
           // Every thread reads the whole A block: pack it together.
 #pragma omp for schedule(static)
@@ -284,8 +289,7 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
             const index_t jc = jb * p.nc;
             const index_t nc = std::min(p.nc, g.n - jc);
             if (g.b_panels) {
-              macro_kernel<T>(g, uk, ap, g.b_panels + jc * g.k + pc * p.nr, p.nr * g.k, ic, mc, 0, n_ir, jc, nc, kc,
-                              beta, last);
+              in_place(jc, nc, 0, n_ir);
               continue;
             }
             pack_b_block<T>(g, p.nr, pc, kc, jc, nc, 0, ceil_div(nc, p.nr), own);
@@ -300,8 +304,7 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
           for (index_t jc = 0; jc < g.n; jc += p.nc) {
             const index_t nc = std::min(p.nc, g.n - jc);
             if (g.b_panels) {
-              macro_kernel<T>(g, uk, ap, g.b_panels + jc * g.k + pc * p.nr, p.nr * g.k, ic, mc, ir0, ir1, jc, nc,
-                              kc, beta, last);
+              in_place(jc, nc, ir0, ir1);
             } else {
               const index_t n_jr = ceil_div(nc, p.nr);
 #pragma omp for schedule(static)

@@ -110,10 +110,11 @@ void gemm_a_wt(index_t m, index_t n, index_t k, const T* a, index_t lda, const T
   const index_t r = rows < 0 ? m : rows;
   // From 13 rows the strided-A kernel in a tile of at most 16 rows beats the dot kernels where it runs
   // (gemm_cpu's SmallMGemm.DIRECT_FROM).
-  const bool narrow_direct = r >= 13 && select_sa_kernel<T>(active_isa(), r).nr <= 16 && direct_wins<T>(r, k);
+  const bool direct = direct_wins<T>(r, k);
+  const bool narrow_direct = direct && r >= 13 && select_sa_kernel<T>(active_isa(), r).nr <= 16;
   if (small_m_wins(r, n, k, sizeof(T)) && !narrow_direct)
     gemm_small_m<T>(g, nthreads);
-  else if (direct_wins<T>(r, k))
+  else if (direct)
     gemm_wt_direct<T>(g, nthreads);
   else
     gemm<T>(g, nthreads);
