@@ -651,7 +651,17 @@ PYBIND11_MODULE(_cpu, m) {
                                : select_sa_kernel<double>(active_isa(), rows).nr;
         }, py::arg("itemsize"), py::arg("rows") = 0,
         "Rows of A one tile of gemm_wt_direct's strided-A kernel covers on the active ISA for a product of "
-        "`rows` rows (0: the widest tile; 0 returned: the ISA has none).");
+        "`rows` rows (0: the tile of large batches, which run as panels of it; 0 returned: the ISA has none).");
+  m.def("gemm_wt_direct_fits", [](int itemsize, index_t rows) {
+          return itemsize == 4 ? sa_batch_fits(select_sa_kernel<float>(active_isa(), rows), rows)
+                               : sa_batch_fits(select_sa_kernel<double>(active_isa(), rows), rows);
+        }, py::arg("itemsize"), py::arg("rows"),
+        "Whether a product of `rows` rows fills the active ISA's strided-A tiles well enough for gemm_wt_direct "
+        "to beat the packing GEMM (the depth rule aside).");
+  m.def("gemm_wt_direct_max_rows", [](int itemsize) {
+          return itemsize == 4 ? select_sa_kernel<float>(active_isa()).max_rows
+                               : select_sa_kernel<double>(active_isa()).max_rows;
+        }, py::arg("itemsize"), "The largest batch gemm_wt_direct is chosen for on the active ISA (0: no kernel).");
 
   m.def("gemm_workspace_bytes",
         [](index_t mm, index_t n, index_t k, int itemsize, int nthreads) {
@@ -767,7 +777,7 @@ PYBIND11_MODULE(_cpu, m) {
     return py::make_tuple(k.name, k.mr, k.nr);
   }, py::arg("isa"), py::arg("itemsize"), py::arg("rows") = 0,
      "(name, MR, NR) of an ISA's strided-A micro-kernel (gemm_wt_direct) for itemsize 4 or 8 and a batch of "
-     "`rows` rows (0: the widest tile); 'none', 0, 0 where it has none.");
+     "`rows` rows (0: the tile of large batches); 'none', 0, 0 where it has none.");
 
   m.def("measure_peak_gflops", [](const std::string& isa, int nthreads, double seconds) {
     if (nthreads < 1) throw py::value_error("measure_peak_gflops: nthreads must be >= 1");

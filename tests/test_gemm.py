@@ -301,7 +301,7 @@ def test_gemm_wt_direct_kernel_contract(isa, num_threads, data):
     back to the packing GEMM, with the same result."""
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
     width = max(dnnkit._cpu.gemm_wt_direct_width(np.dtype(dtype).itemsize), 8)
-    m = data.draw(st.integers(1, 2 * width + 3), label="m")
+    m = data.draw(st.integers(1, 4 * width + 3), label="m")
     n = data.draw(st.integers(1, 40), label="n")
     k = data.draw(st.sampled_from([0, 1, 2, 17, 255, 1024, 1025, 2051]), label="k")
     check_row_kernel(dnnkit._cpu.gemm_wt_direct, data, dtype, m, n, k)
@@ -343,9 +343,10 @@ def test_row_kernels_same_result_in_either_direction(isa, num_threads, dtype, ke
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_strided_a_tile_widths_give_the_same_bits(isa, num_threads, dtype):
-    """gemm_wt_direct takes the narrowest strided-A tile that holds the batch (AVX-512: 16, 32, 48 or 64
-    float32 rows): any batch's rows come out bit for bit as they do inside a larger batch, so the choice
-    never changes a result. Depth 1500 crosses the kernel's 1024-deep blocks."""
+    """gemm_wt_direct takes the narrowest strided-A tile that holds the batch (AVX-512: 16, 32 or 48
+    float32 rows; larger batches in panels of 32): any batch's rows come out bit for bit as they do inside
+    a larger batch, so the choice never changes a result. Depth 1500 crosses the kernel's 1024-deep
+    blocks."""
     if dnnkit._cpu.gemm_wt_direct_width(np.dtype(dtype).itemsize) == 0:
         pytest.skip("no strided-A micro-kernel on this ISA")
     rng = np.random.default_rng(17)
@@ -363,7 +364,24 @@ def test_strided_a_tile_widths_give_the_same_bits(isa, num_threads, dtype):
     assert rel_l2(full, a.astype(np.float64) @ w.T.astype(np.float64) + bias) <= (
         1e-6 if dtype == np.float32 else 1e-13)
     if dnnkit._cpu.active_isa() == "avx512":
-        assert len(widths) == 4  # every tile width was run
+        assert len(widths) == 3  # every tile width was run
+
+
+def test_strided_a_batch_rule():
+    """The batches gemm_wt_direct is chosen for (the extension's sa_batch_fits, which the RNN code and the
+    registry's WtDirectGemm share) on AVX-512 float32: one tile at least 60% full, panels of 32 rows at
+    least 75% full, at most 128 rows; each refusal names its reason."""
+    if dnnkit._cpu.active_isa() != "avx512":
+        pytest.skip("the rule's tile widths are AVX-512's")
+    fits = {m: dnnkit._cpu.gemm_wt_direct_fits(4, m) for m in range(0, 140)}
+    want = {m: (m > 0 and m <= 128 and (m >= 0.6 * w if (w := next(t for t in (16, 32, 48, 10**9) if m <= t)) <= 48
+                                          else m >= 0.75 * 32 * -(-m // 32)))
+            for m in range(0, 140)}
+    assert fits == want
+    assert fits[49] and fits[64] and not fits[65] and fits[72] and fits[128] and not fits[129]
+    for m, text in ((65, "68% of its 3 panels of 32 rows"), (129, "not 1 to 128"), (9, "56% of its 16-row tile")):
+        reason = {c.algorithm: c.reason for c in dnnkit.explain(f"m{m}n1024k512tb_f32")}["gemm_wt_direct"]
+        assert text in reason, reason
 
 
 def test_vector_gelu_accuracy(isa):

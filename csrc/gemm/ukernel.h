@@ -73,10 +73,12 @@ using ukernel_sa_fn = void (*)(index_t k, const T* a, index_t lda, index_t k2, c
 
 template <typename T>
 struct SaKernel {
-  const char* name;  // "ukernel_sa_6x64_avx512"
+  const char* name;  // "ukernel_sa_8x32_avx512"
   int mr;
-  int nr;
+  int nr;               // rows of the batch a tile covers; a larger batch runs as panels of nr rows
   ukernel_sa_fn<T> fn;  // null: the ISA has none (the caller packs instead)
+  int max_rows;         // the largest batch the kernel is used for (sa_batch_fits)
+  int panel_fill;       // the percentage of its panels a batch of several must fill (sa_batch_fits)
 };
 
 // One entry per ISA; each is defined in its own file (ukernel_<isa>.cpp).
@@ -90,17 +92,32 @@ template <typename T> DotKernel<T> dot_kernel_avx512();
 template <typename T> SaKernel<T> sa_kernel_avx2(index_t m);
 template <typename T> SaKernel<T> sa_kernel_avx512(index_t m);
 
-// The strided-A kernel for a product of m rows of A (the batch; m <= 0: the ISA's widest): the narrowest
-// tile at least m wide where the ISA has several (AVX-512: 16, 32, 48 or 64 float32 columns), so that a
-// small batch does not pay for a wide tile's unused columns. Every width sums each element in the same
-// order (one FMA per step of depth, in the same depth blocks): the choice never changes a result.
+// The strided-A kernel for a product of m rows of A (the batch; m <= 0: the one for large batches): the
+// narrowest tile at least m wide where the ISA has several (AVX-512: 16, 32 or 48 float32 rows, and
+// larger batches in panels of 32), so that a small batch does not pay for a wide tile's unused columns.
+// Every width sums each element in the same order (one FMA per step of depth, in the same depth
+// blocks): the choice never changes a result.
 template <typename T>
 SaKernel<T> select_sa_kernel(Isa isa, index_t m = 0) {
   switch (isa) {
     case Isa::avx512: return sa_kernel_avx512<T>(m);
     case Isa::avx2: return sa_kernel_avx2<T>(m);
-    default: return {"none", 0, 0, nullptr};
+    default: return {"none", 0, 0, nullptr, 0, 0};
   }
+}
+
+// Whether a batch of m rows is better served by the strided-A kernel (W read in place) than by the
+// packing GEMM, by how much of its tiles the batch fills (measured, 2 threads, 1024-4096 outputs, depth
+// 320-1024): one tile at least 60% full (AVX-512, 20 rows in a 32-row tile: 0.72-0.85 of the packing
+// GEMM's time); panels of several tiles at least panel_fill percent full, up to max_rows (AVX-512 float32
+// at 75%: 49-64 rows 0.64-0.99, 80-128 rows 0.73-1.06, most under 0.95, and 144-256 rows only ties;
+// AVX2 float32 at 80%: 36 rows 0.95-1.09, 38 0.88-1.02, 40 0.86-1.01). The depth is the caller's rule
+// (k >= 320).
+template <typename T>
+bool sa_batch_fits(const SaKernel<T>& sk, index_t m) {
+  if (!sk.fn || m <= 0 || m > sk.max_rows) return false;
+  const index_t tiles = ceil_div(m, static_cast<index_t>(sk.nr));
+  return tiles == 1 ? 5 * m >= 3 * sk.nr : 100 * m >= sk.panel_fill * tiles * sk.nr;
 }
 
 // The micro-kernel for an ISA (the active one by default).

@@ -96,10 +96,13 @@ template <int M> struct RowsF64 { static constexpr dnnkit::ukernel_fn<double> fn
 constexpr auto kRowsF32 = rows_table<RowsF32, dnnkit::ukernel_fn<float>>(std::make_integer_sequence<int, kMR>{});
 constexpr auto kRowsF64 = rows_table<RowsF64, dnnkit::ukernel_fn<double>>(std::make_integer_sequence<int, kMR>{});
 
-// Strided-A tiles of MR rows of W by NV vectors of the batch: 6 x 4 vectors (24 accumulators, 4 loads
-// and 6 broadcasts per 24 FMAs), and for narrower batches 8 x 3, 8 x 2 and 8 x 1. Each row of W is a
-// stream of its own with a base register of its own: 10 to 14 rows ran out of registers (measured,
-// float32, one thread, 16 and 32 rows: 8 x 1 and 8 x 2 at 119-143 GFLOP/s, 10-14 rows 84-137).
+// Strided-A tiles of 8 rows of W by NV vectors of the batch: 8 x 1, 8 x 2 and 8 x 3 (up to 24
+// accumulators, NV loads and 8 broadcasts per 8 NV FMAs). Batches past 3 vectors run as panels of 8 x 2:
+// a 6 x 4 tile (24 accumulators, 4 loads a step) read 4 cache lines of the packed batch from L2 per 24
+// FMAs, 1.5x the 8 x 2 tile's traffic, and ran at 0.68-0.97 of the time of 8 x 2 panels on 49-128 rows
+// (float32, 1 and 2 threads, depth 320-1024). Each row of W is a stream of its own with a base register
+// of its own: 10 to 14 rows ran out of registers (measured, float32, one thread, 16 and 32 rows: 8 x 1
+// and 8 x 2 at 119-143 GFLOP/s, 10-14 rows 84-137).
 template <class V, int MR, int NV>
 void sa_tile(dnnkit::index_t k, const typename V::T* a, dnnkit::index_t lda, dnnkit::index_t k2,
              const typename V::T* a2, dnnkit::index_t lda2, const typename V::T* b, typename V::T* c,
@@ -108,17 +111,15 @@ void sa_tile(dnnkit::index_t k, const typename V::T* a, dnnkit::index_t lda, dnn
   ukernel_tile_sa<V, MR, NV>(k, a, lda, k2, a2, lda2, b, c, rs_c, cs_c, alpha, beta, m, n, bias);
 }
 template <class V>
-dnnkit::SaKernel<typename V::T> sa_for_rows(dnnkit::index_t m, const char* const (&names)[4]) {
+dnnkit::SaKernel<typename V::T> sa_for_rows(dnnkit::index_t m, const char* const (&names)[3]) {
   constexpr int W = V::width;
-  if (m > 0 && m <= W) return {names[0], 8, W, sa_tile<V, 8, 1>};
-  if (m > 0 && m <= 2 * W) return {names[1], 8, 2 * W, sa_tile<V, 8, 2>};
-  if (m > 0 && m <= 3 * W) return {names[2], 8, 3 * W, sa_tile<V, 8, 3>};
-  return {names[3], 6, 4 * W, sa_tile<V, 6, 4>};
+  constexpr int kMaxRows = 8 * W, kFill = 75;  // up to 128 float32 rows in panels 75% full (sa_batch_fits)
+  if (m > 0 && m <= W) return {names[0], 8, W, sa_tile<V, 8, 1>, kMaxRows, kFill};
+  if (m > 2 * W && m <= 3 * W) return {names[2], 8, 3 * W, sa_tile<V, 8, 3>, kMaxRows, kFill};
+  return {names[1], 8, 2 * W, sa_tile<V, 8, 2>, kMaxRows, kFill};
 }
-constexpr const char* kSaNamesF32[4] = {"ukernel_sa_8x16_avx512", "ukernel_sa_8x32_avx512",
-                                        "ukernel_sa_8x48_avx512", "ukernel_sa_6x64_avx512"};
-constexpr const char* kSaNamesF64[4] = {"ukernel_sa_8x8_avx512", "ukernel_sa_8x16_avx512",
-                                        "ukernel_sa_8x24_avx512", "ukernel_sa_6x32_avx512"};
+constexpr const char* kSaNamesF32[3] = {"ukernel_sa_8x16_avx512", "ukernel_sa_8x32_avx512", "ukernel_sa_8x48_avx512"};
+constexpr const char* kSaNamesF64[3] = {"ukernel_sa_8x8_avx512", "ukernel_sa_8x16_avx512", "ukernel_sa_8x24_avx512"};
 
 constexpr int kDotMI = 4;
 constexpr int kDotNJ = 4;
@@ -142,7 +143,8 @@ template <> UKernel<double> ukernel_avx512<double>() {
   return {"ukernel_14x16_avx512", kMR, 16, uk_f64, kRowsF64.data()};
 }
 double fma_probe_avx512(index_t iters, double* flops) { return probe(iters, flops); }
-// A batch of up to 64 rows (float32) reads each weight row once, in the narrowest tile that holds it.
+// A batch of up to 48 rows (float32) reads each weight row once, in the narrowest tile that holds it; a
+// larger one reads it once per 32-row panel.
 template <> SaKernel<float> sa_kernel_avx512<float>(index_t m) { return sa_for_rows<Avx512F32>(m, kSaNamesF32); }
 template <> SaKernel<double> sa_kernel_avx512<double>(index_t m) { return sa_for_rows<Avx512F64>(m, kSaNamesF64); }
 template <> DotKernel<float> dot_kernel_avx512<float>() {

@@ -43,17 +43,13 @@ inline bool small_m_wins(index_t m, index_t n, index_t k, std::size_t elem) {
 }
 
 // Whether A W^T with m rows and depth k runs faster on gemm_wt_direct (W read in place by the strided-A
-// kernel) than on the packing GEMM: when m fills at least 60% of its one tile (the narrowest that holds
-// it) or 80% of two, and k is 320 or more (gemm_cpu.WtDirectGemm's rule; measured, AVX-512 float32:
-// 64 rows 1.1-1.3x faster, 96 rows 10% slower, 20 rows in a 32-row tile 1.2-1.4x faster).
+// kernel) than on the packing GEMM: when the batch fills the kernel's tiles well enough (sa_batch_fits)
+// and k is 320 or more (gemm_cpu.WtDirectGemm's rule).
 template <typename T>
 inline bool direct_wins(index_t m, index_t k) {
-  const index_t nr = select_sa_kernel<T>(active_isa(), m).nr;
   // The tile's store and X's packing cost as much as a few dozen steps of depth: k >= 320 amortizes them
   // (measured: LSTM cell H256 B64, k = 256, 3-6% slower on the strided-A kernel; H384, 15% faster).
-  if (nr == 0 || m <= 0 || k < 320) return false;
-  const index_t tiles = ceil_div(m, nr);
-  return tiles == 1 ? 5 * m >= 3 * nr : tiles == 2 && 5 * m >= 4 * tiles * nr;
+  return k >= 320 && sa_batch_fits(select_sa_kernel<T>(active_isa(), m), m);
 }
 
 // A reusable barrier for the threads of one group (the threads running one direction). Each step

@@ -30,11 +30,12 @@ def ukernels() -> dict:
     out = {}
     for dtype, size in (("float32", 4), ("float64", 8)):
         name, mr, nr, mc, kc, nc = _cpu.ukernel_info(isa(), size)
-        # The strided-A tiles, narrowest first: a batch takes the narrowest that holds it.
+        # The strided-A tiles, narrowest first: a batch takes the narrowest that holds it (a larger one
+        # runs as panels of one of them).
         tiles, rows = [], 1
         while True:
             sa_name, _, sa_nr = _cpu.sa_kernel_info(isa(), size, rows)
-            if sa_nr == 0 or (tiles and sa_name == tiles[-1]):
+            if sa_nr < rows or sa_name in tiles:
                 break
             tiles.append(sa_name)
             rows = sa_nr + 1

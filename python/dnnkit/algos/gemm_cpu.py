@@ -94,11 +94,10 @@ class WtDirectGemm(Algorithm):
     op = "gemm"
     backend = "cpu"
     tolerance = 1e-5
-    # Below these shares of the tiles' rows in use, the blocked GEMM is faster (measured): one tile (the
-    # narrowest of 16, 32, 48 or 64 rows that holds the batch, AVX-512 float32: 20 rows in a 32-row tile
-    # 0.72-0.85 of the blocked GEMM's time at k = 1024, a tie at 512), or two 64-row tiles.
-    MIN_FILL_ONE = 0.6
-    MIN_FILL = 0.8
+    # The batch must fill the kernel's tiles well enough (the extension's rule, sa_batch_fits: one tile,
+    # the narrowest of 16, 32 or 48 rows that holds the batch on AVX-512 float32, at least 60% full;
+    # panels of 32 rows at least 75% full, up to 128 rows; AVX2: 24-row tiles, two at most, 80% full);
+    # below that the blocked GEMM is faster.
     MIN_K = 320  # below this depth the tile's store and A's packing are not amortized (k = 256: 1.00-1.06x slower)
 
     def supports(self, p) -> str | None:
@@ -110,11 +109,12 @@ class WtDirectGemm(Algorithm):
             return f"no strided-A micro-kernel for {_cpu.active_isa()}"
         if p.k < self.MIN_K:
             return f"k = {p.k} is under {self.MIN_K}; the blocked GEMM is faster there"
-        tiles = -(-p.m // width)
-        if p.m == 0 or tiles > 2:
-            return f"m = {p.m} is not 1 to {2 * _cpu.gemm_wt_direct_width(p.itemsize)}; the blocked GEMM is faster there"
-        if p.m < (self.MIN_FILL_ONE if tiles == 1 else self.MIN_FILL) * tiles * width:
-            where = f"its {width}-row tile" if tiles == 1 else f"its two {width}-row tiles"
+        if not _cpu.gemm_wt_direct_fits(p.itemsize, p.m):
+            max_rows = _cpu.gemm_wt_direct_max_rows(p.itemsize)
+            if p.m == 0 or p.m > max_rows:
+                return f"m = {p.m} is not 1 to {max_rows}; the blocked GEMM is faster there"
+            tiles = -(-p.m // width)
+            where = f"its {width}-row tile" if tiles == 1 else f"its {tiles} panels of {width} rows"
             return f"m = {p.m} fills {p.m / (tiles * width):.0%} of {where}; other kernels are faster there"
         return None
 
