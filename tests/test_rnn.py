@@ -711,14 +711,14 @@ def test_rnn_workspace_limit_is_reported_by_name():
 
 @pytest.mark.parametrize("mode", ["lstm", "rnn_tanh", "rnn_relu", "gru"])
 @pytest.mark.parametrize("B,I,H", [(64, 200, 150), (60, 320, 40), (128, 100, 300), (53, 160, 160), (40, 200, 150), (24, 300, 100),
-                                   (1, 300, 200), (3, 40, 50), (8, 384, 384)])
+                                   (1, 300, 200), (3, 40, 50), (8, 384, 384), (48, 200, 200), (32, 100, 120)])
 def test_cells_at_a_tile_of_batch_rows(isa, num_threads, mode, B, I, H):
-    """Cells at batches that fill the strided-A kernel's tiles, with I + H of 320 or more, and at a few
+    """Cells at batches that fill the strided-A kernel's tiles, with I + H of 192 or more, and at a few
     rows: LSTM and the plain RNN cells then run x W_ih^T + h W_hh^T + bias as one product over both
     weights in place, on the strided-A kernel or as dot products (8 rows of a 4.7 MB LSTM weight: more
-    rows than one dot-kernel call takes); GRU runs its r and z gates so where I or H alone is under 320,
-    and gate n's products apart. Both dtypes match the float64 references, with and without biases, and
-    the GRU cell's backward from what that forward saved matches too."""
+    rows than one dot-kernel call takes); GRU runs its r and z gates so where I or H alone is under 192
+    and I + H is 320 or more, and gate n's products apart. Both dtypes match the float64 references, with
+    and without biases, and the GRU cell's backward from what that forward saved matches too."""
     rng = np.random.default_rng(B + I + H)
     G = {"lstm": 4, "gru": 3}.get(mode, 1)
     for dtype in DTYPES:

@@ -106,13 +106,21 @@ SaKernel<T> select_sa_kernel(Isa isa, index_t m = 0) {
   }
 }
 
+// The depth from which the strided-A kernel beats the packing GEMM (and, at 13-16 rows, the dot kernels)
+// where its tiles are full enough (sa_batch_fits): measured, AVX-512 float32, 2 threads, 768-3072
+// outputs, against the packing GEMM: at depth 192, 16-96 rows took 0.65-0.94 of its time; at 128, 32-96
+// rows tied (0.92-1.24) and 16 rows 0.79-0.93; against the dot kernels, 13-16 rows 0.54-0.84 at depth
+// 128-320. (With the 6 x 64 tile the rule was 320: the tile's store and the batch's packing had needed
+// the depth to amortize them.)
+constexpr index_t kSaMinDepth = 192;
+
 // Whether a batch of m rows is better served by the strided-A kernel (W read in place) than by the
 // packing GEMM, by how much of its tiles the batch fills (measured, 2 threads, 1024-4096 outputs, depth
 // 320-1024): one tile at least 60% full (AVX-512, 20 rows in a 32-row tile: 0.72-0.85 of the packing
 // GEMM's time); panels of several tiles at least panel_fill percent full, up to max_rows (AVX-512 float32
 // at 75%: 49-64 rows 0.64-0.99, 80-128 rows 0.73-1.06, most under 0.95, and 144-256 rows only ties;
 // AVX2 float32 at 80%: 36 rows 0.95-1.09, 38 0.88-1.02, 40 0.86-1.01). The depth is the caller's rule
-// (k >= 320).
+// (kSaMinDepth).
 template <typename T>
 bool sa_batch_fits(const SaKernel<T>& sk, index_t m) {
   if (!sk.fn || m <= 0 || m > sk.max_rows) return false;

@@ -44,12 +44,10 @@ inline bool small_m_wins(index_t m, index_t n, index_t k, std::size_t elem) {
 
 // Whether A W^T with m rows and depth k runs faster on gemm_wt_direct (W read in place by the strided-A
 // kernel) than on the packing GEMM: when the batch fills the kernel's tiles well enough (sa_batch_fits)
-// and k is 320 or more (gemm_cpu.WtDirectGemm's rule).
+// and the depth is kSaMinDepth or more (gemm_cpu.WtDirectGemm's rule).
 template <typename T>
 inline bool direct_wins(index_t m, index_t k) {
-  // The tile's store and X's packing cost as much as a few dozen steps of depth: k >= 320 amortizes them
-  // (measured: LSTM cell H256 B64, k = 256, 3-6% slower on the strided-A kernel; H384, 15% faster).
-  return k >= 320 && sa_batch_fits(select_sa_kernel<T>(active_isa(), m), m);
+  return k >= kSaMinDepth && sa_batch_fits(select_sa_kernel<T>(active_isa(), m), m);
 }
 
 // A reusable barrier for the threads of one group (the threads running one direction). Each step
@@ -589,11 +587,12 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     const bool one_product =
         prepacked ? !gru : one_direct || (cell && small_m_wins(B, GH, Il + S, sizeof(T)));
     // A GRU cell whose batch fills the strided-A kernel's tiles but whose x W_ih^T or h0 W_hh^T alone is
-    // too shallow for it (depth under 320: the weight would be packed): gates r and z as one product over
-    // [x | h0], both weights read in place, and gate n's two products apart, since its reset gate scales
-    // W_hn h0 + b_hn (measured, GRU cell B56-B64 H256, in-process A/B: 0.82-0.90 of the time).
-    const bool gru_direct = !prepacked && !packed && h0 && gru && !proj && Il > 0 && direct_wins<T>(B, Il + S) &&
-                            !(direct_wins<T>(B, Il) && direct_wins<T>(B, S));
+    // too shallow for it (the weight would be packed): gates r and z as one product over [x | h0], both
+    // weights read in place, and gate n's two products apart, since its reset gate scales W_hn h0 + b_hn
+    // (measured with the 6 x 64 tile, GRU cell B56-B64 H256: 0.82-0.90 of the time). Only from a depth
+    // of 320 for [x | h0]: at 256 (H128 B16-B32) the split took 1.19 of the time of two packed products.
+    const bool gru_direct = !prepacked && !packed && h0 && gru && !proj && Il > 0 && Il + S >= 320 &&
+                            direct_wins<T>(B, Il + S) && !(direct_wins<T>(B, Il) && direct_wins<T>(B, S));
     for (int d = 0; d < D; ++d) {
       const int li = l * D + d;
       DirBuffers<T>& b = buf[d];
