@@ -525,16 +525,51 @@ def test_fast_math_large_magnitudes(isa):
         assert not np.any((y != 0) & (np.abs(y) < np.finfo(np.float32).tiny))
 
 
-def test_fast_math_vector_tails(isa):
+def test_fast_math_float64_accuracy(isa):
+    """The post-GEMM's float64 exp, sigmoid and tanh (each ISA's vector code, the C library on ref), against
+    80-bit references: within 4 units in the last place, from ln of the smallest normal double up (exp to
+    709.7, past which it is inf), tiny arguments included; tanh is exactly +-1 past |x| = 20 and keeps
+    the sign of 0; sigmoid is 1 above 37 and at most the smallest normal double below -708.4; NaN passes."""
+    rng = np.random.default_rng(8)
+    lo = -708.3964185322641  # ln of the smallest normal double
+    x = np.concatenate([np.linspace(lo, 709.7, 200001), np.linspace(-40, 40, 100001),
+                        np.logspace(-300, 1, 20001), -np.logspace(-300, 1, 20001), rng.uniform(-1, 1, 20000),
+                        [0.0, -0.0, np.log(2) / 2, -np.log(2) / 2, 19.06, -19.06]])
+    xl = x.astype(np.longdouble)
+    refs = {0: np.exp(xl), 1: 1 / (1 + np.exp(-xl)), 2: np.tanh(xl)}
+    for fn, ref in refs.items():
+        y = np.full_like(x, np.nan)
+        dnnkit._cpu.rnn_math_test(fn, x, y)
+        ulps = np.abs(y.astype(np.longdouble) - ref) / np.spacing(np.abs(ref).astype(np.float64))
+        assert ulps.max() <= 4, (fn, x[ulps.argmax()], ulps.max())
+        out = np.zeros(1)
+        dnnkit._cpu.rnn_math_test(fn, np.array([np.nan]), out)
+        assert np.isnan(out[0])
+    big = np.concatenate([np.linspace(20, 800, 10001), [1e300, np.inf]])
+    special = np.concatenate([big, -big, [0.0, -0.0]])
+    for fn in (1, 2):
+        y = np.empty_like(special)
+        dnnkit._cpu.rnn_math_test(fn, special, y)
+        if fn == 2:
+            assert np.array_equal(y, np.sign(special)) and np.array_equal(np.signbit(y), np.signbit(special))
+        else:
+            assert np.all(y[special >= 37] == 1.0) and np.all(y[special <= -708.4] <= np.finfo(np.float64).tiny)
+    y = np.empty(4)
+    dnnkit._cpu.rnn_math_test(0, np.array([710.0, np.inf, -746.0, -np.inf]), y)
+    assert np.array_equal(y, [np.inf, np.inf, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fast_math_vector_tails(isa, dtype):
     """Arrays of every length up to three vectors: the masked tail gives what a full vector gives, reads
     and writes nothing past the end, and NaN or inf in any lane stays in that lane."""
     rng = np.random.default_rng(5)
-    base = rng.uniform(-12, 12, 48).astype(np.float32)
+    base = rng.uniform(-12, 12, 48).astype(dtype)
     for fn in range(3):
         full = np.empty_like(base)
         dnnkit._cpu.rnn_math_test(fn, base, full)
         for n in range(1, 49):
-            out = np.full(n + 3, -7.0, np.float32)
+            out = np.full(n + 3, -7.0, dtype)
             dnnkit._cpu.rnn_math_test(fn, base[:n], out[:n])
             assert np.array_equal(out[:n], full[:n]), (fn, n)
             assert np.all(out[n:] == -7.0), (fn, n)

@@ -1,37 +1,46 @@
-// The float32 post-GEMM kernels of the RNNs written with explicit vectors, one table per ISA (AVX2 and
-// AVX-512 translation units, chosen at run time), and the accessor that picks the table for the active ISA.
+// The post-GEMM kernels of the RNNs written with explicit vectors, one table per ISA and dtype (AVX2 and
+// AVX-512 translation units, chosen at run time), and the accessors that pick the table for the active ISA.
 //
 // Each kernel computes, for hidden units [j0, j1) of one batch row, what the portable loops in rnn.cpp
-// compute (their comments give the formulas and the operands), with the element-wise functions of
-// fastmath evaluated a whole vector at a time: exp by range reduction and the same degree-6 polynomial,
-// 2^n applied with VSCALEFPS (AVX-512) or built in the exponent bits (AVX2); sigmoid from exp(-|x|),
-// so that no intermediate overflows; tanh as an odd polynomial below |x| = 0.625 and (1 - e)/(1 + e),
-// e = exp(-2|x|), above. The reciprocal is VRCP14PS refined by one Newton step on AVX-512 and a
-// division on AVX2. NaN propagates through every function. The tail of a row runs under a mask.
+// compute (their comments give the formulas and the operands), with the element-wise functions
+// evaluated a whole vector at a time. float32: those of fastmath: exp by range reduction and the same
+// degree-6 polynomial, 2^n applied with VSCALEFPS (AVX-512) or built in the exponent bits (AVX2);
+// sigmoid from exp(-|x|), so that no intermediate overflows; tanh as an odd polynomial below
+// |x| = 0.625 and (1 - e)/(1 + e), e = exp(-2|x|), above. The reciprocal is VRCP14PS refined by one Newton
+// step on AVX-512 and a division on AVX2. float64 (where the portable loops call the C library): exp and
+// expm1 by range reduction and their Taylor polynomials of degree 13, sigmoid from exp(-|x|), tanh from
+// expm1(-2|x|), to within a few units in the last place (gates_simd.h). NaN propagates through every
+// function. The tail of a row runs under a mask.
 #pragma once
 #include "../common.h"
 #include "../cpu_info.h"
 
+#include <type_traits>
+
 namespace dnnkit {
 
-struct GateKernelsF32 {
+template <typename T>
+struct GateKernels {
   // lstm_fwd / gru_fwd / rnn_fwd / lstm_bwd: the signatures of the portable kernels in rnn.cpp (a null gh,
   // or GRU's ghrz: the hidden projections are already summed into xp).
-  void (*lstm_fwd)(index_t H, index_t j0, index_t j1, const float* xp, const float* gh, const float* cp, float* c,
-                   float* h, float* save);
-  void (*gru_fwd)(index_t H, index_t j0, index_t j1, const float* xp, const float* ghrz, const float* ghn,
-                  const float* bhn, const float* hp, float* h, float* save, float* aux);
-  void (*rnn_fwd)(bool relu, index_t j0, index_t j1, const float* xp, const float* gh, float* h);
-  void (*lstm_bwd)(index_t H, index_t j0, index_t j1, const float* dy, const float* dhr, const float* gates,
-                   const float* c, const float* cp, float* dc, float* dg);
+  void (*lstm_fwd)(index_t H, index_t j0, index_t j1, const T* xp, const T* gh, const T* cp, T* c, T* h, T* save);
+  void (*gru_fwd)(index_t H, index_t j0, index_t j1, const T* xp, const T* ghrz, const T* ghn, const T* bhn,
+                  const T* hp, T* h, T* save, T* aux);
+  void (*rnn_fwd)(bool relu, index_t j0, index_t j1, const T* xp, const T* gh, T* h);
+  void (*lstm_bwd)(index_t H, index_t j0, index_t j1, const T* dy, const T* dhr, const T* gates, const T* c,
+                   const T* cp, T* dc, T* dg);
   // exp (fn 0), sigmoid (1), tanh (2), gelu (3) or gelu's derivative (4) of m rows of n values (x's rows
   // ldx apart, y's ldy; in place allowed): the functions above, for tests, the GEMM's epilogue (a tile at
-  // a time) and the activations' forward and backward passes (m = 1).
-  void (*math)(int fn, const float* x, index_t ldx, float* y, index_t ldy, index_t m, index_t n);
+  // a time) and the activations' forward and backward passes (m = 1). float64: fn 0-2 only.
+  void (*math)(int fn, const T* x, index_t ldx, T* y, index_t ldy, index_t m, index_t n);
 };
+using GateKernelsF32 = GateKernels<float>;
+using GateKernelsF64 = GateKernels<double>;
 
 const GateKernelsF32* gate_kernels_avx2();
 const GateKernelsF32* gate_kernels_avx512();
+const GateKernelsF64* gate_kernels_avx2_f64();
+const GateKernelsF64* gate_kernels_avx512_f64();
 
 // The table for the active ISA, or null (the portable loops) below AVX2.
 inline const GateKernelsF32* gate_kernels_f32() {
@@ -40,6 +49,20 @@ inline const GateKernelsF32* gate_kernels_f32() {
     case Isa::avx2: return gate_kernels_avx2();
     default: return nullptr;
   }
+}
+
+inline const GateKernelsF64* gate_kernels_f64() {
+  switch (active_isa()) {
+    case Isa::avx512: return gate_kernels_avx512_f64();
+    case Isa::avx2: return gate_kernels_avx2_f64();
+    default: return nullptr;
+  }
+}
+
+template <typename T>
+const GateKernels<T>* gate_kernels() {
+  if constexpr (std::is_same_v<T, float>) return gate_kernels_f32();
+  else return gate_kernels_f64();
 }
 
 }  // namespace dnnkit

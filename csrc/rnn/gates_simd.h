@@ -1,13 +1,15 @@
 // The vector post-GEMM kernels of gates.h, written once over a traits type V that each ISA's translation
-// unit defines (and includes this file under its target pragma):
-//   reg, mask, width; tail(n): the first n lanes; load/store (Full) or loadm/storem (under a mask);
-//   set1, add, sub, mul, fma(a, b, c) = a*b + c, fnma(a, b, c) = c - a*b; max_nan(lo, x) and
-//   min_nan(hi, x), which return x when x is NaN; abs, copysign(mag, sgn); lt(a, b) and ge(a, b) as
-//   masks (false for NaN); blend(m, f, t) = m ? t : f; exp2i(p, n) = p * 2^n for integral n (float);
-//   round(x) to the nearest integer; recip(d) = 1/d to within an ulp; kExpLo and kExpHi, the range
-//   of x over which exp2i(p, n) is exact.
+// unit defines for float and for double (and includes this file under its target pragma):
+//   T (the element type), reg, mask, width; tail(n): the first n lanes; load/store (Full) or
+//   loadm/storem (under a mask); set1, add, sub, mul, fma(a, b, c) = a*b + c, fnma(a, b, c) = c - a*b;
+//   max_nan(lo, x) and min_nan(hi, x), which return x when x is NaN; abs, copysign(mag, sgn); lt(a, b)
+//   and ge(a, b) as masks (false for NaN); blend(m, f, t) = m ? t : f; exp2i(p, n) = p * 2^n for
+//   integral n (held as T); round(x) to the nearest integer; recip(d) = 1/d to within an ulp; kExpLo
+//   and kExpHi, the range of x over which exp's 2^n is exact.
 #pragma once
 #include "../common.h"
+
+#include <type_traits>
 
 namespace dnnkit {
 namespace gates_simd {
@@ -20,7 +22,7 @@ namespace gates_simd {
 // exp(x): x = n ln2 + r, |r| <= ln2/2, exp(r) by the degree-6 polynomial of fastmath::exp. kNonPositive:
 // every x is <= 0 or NaN (sigmoid's and tanh's arguments), so the upper clamp is not needed.
 template <class V, int N, bool kNonPositive = false>
-inline void vexp_n(typename V::reg (&x)[N]) {
+inline void vexp_f_n(typename V::reg (&x)[N]) {
   using R = typename V::reg;
   R n[N], r[N], p[N];
   // The ISA's input range: what lies outside gives exp at its ends (0 or a denormal, inf or exp(88)).
@@ -45,12 +47,12 @@ inline void vexp_n(typename V::reg (&x)[N]) {
 // and e is held at that normal float: denormal operands and results cost microcode assists (12x the time
 // on inputs of standard deviation 60).
 template <class V, int N>
-inline void vsigmoid_n(typename V::reg (&x)[N]) {
+inline void vsigmoid_f_n(typename V::reg (&x)[N]) {
   using R = typename V::reg;
   constexpr float kLo = -87.33654f;  // ln of the smallest normal float
   R e[N];
   for (int u = 0; u < N; ++u) e[u] = V::max_nan(V::set1(kLo), V::sub(V::set1(0.0f), V::abs(x[u])));
-  vexp_n<V, N, true>(e);
+  vexp_f_n<V, N, true>(e);
   for (int u = 0; u < N; ++u) {
     const R q = V::recip(V::add(V::set1(1.0f), e[u]));
     const R r = V::blend(V::ge(x[u], V::set1(0.0f)), V::mul(e[u], q), q);
@@ -61,7 +63,7 @@ inline void vsigmoid_n(typename V::reg (&x)[N]) {
 // tanh: the odd polynomial of fastmath::tanh below |x| = 0.625, (1 - e)/(1 + e) with e = exp(-2 min(|x|, 10))
 // above (past |x| = 44 exp(-2|x|) is denormal, and denormal operands cost microcode assists).
 template <class V, int N>
-inline void vtanh_n(typename V::reg (&x)[N]) {
+inline void vtanh_f_n(typename V::reg (&x)[N]) {
   using R = typename V::reg;
   R ax[N], small[N], e[N];
   for (int u = 0; u < N; ++u) {
@@ -74,19 +76,13 @@ inline void vtanh_n(typename V::reg (&x)[N]) {
     small[u] = V::fma(V::mul(ax[u], z), p, ax[u]);
     e[u] = V::mul(V::min_nan(V::set1(10.0f), ax[u]), V::set1(-2.0f));  // |x| >= 10: e = 2e-9 gives 1 as
   }                                                                     // exp(-2|x|) would, never denormal
-  vexp_n<V, N, true>(e);
+  vexp_f_n<V, N, true>(e);
   for (int u = 0; u < N; ++u) {
     const R large = V::mul(V::sub(V::set1(1.0f), e[u]), V::recip(V::add(V::set1(1.0f), e[u])));
     x[u] = V::copysign(V::blend(V::lt(ax[u], V::set1(0.625f)), large, small[u]), x[u]);
   }
 }
 
-template <class V>
-inline typename V::reg vtanh(typename V::reg x) {
-  typename V::reg a[1] = {x};
-  vtanh_n<V, 1>(a);
-  return a[0];
-}
 
 // x^2 / 2 as s + d: s rounded, d = x^2/2 - s exactly (by an FMA). In the tails exp(-x^2/2) magnifies
 // the rounding of x^2 by up to x^2/2 times, so the gelu functions carry d separately.
@@ -146,7 +142,7 @@ inline void vgelu_parts_n(const typename V::reg (&x)[N], typename V::reg (&phi)[
     vhalf_square<V>(xa[u], sq, d[u]);
     e[u] = V::sub(V::set1(0.0f), sq);
   }
-  vexp_n<V, N, true>(e);
+  vexp_f_n<V, N, true>(e);
   for (int u = 0; u < N; ++u) {
     const auto tail = V::lt(V::set1(9.0f), z[u]);  // past z = 9: erfc and exp(-x^2/2) are 0
     e[u] = V::blend(tail, V::mul(e[u], V::sub(V::set1(1.0f), d[u])), V::set1(0.0f));
@@ -189,7 +185,7 @@ inline void vgelu_n(typename V::reg (&x)[N]) {
     r[u] = V::sub(p[u], s[u]);
     d[u] = V::sub(V::sub(p[u], V::add(r[u], s[u])), d[u]);                 // (P - s - r) - d
   }
-  vexp_n<V, N>(r);
+  vexp_f_n<V, N>(r);
   for (int u = 0; u < N; ++u) {
     const R q = V::mul(r[u], t[u]);
     R erfc = V::fma(q, d[u], q);
@@ -218,14 +214,116 @@ inline void for_vectors(index_t j0, index_t j1, F&& body) {
   if (j < j1) body(j, std::integral_constant<int, 1>{}, V::tail(j1 - j), std::false_type{});
 }
 
+// ------------------------------------------------------------------------------------------- float64
+// The reciprocal factorials 1/k!, correctly rounded (the compiler divides in double).
+constexpr double inv_factorial(int k) {
+  double f = 1.0;
+  for (int i = 2; i <= k; ++i) f *= i;  // exact up to 22!
+  return 1.0 / f;
+}
+
+// exp(x) of N vectors of doubles: x = n ln2 + r, |r| <= ln2/2 (n ln2 in two parts, the first exact for
+// |n| < 2^21), exp(r) by its Taylor polynomial of degree 13 (truncation under 5e-18 relative), then
+// times 2^n by V::exp2i, exact for every n the clamp to [kExpLo, kExpHi] leaves (0 below about -745, inf
+// above 709.78). kNonPositive: every x is <= 0 or NaN.
+template <class V, int N, bool kNonPositive = false>
+inline void vexp_d_n(typename V::reg (&x)[N]) {
+  using R = typename V::reg;
+  R n[N], r[N], p[N];
+  for (int u = 0; u < N; ++u) {
+    x[u] = V::max_nan(V::set1(V::kExpLo), x[u]);
+    if constexpr (!kNonPositive) x[u] = V::min_nan(V::set1(V::kExpHi), x[u]);
+  }
+  for (int u = 0; u < N; ++u) n[u] = V::round(V::mul(x[u], V::set1(1.4426950408889634074)));
+  for (int u = 0; u < N; ++u) r[u] = V::fnma(n[u], V::set1(6.93147180369123816490e-01), x[u]);
+  for (int u = 0; u < N; ++u) r[u] = V::fnma(n[u], V::set1(1.90821492927058770002e-10), r[u]);
+  for (int u = 0; u < N; ++u) p[u] = V::fma(r[u], V::set1(inv_factorial(13)), V::set1(inv_factorial(12)));
+  for (int k = 11; k >= 0; --k)
+    for (int u = 0; u < N; ++u) p[u] = V::fma(p[u], r[u], V::set1(inv_factorial(k)));
+  for (int u = 0; u < N; ++u) x[u] = V::exp2i(p[u], n[u]);
+}
+
+// expm1(y) for y in [-40, 0] (or NaN) of N vectors: y = n ln2 + r as in vexp_d_n, expm1(r) = r + r^2 P(r)
+// with P the Taylor polynomial of (e^r - 1 - r) / r^2 to degree 11 (truncation under 2e-17 relative),
+// then 2^n expm1(r) + (2^n - 1), both terms exact or nearly so for n in [-58, 0]: no cancellation.
+template <class V, int N>
+inline void vexpm1_d_n(typename V::reg (&y)[N]) {
+  using R = typename V::reg;
+  R n[N], r[N], p[N];
+  for (int u = 0; u < N; ++u) n[u] = V::round(V::mul(y[u], V::set1(1.4426950408889634074)));
+  for (int u = 0; u < N; ++u) r[u] = V::fnma(n[u], V::set1(6.93147180369123816490e-01), y[u]);
+  for (int u = 0; u < N; ++u) r[u] = V::fnma(n[u], V::set1(1.90821492927058770002e-10), r[u]);
+  for (int u = 0; u < N; ++u) p[u] = V::fma(r[u], V::set1(inv_factorial(13)), V::set1(inv_factorial(12)));
+  for (int k = 11; k >= 2; --k)
+    for (int u = 0; u < N; ++u) p[u] = V::fma(p[u], r[u], V::set1(inv_factorial(k)));
+  for (int u = 0; u < N; ++u) {
+    const R em_r = V::fma(V::mul(r[u], r[u]), p[u], r[u]);  // expm1(r)
+    const R s = V::exp2i(V::set1(1.0), n[u]);              // 2^n, exact
+    y[u] = V::fma(s, em_r, V::sub(s, V::set1(1.0)));
+  }
+}
+
+// sigmoid(x) = 1/(1 + e) for x >= 0 and e/(1 + e) below, e = exp(-|x|) <= 1, as vsigmoid_f_n; 0 below
+// x = -708.4, where sigmoid(x) is under the smallest normal double (e held there: never denormal).
+template <class V, int N>
+inline void vsigmoid_d_n(typename V::reg (&x)[N]) {
+  using R = typename V::reg;
+  constexpr double kLo = -708.39641853226410622;  // ln of the smallest normal double
+  R e[N];
+  for (int u = 0; u < N; ++u) e[u] = V::max_nan(V::set1(kLo), V::sub(V::set1(0.0), V::abs(x[u])));
+  vexp_d_n<V, N, true>(e);
+  for (int u = 0; u < N; ++u) {
+    const R q = V::recip(V::add(V::set1(1.0), e[u]));
+    const R r = V::blend(V::ge(x[u], V::set1(0.0)), V::mul(e[u], q), q);
+    x[u] = V::blend(V::lt(x[u], V::set1(kLo)), r, V::set1(0.0));
+  }
+}
+
+// tanh(x) = -m / (2 + m) with m = expm1(-2|x|), the sign of x restored: accurate at small |x| too, where
+// (1 - e)/(1 + e) would cancel. Past |x| = 20 tanh rounds to 1, so |x| is held there.
+template <class V, int N>
+inline void vtanh_d_n(typename V::reg (&x)[N]) {
+  using R = typename V::reg;
+  R m[N];
+  for (int u = 0; u < N; ++u) m[u] = V::mul(V::min_nan(V::set1(20.0), V::abs(x[u])), V::set1(-2.0));
+  vexpm1_d_n<V, N>(m);
+  for (int u = 0; u < N; ++u) {
+    const R t = V::mul(V::sub(V::set1(0.0), m[u]), V::recip(V::add(V::set1(2.0), m[u])));
+    x[u] = V::copysign(t, x[u]);
+  }
+}
+
+// The element-wise functions of the gate kernels for either dtype (V::T).
+template <class V, int N, bool kNonPositive = false>
+inline void vexp_n(typename V::reg (&x)[N]) {
+  if constexpr (std::is_same_v<typename V::T, double>) vexp_d_n<V, N, kNonPositive>(x);
+  else vexp_f_n<V, N, kNonPositive>(x);
+}
+template <class V, int N>
+inline void vsigmoid_n(typename V::reg (&x)[N]) {
+  if constexpr (std::is_same_v<typename V::T, double>) vsigmoid_d_n<V, N>(x);
+  else vsigmoid_f_n<V, N>(x);
+}
+template <class V, int N>
+inline void vtanh_n(typename V::reg (&x)[N]) {
+  if constexpr (std::is_same_v<typename V::T, double>) vtanh_d_n<V, N>(x);
+  else vtanh_f_n<V, N>(x);
+}
+template <class V>
+inline typename V::reg vtanh(typename V::reg x) {
+  typename V::reg a[1] = {x};
+  vtanh_n<V, 1>(a);
+  return a[0];
+}
+
 template <class V, class Full>
-inline typename V::reg ld(const float* p, typename V::mask m, Full) {
+inline typename V::reg ld(const typename V::T* p, typename V::mask m, Full) {
   if constexpr (Full::value) return V::load(p);
   else return V::loadm(p, m);
 }
 
 template <class V, class Full>
-inline void st(float* p, typename V::mask m, typename V::reg v, Full) {
+inline void st(typename V::T* p, typename V::mask m, typename V::reg v, Full) {
   if constexpr (Full::value) V::store(p, v);
   else V::storem(p, m, v);
 }
@@ -233,7 +331,8 @@ inline void st(float* p, typename V::mask m, typename V::reg v, Full) {
 // The pre-activation of gate block `off` of xp, plus gh's when gh is not null (gh null: the hidden
 // projection is already summed into xp).
 template <class V, class Full>
-inline typename V::reg preact(const float* xp, const float* gh, index_t off, typename V::mask m, Full full) {
+inline typename V::reg preact(const typename V::T* xp, const typename V::T* gh, index_t off, typename V::mask m,
+                              Full full) {
   const auto x = ld<V>(xp + off, m, full);
   return gh ? V::add(x, ld<V>(gh + off, m, full)) : x;
 }
@@ -241,9 +340,8 @@ inline typename V::reg preact(const float* xp, const float* gh, index_t off, typ
 // Vectors at a time in the gate kernels (see vexp_n).
 constexpr int kGateBlock = 2;
 
-template <class V>
-void lstm_fwd(index_t H, index_t j0, index_t j1, const float* xp, const float* gh, const float* cp, float* c,
-              float* h, float* save) {
+template <class V, class F = typename V::T>
+void lstm_fwd(index_t H, index_t j0, index_t j1, const F* xp, const F* gh, const F* cp, F* c, F* h, F* save) {
   using R = typename V::reg;
   constexpr index_t W = V::width;
   for_vectors<V, kGateBlock>(j0, j1, [&](index_t j, auto n, typename V::mask m, auto full) {
@@ -279,9 +377,9 @@ void lstm_fwd(index_t H, index_t j0, index_t j1, const float* xp, const float* g
 }
 
 // ghrz: the hidden projections of r and z (null: summed into xp); ghn: W_hn h (no bias).
-template <class V>
-void gru_fwd(index_t H, index_t j0, index_t j1, const float* xp, const float* ghrz, const float* ghn,
-             const float* bhn, const float* hp, float* h, float* save, float* aux) {
+template <class V, class F = typename V::T>
+void gru_fwd(index_t H, index_t j0, index_t j1, const F* xp, const F* ghrz, const F* ghn, const F* bhn, const F* hp,
+             F* h, F* save, F* aux) {
   using R = typename V::reg;
   constexpr index_t W = V::width;
   for_vectors<V, kGateBlock>(j0, j1, [&](index_t j, auto nv, typename V::mask m, auto full) {
@@ -312,8 +410,8 @@ void gru_fwd(index_t H, index_t j0, index_t j1, const float* xp, const float* gh
   });
 }
 
-template <class V>
-void rnn_fwd(bool relu, index_t j0, index_t j1, const float* xp, const float* gh, float* h) {
+template <class V, class F = typename V::T>
+void rnn_fwd(bool relu, index_t j0, index_t j1, const F* xp, const F* gh, F* h) {
   using R = typename V::reg;
   constexpr index_t W = V::width;
   for_vectors<V, kGateBlock>(j0, j1, [&](index_t j, auto nv, typename V::mask m, auto full) {
@@ -330,9 +428,9 @@ void rnn_fwd(bool relu, index_t j0, index_t j1, const float* xp, const float* gh
   });
 }
 
-template <class V>
-void lstm_bwd(index_t H, index_t j0, index_t j1, const float* dy, const float* dhr, const float* gates, const float* c,
-              const float* cp, float* dc, float* dg) {
+template <class V, class F = typename V::T>
+void lstm_bwd(index_t H, index_t j0, index_t j1, const F* dy, const F* dhr, const F* gates, const F* c, const F* cp,
+              F* dc, F* dg) {
   const auto one = V::set1(1.0f);
   for_vectors<V, 1>(j0, j1, [&](index_t j, auto, typename V::mask m, auto full) {
     const auto i = ld<V>(gates + j, m, full), f = ld<V>(gates + H + j, m, full);
@@ -356,16 +454,16 @@ constexpr int kVectors = static_cast<int>(std::extent_v<std::remove_reference_t<
 // (see vexp_n): two rows together, each in blocks of 2 vectors (a GEMM tile's rows of 32 values on
 // AVX-512: 4 vectors, where one row at a time gave 2), then single vectors; the last row of an odd m alone,
 // in blocks of 4, 2, then 1.
-template <class V>
-void math(int fn, const float* x, index_t ldx, float* y, index_t ldy, index_t m, index_t n) {
+template <class V, class F = typename V::T>
+void math(int fn, const F* x, index_t ldx, F* y, index_t ldy, index_t m, index_t n) {
   using R = typename V::reg;
   auto run = [&](auto f) {
     index_t i = 0;
     for (; i + 1 < m; i += 2) {
-      const float* x0 = x + i * ldx;
-      const float* x1 = x0 + ldx;
-      float* y0 = y + i * ldy;
-      float* y1 = y0 + ldy;
+      const F* x0 = x + i * ldx;
+      const F* x1 = x0 + ldx;
+      F* y0 = y + i * ldy;
+      F* y1 = y0 + ldy;
       for_vectors<V, 2>(0, n, [&](index_t j, auto nv, typename V::mask mk, auto full) {
         constexpr int U = decltype(nv)::value;
         R v[2 * U];
@@ -381,8 +479,8 @@ void math(int fn, const float* x, index_t ldx, float* y, index_t ldy, index_t m,
       });
     }
     if (i < m) {
-      const float* x0 = x + i * ldx;
-      float* y0 = y + i * ldy;
+      const F* x0 = x + i * ldx;
+      F* y0 = y + i * ldy;
       auto body = [&](index_t j, auto nv, typename V::mask mk, auto full) {
         constexpr int U = decltype(nv)::value;
         R v[U];
@@ -395,6 +493,13 @@ void math(int fn, const float* x, index_t ldx, float* y, index_t ldy, index_t m,
       for_vectors<V, 2>(n4, n, body);
     }
   };
+  if constexpr (std::is_same_v<F, double>) {  // no float64 gelu here
+    switch (fn) {
+      case 0: return run([](auto& v) { vexp_n<V, kVectors<decltype(v)>>(v); });
+      case 1: return run([](auto& v) { vsigmoid_n<V, kVectors<decltype(v)>>(v); });
+      default: return run([](auto& v) { vtanh_n<V, kVectors<decltype(v)>>(v); });
+    }
+  }
   switch (fn) {
     case 0: return run([](auto& v) { vexp_n<V, kVectors<decltype(v)>>(v); });
     case 1: return run([](auto& v) { vsigmoid_n<V, kVectors<decltype(v)>>(v); });

@@ -181,11 +181,10 @@ void rnn_fwd(bool relu, index_t j0, index_t j1, const T* __restrict xp, const T*
   }
 }
 
-// The vector post-GEMM kernels for the active ISA (float only; null: the portable loops above).
+// The vector post-GEMM kernels for the active ISA (null: the portable loops above).
 template <typename T>
-const GateKernelsF32* vector_gates() {
-  if constexpr (std::is_same_v<T, float>) return gate_kernels_f32();
-  return nullptr;
+const GateKernels<T>* vector_gates() {
+  return gate_kernels<T>();
 }
 
 // One forward step after its GEMMs, for the B batch rows and hidden units [j0, j1). Row r of each operand:
@@ -204,7 +203,7 @@ template <typename T>
 void forward_rows(const StepRows& s, const T* xp, const T* gh, bool summed, const T* bhn, const T* hprev,
                   index_t ldh, const T* cprev, T* c, T* h, index_t ldy, T* save, T* aux, const T* zeros) {
   const index_t H = s.H, GH = rnn_gates(s.cell) * H;
-  const GateKernelsF32* vk = vector_gates<T>();
+  const GateKernels<T>* vk = vector_gates<T>();
   for (index_t r = 0; r < s.B; ++r) {
     const T* xr = xp + r * GH;
     const T* gr = gh && !summed ? gh + r * GH : nullptr;  // what is still to be added to xr
@@ -215,13 +214,11 @@ void forward_rows(const StepRows& s, const T* xp, const T* gh, bool summed, cons
     const T* hp = hprev ? hprev + r * ldh : zeros;
     T* ar = aux ? aux + r * H : nullptr;
     const bool relu = s.cell == RnnCell::rnn_relu;
-    if constexpr (std::is_same_v<T, float>) {
-      if (vk) {
-        if (s.cell == RnnCell::lstm) vk->lstm_fwd(H, s.j0, s.j1, xr, gr, cr, c + r * H, hr, sr);
-        else if (s.cell == RnnCell::gru) vk->gru_fwd(H, s.j0, s.j1, xr, gr, gn, bhn, hp, hr, sr, ar);
-        else vk->rnn_fwd(relu, s.j0, s.j1, xr, gr, hr);
-        continue;
-      }
+    if (vk) {
+      if (s.cell == RnnCell::lstm) vk->lstm_fwd(H, s.j0, s.j1, xr, gr, cr, c + r * H, hr, sr);
+      else if (s.cell == RnnCell::gru) vk->gru_fwd(H, s.j0, s.j1, xr, gr, gn, bhn, hp, hr, sr, ar);
+      else vk->rnn_fwd(relu, s.j0, s.j1, xr, gr, hr);
+      continue;
     }
     if (s.cell == RnnCell::lstm) lstm_fwd<T>(H, s.j0, s.j1, xr, gr, cr, c + r * H, hr, sr);
     else if (s.cell == RnnCell::gru) gru_fwd<T>(H, s.j0, s.j1, xr, gr, gn, bhn, hp, hr, sr, ar);
@@ -715,7 +712,7 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   const int nt = team_size(H, uk.nr, D);
   const index_t per_dir = rnn_reserve_elems_per_dir(s);
-  const GateKernelsF32* vk = vector_gates<T>();
+  const GateKernels<T>* vk = vector_gates<T>();
 
   DirBuffers<T> buf[2];
   const index_t zlen = std::max<index_t>(D * std::max(H, S), 1);
@@ -802,12 +799,10 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
             T* dg = b.dg.data() + row * GH;
             if (lstm) {
               const T* cp = st == 0 ? (c0 ? c0 + (li * B + r) * H : zeros.data()) : aux + (tp * B + r) * H;
-              if constexpr (std::is_same_v<T, float>) {
-                if (vk) {
-                  vk->lstm_bwd(H, own.j0, own.j1, dyr, dhr, save + row * GH, aux + row * H, cp, b.dstate.data() + r * H,
-                               dg);
-                  continue;
-                }
+              if (vk) {
+                vk->lstm_bwd(H, own.j0, own.j1, dyr, dhr, save + row * GH, aux + row * H, cp, b.dstate.data() + r * H,
+                             dg);
+                continue;
               }
               lstm_bwd<T>(H, own.j0, own.j1, dyr, dhr, save + row * GH, aux + row * H, cp,
                           b.dstate.data() + r * H, dg);
@@ -872,9 +867,8 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
 
 template <typename T>
 void rnn_math_test(int fn, const T* x, T* y, index_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (const GateKernelsF32* vk = gate_kernels_f32()) return vk->math(fn, x, n, y, n, 1, n);
-  }
+  if (const GateKernels<T>* vk = gate_kernels<T>(); vk && (fn <= 2 || std::is_same_v<T, float>))
+    return vk->math(fn, x, n, y, n, 1, n);  // float64 gelu: the C library's erfc below
   if (fn == 0) {
 #pragma omp simd
     for (index_t i = 0; i < n; ++i) y[i] = fastmath::exp(x[i]);
