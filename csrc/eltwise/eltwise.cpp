@@ -8,11 +8,11 @@ namespace dnnkit {
 
 template <typename T>
 void activation_forward(const T* z, T* y, index_t n, Activation act) {
-  if constexpr (std::is_same_v<T, float>) {
-    // float32 tanh, sigmoid and gelu by the vector functions the GEMM's epilogue uses (epilogue.h), so
+  {
+    // tanh, sigmoid and (float32) gelu by the vector functions the GEMM's epilogue uses (epilogue.h), so
     // that linear's output is the same with and without return_preactivation.
-    const int fn = vector_math_fn(act);
-    const GateKernelsF32* gk = fn >= 0 ? gate_kernels_f32() : nullptr;
+    const int fn = vector_math_fn<T>(act);
+    const GateKernels<T>* gk = fn >= 0 ? gate_kernels<T>() : nullptr;
     if (gk) {
       constexpr index_t kChunk = 4096;
 #pragma omp parallel for schedule(static) num_threads(get_num_threads()) if (n > 65536)

@@ -52,30 +52,31 @@ struct Epilogue {
   bool empty() const { return bias == nullptr && act == Activation::identity; }
 };
 
-// The vector function of gates.h (GateKernelsF32::math) that computes act on float32, or -1: tanh,
-// sigmoid and gelu run there (relative error about 2e-7 for tanh and sigmoid, under 1e-6 for gelu;
-// tests/test_rnn.py and tests/test_gemm.py) where the ISA has them. libm's, one element at a time,
-// made linear with tanh 8x and with gelu 6x slower than without an activation at 3200 x 1024 x 256.
+// The vector function of gates.h (GateKernels<T>::math) that computes act on T, or -1: tanh, sigmoid
+// and, for float32, gelu run there (float32: relative error about 2e-7 for tanh and sigmoid, under 1e-6
+// for gelu; float64: within 4 ulp; tests/test_rnn.py and tests/test_gemm.py) where the ISA has them.
+// libm's, one element at a time, made linear with tanh 8x and with gelu 6x slower than without an
+// activation at 3200 x 1024 x 256 (float32).
+template <typename T = float>
 inline int vector_math_fn(Activation act) {
   switch (act) {
     case Activation::sigmoid: return 1;
     case Activation::tanh: return 2;
-    case Activation::gelu: return 3;
+    case Activation::gelu: return std::is_same_v<T, float> ? 3 : -1;
     default: return -1;
   }
 }
 
 // Applies bias and activation to an m x n tile at c (row stride rs_c, column stride cs_c); `bias`
-// points at the tile's first column, or at its first row when per_row. A float32 C with contiguous rows
+// points at the tile's first column, or at its first row when per_row. A C with contiguous rows
 // (or contiguous columns: the tiles of a product solved transposed) takes the activation from
 // vector_math_fn's function where the ISA has one, the whole tile in one call after the bias (its rows
 // in pairs: twice the independent vectors of one row of 32).
 template <typename T>
 void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, const T* bias, Activation act,
                     bool per_row = false) {
-  const GateKernelsF32* vk = nullptr;
-  if constexpr (std::is_same_v<T, float>)
-    if ((cs_c == 1 || rs_c == 1) && vector_math_fn(act) >= 0) vk = gate_kernels_f32();
+  const int fn = vector_math_fn<T>(act);
+  const GateKernels<T>* vk = (cs_c == 1 || rs_c == 1) && fn >= 0 ? gate_kernels<T>() : nullptr;
   for (index_t i = 0; i < m; ++i) {
     T* row = c + i * rs_c;
     if (bias && !per_row && cs_c == 1) {
@@ -94,10 +95,8 @@ void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, cons
     else
       for (index_t j = 0; j < n; ++j) row[j * cs_c] = activate(act, row[j * cs_c]);
   }
-  if constexpr (std::is_same_v<T, float>) {
-    if (vk && cs_c == 1) vk->math(vector_math_fn(act), c, rs_c, c, rs_c, m, n);
-    else if (vk) vk->math(vector_math_fn(act), c, cs_c, c, cs_c, n, m);  // a transposed product's tile:
-  }                                                                       // its columns are contiguous
+  if (vk && cs_c == 1) vk->math(fn, c, rs_c, c, rs_c, m, n);
+  else if (vk) vk->math(fn, c, cs_c, c, cs_c, n, m);  // a transposed product's tile: its columns are contiguous
 }
 
 }  // namespace dnnkit
