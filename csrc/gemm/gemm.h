@@ -121,22 +121,33 @@ class PackedB {
   AlignedBuffer<T> buf_;
 };
 
-// A (m x k) packed for gemm_packed_b: floor(m/MR) micro-panels of MR rows (stride MR) and, when MR does
-// not divide m, one tail panel of exactly m % MR rows (stride m % MR), so no padding row is computed.
-// packed_a_elems is the size of `ap` (64-byte aligned) for the micro-kernel uk.
+// A (m x k) packed for gemm_packed_b: floor(m/h) micro-panels of h rows (stride h) and, when h does not
+// divide m, one tail panel of exactly m % h rows (stride m % h), so no padding row is computed; h is
+// `height` (at most MR; 0: MR). packed_a_elems is the size of `ap` (64-byte aligned) for the
+// micro-kernel uk, whatever the height.
 template <typename T>
 index_t packed_a_elems(const UKernel<T>& uk, index_t m, index_t k);
 template <typename T>
-void pack_a_rows(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap);
+void pack_a_rows(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap,
+                 int height = 0);
 // The share `part` of `parts` of pack_a_rows (micro-panels part, part + parts, ...), for threads that
 // pack one A together: together they write what pack_a_rows writes.
 template <typename T>
 void pack_a_rows_part(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap, int part,
-                      int parts);
+                      int parts, int height = 0);
+
+// The panel height that cuts m rows into panels of at most MR rows as equal as they can be (16 rows:
+// two of 8 rather than 14 and 2, whose kernel, with four accumulators, is bound by FMA latency; 64
+// rows: 13, 13, 13, 13, 12 rather than four of 14 and one of 8).
+inline int balanced_height(int mr, index_t m) {
+  const index_t rows = std::max<index_t>(m, 1);
+  return static_cast<int>(ceil_div(rows, ceil_div(rows, static_cast<index_t>(mr))));
+}
 
 // One thread, no allocation (callable inside a parallel region): for the column panels [jp0, jp1) of b,
 //   C(i, j) := beta * C(i, j) + sum_p A(i, p) B(p, j),   0 <= i < m,  jp0*NR <= j < min(n, jp1*NR),
-// with A packed by pack_a_rows and C row-major (row stride ldc; c points at C(0, 0)). beta == 0: C is
+// with A packed by pack_a_rows (panels of `height` rows, as packed) and C row-major (row stride ldc; c
+// points at C(0, 0)). Each element's sum is the same whatever the height. beta == 0: C is
 // not read. k is blocked as gemm() blocks it, so each element is summed in the same order as there.
 // `reverse` runs the panels from jp1 - 1 down (same results): a loop that streams the same panels every
 // step alternates it, so that each step starts on the panels still in cache from the last. bias (n
@@ -144,7 +155,7 @@ void pack_a_rows_part(const UKernel<T>& uk, index_t m, index_t k, const T* a, in
 // adds a column bias.
 template <typename T>
 void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, index_t jp1, T beta, T* c,
-                   index_t ldc, bool reverse = false, const T* bias = nullptr);
+                   index_t ldc, bool reverse = false, const T* bias = nullptr, int height = 0);
 
 // C (m x n, row stride ldc) := act(A W^T + A2 W2^T + bias) with W^T packed once by the caller: w holds
 // W^T (k x n) for a weight W (n x k), w2 (may be null) W2^T (k2 x n); A (m x k, row stride lda) and A2

@@ -34,25 +34,26 @@ index_t packed_a_elems(const UKernel<T>&, index_t m, index_t k) {
 
 template <typename T>
 void pack_a_rows_part(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap, int part,
-                      int parts) {
-  const int mr = uk.mr;
-  for (index_t i = static_cast<index_t>(part) * mr; i < m; i += static_cast<index_t>(parts) * mr) {
-    const int rows = static_cast<int>(std::min<index_t>(mr, m - i));  // the tail panel at its exact height
+                      int parts, int height) {
+  const int h = height > 0 ? std::min(height, uk.mr) : uk.mr;
+  for (index_t i = static_cast<index_t>(part) * h; i < m; i += static_cast<index_t>(parts) * h) {
+    const int rows = static_cast<int>(std::min<index_t>(h, m - i));  // the tail panel at its exact height
     pack_a_panel<T>(rows, k, a + i * rs, rs, cs, rows, ap + i * k);
   }
 }
 
 template <typename T>
-void pack_a_rows(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap) {
-  pack_a_rows_part<T>(uk, m, k, a, rs, cs, ap, 0, 1);
+void pack_a_rows(const UKernel<T>& uk, index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap, int height) {
+  pack_a_rows_part<T>(uk, m, k, a, rs, cs, ap, 0, 1, height);
 }
 
 template <typename T>
 void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, index_t jp1, T beta, T* c,
-                   index_t ldc, bool reverse, const T* bias) {
+                   index_t ldc, bool reverse, const T* bias, int height) {
   const UKernel<T>& uk = b.ukernel();
   const index_t k = b.k(), n = b.n();
-  const int mr = uk.mr, nr = uk.nr;
+  const int mr = height > 0 ? std::min(height, uk.mr) : uk.mr, nr = uk.nr;
+  const ukernel_fn<T> full = mr == uk.mr ? uk.fn : uk.rows[mr - 1];
   if (m == 0 || jp0 >= jp1) return;
   if (k == 0) {
     const index_t j1 = std::min(n, jp1 * nr);
@@ -79,7 +80,7 @@ void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, ind
       const T* bias_k = bias && pc + kc >= k ? bias + j : nullptr;
       // A panel of rows [i, i + mr) starts at ap + i*k; its k block [pc, pc + kc) at + pc*mr.
       for (index_t i = 0; i < m_full; i += mr)
-        uk.fn(kc, ap + i * k + pc * mr, bblk, c + i * ldc + j, ldc, 1, T(1), beta_k, mr, n_t, bias_k, false);
+        full(kc, ap + i * k + pc * mr, bblk, c + i * ldc + j, ldc, 1, T(1), beta_k, mr, n_t, bias_k, false);
       if (m_tail)
         uk.rows[m_tail - 1](kc, ap + m_full * k + pc * m_tail, bblk, c + m_full * ldc + j, ldc, 1, T(1), beta_k,
                             m_tail, n_t, bias_k, false);
@@ -150,16 +151,16 @@ template class PackedB<double>;
 template index_t packed_a_elems<float>(const UKernel<float>&, index_t, index_t);
 template index_t packed_a_elems<double>(const UKernel<double>&, index_t, index_t);
 template void pack_a_rows_part<float>(const UKernel<float>&, index_t, index_t, const float*, index_t, index_t, float*,
-                                      int, int);
+                                      int, int, int);
 template void pack_a_rows_part<double>(const UKernel<double>&, index_t, index_t, const double*, index_t, index_t,
-                                       double*, int, int);
-template void pack_a_rows<float>(const UKernel<float>&, index_t, index_t, const float*, index_t, index_t, float*);
+                                       double*, int, int, int);
+template void pack_a_rows<float>(const UKernel<float>&, index_t, index_t, const float*, index_t, index_t, float*, int);
 template void pack_a_rows<double>(const UKernel<double>&, index_t, index_t, const double*, index_t, index_t,
-                                  double*);
+                                  double*, int);
 template void gemm_packed_b<float>(index_t, const float*, const PackedB<float>&, index_t, index_t, float, float*,
-                                   index_t, bool, const float*);
+                                   index_t, bool, const float*, int);
 template void gemm_packed_b<double>(index_t, const double*, const PackedB<double>&, index_t, index_t, double,
-                                    double*, index_t, bool, const double*);
+                                    double*, index_t, bool, const double*, int);
 
 template void gemm_prepacked<float>(index_t, const float*, index_t, const PackedB<float>&, float*, index_t,
                                     const float*, Activation, const float*, index_t, const PackedB<float>*, int);

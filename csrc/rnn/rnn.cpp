@@ -236,13 +236,6 @@ void final_states(const StepRows& s, const T* h, index_t ldy, const T* c, T* h_n
   }
 }
 
-// The height of the micro-panels fused_step cuts the m rows of h_{t-1} into: as equal as MR allows (16
-// rows: two of 8 rather than 14 and 2, whose kernel, four accumulators deep, is bound by FMA latency).
-inline int balanced_height(int mr, index_t m) {
-  const index_t rows = std::max<index_t>(m, 1);
-  return static_cast<int>(ceil_div(rows, ceil_div(rows, static_cast<index_t>(mr))));
-}
-
 // The micro-panels of balanced_height rows that m rows of h_{t-1} make: with the panels of hidden units,
 // the units of a step's work (unit u: panel u / blocks, rows from (u % blocks) * height).
 inline index_t step_row_blocks(int mr, index_t m) {
@@ -679,8 +672,9 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
           }
           if (proj) {
             barriers[tg.group].wait();  // m_t complete before any thread packs it
-            pack_a_rows<T>(uk, B, H, m_t, H, 1, ap);
-            gemm_packed_b<T>(B, ap, b.whr, own_s.c0, own_s.c1, T(0), h_t, DS);
+            const int hgt = balanced_height(uk.mr, B);
+            pack_a_rows<T>(uk, B, H, m_t, H, 1, ap, hgt);
+            gemm_packed_b<T>(B, ap, b.whr, own_s.c0, own_s.c1, T(0), h_t, DS, false, nullptr, hgt);
           }
           if (packed) shares[tg.group].reset(static_cast<int>(++seq & 1), tg.tid);  // see PanelShare
           barriers[tg.group].wait();  // h_t complete before any thread packs it
@@ -711,6 +705,7 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
   const bool packed = Tn > 1;
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   const int nt = team_size(H, uk.nr, D);
+  const int hgt = balanced_height(uk.mr, B);  // the micro-panels' height for B rows
   const index_t per_dir = rnn_reserve_elems_per_dir(s);
   const GateKernels<T>* vk = vector_gates<T>();
 
@@ -788,8 +783,8 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
               for (index_t j = own_s.j0; j < own_s.j1; ++j) dh_t[r * S + j] = dyr[j] + dhr[j];
             }
             barriers[tg.group].wait();  // dh_t complete before any thread packs it
-            pack_a_rows<T>(uk, B, S, dh_t, S, 1, pp);
-            gemm_packed_b<T>(B, pp, b.whr, own.c0, own.c1, T(0), b.m.data(), H);
+            pack_a_rows<T>(uk, B, S, dh_t, S, 1, pp, hgt);
+            gemm_packed_b<T>(B, pp, b.whr, own.c0, own.c1, T(0), b.m.data(), H, false, nullptr, hgt);
           }
           for (index_t r = 0; r < B; ++r) {
             const index_t row = t * B + r;
@@ -819,10 +814,11 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
           if (packed) {
             // The group packs dG_t together into one buffer. It is free: every thread of the group
             // passed the barrier above after its last step's products.
-            pack_a_rows_part<T>(uk, B, GH, dgh_all + t * B * GH, GH, 1, ap, tg.tid, tg.nt);
+            // Micro-panels of balanced height (LSTM H256 B16: 8 + 8 rows rather than 14 + 2, 0.9x the time).
+            pack_a_rows_part<T>(uk, B, GH, dgh_all + t * B * GH, GH, 1, ap, tg.tid, tg.nt, hgt);
             if (tg.nt > 1) barriers[tg.group].wait();  // packed dG_t complete before the products
             gemm_packed_b<T>(B, ap, b.whh[0], own_s.c0, own_s.c1, gru ? T(1) : T(0), b.state.data(), S,
-                             (st & 1) != 0);  // alternate directions: see gemm_packed_b
+                             (st & 1) != 0, nullptr, hgt);  // alternate directions: see gemm_packed_b
           }
         }
       }
