@@ -660,6 +660,10 @@ PYBIND11_MODULE(_cpu, m) {
         "to beat the packing GEMM (the depth rule aside).");
   m.def("gemm_wt_direct_min_depth", [] { return kSaMinDepth; },
         "The depth from which gemm_wt_direct is chosen (where its tiles are full enough).");
+  m.def("gemm_wt_direct_depth_block", [](int itemsize) {
+          return itemsize == 4 ? sa_depth_block(select_sa_kernel<float>(active_isa()))
+                               : sa_depth_block(select_sa_kernel<double>(active_isa()));
+        }, py::arg("itemsize"), "The depth of gemm_wt_direct's blocks on the active ISA (partial sums added into C); 0: no kernel.");
   m.def("gemm_wt_direct_max_rows", [](int itemsize) {
           return itemsize == 4 ? select_sa_kernel<float>(active_isa()).max_rows
                                : select_sa_kernel<double>(active_isa()).max_rows;

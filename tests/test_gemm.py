@@ -297,13 +297,14 @@ def check_row_kernel(kernel, data, dtype, m, n, k):
 @given(data=st.data())
 def test_gemm_wt_direct_kernel_contract(isa, num_threads, data):
     """gemm_wt_direct (C^T = W A^T, W read in place by the strided-A kernel) directly, at every batch size
-    from 1 to past two tiles and depths past its 1024-deep blocks. On an ISA without the kernel it falls
+    from 1 to past four panels and depths past its depth blocks. On an ISA without the kernel it falls
     back to the packing GEMM, with the same result."""
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
     width = max(dnnkit._cpu.gemm_wt_direct_width(np.dtype(dtype).itemsize), 8)
+    block = dnnkit._cpu.gemm_wt_direct_depth_block(np.dtype(dtype).itemsize) or 1024
     m = data.draw(st.integers(1, 4 * width + 3), label="m")
     n = data.draw(st.integers(1, 40), label="n")
-    k = data.draw(st.sampled_from([0, 1, 2, 17, 255, 1024, 1025, 2051]), label="k")
+    k = data.draw(st.sampled_from([0, 1, 2, 17, 255, 1024, block, block + 1, 2 * block + 3]), label="k")
     check_row_kernel(dnnkit._cpu.gemm_wt_direct, data, dtype, m, n, k)
 
 
@@ -345,13 +346,13 @@ def test_row_kernels_same_result_in_either_direction(isa, num_threads, dtype, ke
 def test_strided_a_tile_widths_give_the_same_bits(isa, num_threads, dtype):
     """gemm_wt_direct takes the narrowest strided-A tile that holds the batch (AVX-512: 16, 32 or 48
     float32 rows; larger batches in panels of 32): any batch's rows come out bit for bit as they do inside
-    a larger batch, so the choice never changes a result. Depth 1500 crosses the kernel's 1024-deep
-    blocks."""
+    a larger batch, so the choice never changes a result. The depth crosses the kernel's depth blocks."""
     if dnnkit._cpu.gemm_wt_direct_width(np.dtype(dtype).itemsize) == 0:
         pytest.skip("no strided-A micro-kernel on this ISA")
     rng = np.random.default_rng(17)
-    a = rng.standard_normal((130, 1500)).astype(dtype)
-    w = rng.standard_normal((75, 1500)).astype(dtype)
+    k = dnnkit._cpu.gemm_wt_direct_depth_block(np.dtype(dtype).itemsize) + 500
+    a = rng.standard_normal((130, k)).astype(dtype)
+    w = rng.standard_normal((75, k)).astype(dtype)
     bias = rng.standard_normal(75).astype(dtype)
     full = np.empty((130, 75), dtype)
     dnnkit._cpu.gemm_wt_direct(a, w.T, full, 1.0, 0.0, bias, 0, 0)

@@ -106,7 +106,7 @@ bool gemm_wt_direct_available() {
 namespace {
 
 // C := act(alpha * [A1 | A2] [W1 | W2]^T + beta * C + bias) by the strided-A kernel (k2 = 0: A1 W1^T alone).
-// The depth k1 + k2 runs in blocks of at most 1024, each split at k1 between the two segments.
+// The depth k1 + k2 runs in blocks (sa_depth_block), each split at k1 between the two segments.
 template <typename T>
 void wt_direct(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2,
                const SaKernel<T>& sk, int nthreads) {
@@ -116,8 +116,8 @@ void wt_direct(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, cons
   // g.b + i*cs_b); A^T is packed into k x NR panels of NR rows of A each (the kernel's B), the only copy.
   const index_t npan = ceil_div(m, nr);
   AlignedBuffer<T> ap(static_cast<std::size_t>(npan * nr * k));
-  // Depth in blocks of at most 1024, so that the packed panels in use (k x NR each) stay in L2.
-  const index_t kc_max = ceil_div(k, ceil_div(k, index_t(1024)));
+  // Depth in equal blocks of at most sa_depth_block (the same for every batch).
+  const index_t kc_max = ceil_div(k, ceil_div(k, sa_depth_block(sk)));
   const index_t n_ib = ceil_div(n, mr);
   int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), n_ib)));
   if (double(m) * double(n) * double(k) < min_parallel_work()) nt = 1;

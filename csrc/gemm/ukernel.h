@@ -114,6 +114,18 @@ SaKernel<T> select_sa_kernel(Isa isa, index_t m = 0) {
 // the depth to amortize them.)
 constexpr index_t kSaMinDepth = 192;
 
+// The depth blocks gemm_wt_direct cuts a product into (their partial sums added into C): the deepest,
+// in multiples of 256 and at least 1024, whose packed batch panels for the largest batch the kernel takes
+// (max_rows x depth) fill at most half of this core's L2 (2 MB, float32 on AVX-512: 2048; 1 MB: 1024). It
+// does not depend on the batch, so every batch sums each element in the same blocks. (2048 against 1024
+// on a 2 MB L2, 16-64 rows at depth 1536-4096: 0.97-1.00 of the time.)
+template <typename T>
+index_t sa_depth_block(const SaKernel<T>& sk) {
+  if (!sk.fn) return 0;  // no kernel
+  const index_t panel_bytes = std::max<index_t>(sk.max_rows, 1) * static_cast<index_t>(sizeof(T));
+  return std::max<index_t>(1024, static_cast<index_t>(l2_cache_bytes()) / 2 / panel_bytes / 256 * 256);
+}
+
 // Whether a batch of m rows is better served by the strided-A kernel (W read in place) than by the
 // packing GEMM, by how much of its tiles the batch fills (measured, 2 threads, 1024-4096 outputs, depth
 // 320-1024): one tile at least 60% full (AVX-512, 20 rows in a 32-row tile: 0.72-0.85 of the packing
