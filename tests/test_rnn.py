@@ -787,6 +787,26 @@ def test_cells_at_a_tile_of_batch_rows(isa, num_threads, mode, B, I, H):
                 assert rel_l2(out, rnn_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh, nonlinearity=mode[4:])) <= t
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gru_cell_one_pass_across_depth_blocks(isa, num_threads, dtype):
+    """A GRU cell whose batch fills the strided-A kernel's tiles runs all its products in one pass
+    (gemm_wt_direct_gru: r and z over [x | h], gate n's input and hidden products apart). With I + H past
+    one of the kernel's depth blocks, the depth runs in two blocks, gate n's input rows ending and its
+    hidden rows starting inside the second: each group still starts from zero, takes its bias once and
+    matches the reference, with and without biases, at a batch of one tile and of several panels."""
+    block = dnnkit._cpu.gemm_wt_direct_depth_block(np.dtype(dtype).itemsize) or 1024
+    rng = np.random.default_rng(31)
+    I, H = block + 300, 45
+    for B in (16, 70):
+        x = rng.standard_normal((B, I)).astype(dtype)
+        h = rng.standard_normal((B, H)).astype(dtype)
+        w_ih = (rng.standard_normal((3 * H, I)) / np.sqrt(I)).astype(dtype)
+        w_hh = (rng.standard_normal((3 * H, H)) / np.sqrt(H)).astype(dtype)
+        for b_ih, b_hh in ((None, None), (rng.standard_normal(3 * H).astype(dtype), rng.standard_normal(3 * H).astype(dtype))):
+            out = dnnkit.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh)
+            assert rel_l2(out, gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh)) <= (2e-5 if dtype == np.float32 else 1e-12)
+
+
 @pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh"])
 @pytest.mark.parametrize("B,H,bidirectional", [(15, 70, False), (30, 40, True), (64, 100, False)])
 def test_sequences_over_several_micro_panels_of_rows(isa, num_threads, mode, B, H, bidirectional):

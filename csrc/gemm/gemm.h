@@ -81,8 +81,9 @@ void gemm_small_m2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, 
                    int nthreads = 0);
 
 // The same contract again for a batch of rows (up to about a hundred) and B = W^T (cs_a == 1, rs_b == 1),
-// computed as C^T = W A^T by the strided-A micro-kernel (ukernel.h): W is read where it lies, once per
-// 64 rows of A (AVX-512), and only A is packed. What a fully-connected layer or an RNN cell at batch
+// computed as C^T = W A^T by the strided-A micro-kernel (ukernel.h): W is read where it lies, once a call
+// (a batch past the widest tile runs as panels of rows, each tile of W against all of them while its
+// rows are in cache), and only A is packed. What a fully-connected layer or an RNN cell at batch
 // 16-128 spends on packing W, which the blocked GEMM does at every call, is saved. Falls back to gemm()
 // when the ISA has no strided-A kernel (gemm_wt_direct_available). Throws std::bad_alloc.
 template <typename T>
@@ -96,6 +97,18 @@ void gemm_wt_direct(const GemmArgs<T>& g, int nthreads = 0);
 template <typename T>
 void gemm_wt_direct2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2,
                      int nthreads = 0);
+
+// A GRU cell's products in one pass of the strided-A kernel, [x | h] (m x (k1 + k2); x and h with
+// contiguous rows) packed once: with W1 = W_ih (3n x k1) and W2 = W_hh (3n x k2), row-major,
+//   C1[:, 0:2n]  := x W1[0:2n]^T + h W2[0:2n]^T + bias1[0:2n]   (gates r and z, summed),
+//   C1[:, 2n:3n] := x W1[2n:3n]^T + bias1[2n:3n]                 (gate n, from the input),
+//   C2[:, 2n:3n] := h W2[2n:3n]^T                                 (gate n, from h: the reset gate scales it),
+// C1 and C2 row-major (row strides ldc1, ldc2); bias1 (3n) may be null. Requires the strided-A kernel
+// (gemm_wt_direct_available). Throws std::bad_alloc.
+template <typename T>
+void gemm_wt_direct_gru(index_t m, index_t n, index_t k1, const T* x, index_t ldx, const T* w1, index_t ldw1, index_t k2,
+                        const T* h, index_t ldh, const T* w2, index_t ldw2, T* c1, index_t ldc1, T* c2, index_t ldc2,
+                        const T* bias1, int nthreads = 0);
 
 // ---- Pre-packed B: pack once, multiply many times (an RNN's recurrent weights, reused at every step).
 //

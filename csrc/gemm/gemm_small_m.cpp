@@ -175,6 +175,77 @@ void gemm_wt_direct(const GemmArgs<T>& g, int nthreads) {
 }
 
 template <typename T>
+void gemm_wt_direct_gru(index_t m, index_t n, index_t k1, const T* x, index_t ldx, const T* w1, index_t ldw1, index_t k2,
+                        const T* h, index_t ldh, const T* w2, index_t ldw2, T* c1, index_t ldc1, T* c2, index_t ldc2,
+                        const T* bias1, int nthreads) {
+  if (m <= 0 || n <= 0) return;
+  const SaKernel<T> sk = select_sa_kernel<T>(active_isa(), m);
+  if (!sk.fn) throw std::invalid_argument("gemm_wt_direct_gru: needs the strided-A kernel");
+  const int mr = sk.mr, nr = sk.nr;
+  const index_t k = k1 + k2;
+  // Three groups of W rows, each its own run of tiles: r and z over the whole depth, gate n's input rows
+  // over [0, k1) and its hidden rows over [k1, k) of the packed panels.
+  struct Group {
+    const T* w1;  // rows of W1 (segment [0, k1)), or null
+    const T* w2;  // rows of W2 (segment [k1, k)), or null
+    T* c;         // C's first column for the group
+    index_t ldc;
+    const T* bias;
+    index_t rows;
+  };
+  const Group groups[3] = {{w1, w2, c1, ldc1, bias1, 2 * n},
+                           {w1 + 2 * n * ldw1, nullptr, c1 + 2 * n, ldc1, bias1 ? bias1 + 2 * n : nullptr, n},
+                           {nullptr, w2 + 2 * n * ldw2, c2 + 2 * n, ldc2, nullptr, n}};
+  index_t first_tile[4] = {0};
+  for (int q = 0; q < 3; ++q) first_tile[q + 1] = first_tile[q] + ceil_div(groups[q].rows, mr);
+  const index_t tiles = first_tile[3];
+  const index_t npan = ceil_div(m, nr);
+  AlignedBuffer<T> ap(static_cast<std::size_t>(npan * nr * k));
+  const index_t kc_max = ceil_div(k, ceil_div(k, sa_depth_block(sk)));
+  int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), tiles)));
+  if (double(m) * double(3 * n) * double(k) < min_parallel_work()) nt = 1;
+  std::optional<PanelShare> share;
+  if (nt > 1 && tiles < PanelShare::kMaxPanels) share.emplace(nt, tiles);
+  const bool reverse = alternate_direction(w1);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+#pragma omp for schedule(static)
+    for (index_t jp = 0; jp < npan; ++jp) {
+      const index_t j0 = jp * nr, rows = std::min<index_t>(nr, m - j0);
+      T* dst = ap.data() + jp * nr * k;
+      pack_b_panel<T>(k1, rows, x + j0 * ldx, 1, ldx, nr, dst);
+      pack_b_panel<T>(k2, rows, h + j0 * ldh, 1, ldh, nr, dst + k1 * nr);
+    }
+    // implicit barrier: every panel packed
+    auto run_tile = [&](index_t t) {
+      const int q = t >= first_tile[2] ? 2 : t >= first_tile[1] ? 1 : 0;
+      const Group& G = groups[q];
+      const index_t i = (t - first_tile[q]) * mr;  // the group's rows [i, i + m_t): columns of its C
+      const int m_t = static_cast<int>(std::min<index_t>(mr, G.rows - i));
+      const index_t lo = G.w1 ? 0 : k1, hi = G.w2 ? k : k1;  // the group's depth
+      bool first = true;
+      for (index_t pc = 0; pc < k; pc += kc_max) {
+        const index_t b0 = std::max(pc, lo), b1 = std::min(pc + kc_max, hi);
+        if (b0 >= b1) continue;
+        const index_t s1 = std::max<index_t>(0, std::min(b1, k1) - b0);  // depth in the first segment
+        const index_t p2 = std::max(b0, k1) - k1;                        // start in the second
+        const bool last = b1 >= hi;
+        const T* a1 = G.w1 ? G.w1 + i * ldw1 + b0 : G.w2 + i * ldw2 + p2;  // unread when s1 == 0
+        for (index_t jp = 0; jp < npan; ++jp) {
+          const index_t j0 = jp * nr;  // rows [j0, j0 + n_t) of x, h and C
+          const int n_t = static_cast<int>(std::min<index_t>(nr, m - j0));
+          sk.fn(s1, a1, ldw1, b1 - b0 - s1, G.w2 ? G.w2 + i * ldw2 + p2 : nullptr, ldw2,
+                ap.data() + jp * nr * k + b0 * nr, G.c + j0 * G.ldc + i, 1, G.ldc, T(1), first ? T(0) : T(1), m_t,
+                n_t, last && G.bias ? G.bias + i : nullptr);
+        }
+        first = false;
+      }
+    };
+    for_each_unit(share ? &*share : nullptr, tiles, reverse, run_tile);
+  }
+}
+
+template <typename T>
 void gemm_wt_direct2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2,
                      int nthreads) {
   if (g.m == 0 || g.n == 0) return;
@@ -195,6 +266,12 @@ void gemm_wt_direct2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2
   gemm<T>(h, nthreads);
 }
 
+template void gemm_wt_direct_gru<float>(index_t, index_t, index_t, const float*, index_t, const float*, index_t, index_t,
+                                        const float*, index_t, const float*, index_t, float*, index_t, float*, index_t,
+                                        const float*, int);
+template void gemm_wt_direct_gru<double>(index_t, index_t, index_t, const double*, index_t, const double*, index_t,
+                                         index_t, const double*, index_t, const double*, index_t, double*, index_t,
+                                         double*, index_t, const double*, int);
 template bool gemm_wt_direct_available<float>();
 template bool gemm_wt_direct_available<double>();
 template void gemm_wt_direct<float>(const GemmArgs<float>&, int);

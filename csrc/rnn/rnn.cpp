@@ -576,13 +576,10 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     const bool one_direct = !prepacked && cell && direct_wins<T>(B, Il + S);
     const bool one_product =
         prepacked ? !gru : one_direct || (cell && small_m_wins(B, GH, Il + S, sizeof(T)));
-    // A GRU cell whose batch fills the strided-A kernel's tiles but whose x W_ih^T or h0 W_hh^T alone is
-    // too shallow for it (the weight would be packed): gates r and z as one product over [x | h0], both
-    // weights read in place, and gate n's two products apart, since its reset gate scales W_hn h0 + b_hn
-    // (measured with the 6 x 64 tile, GRU cell B56-B64 H256: 0.82-0.90 of the time). Only from a depth
-    // of 320 for [x | h0]: at 256 (H128 B16-B32) the split took 1.19 of the time of two packed products.
-    const bool gru_direct = !prepacked && !packed && h0 && gru && !proj && Il > 0 && Il + S >= 320 &&
-                            direct_wins<T>(B, Il + S) && !(direct_wins<T>(B, Il) && direct_wins<T>(B, S));
+    // A GRU cell whose batch fills the strided-A kernel's tiles: all its products in one pass over both
+    // weights in place (gemm_wt_direct_gru), [x | h0] packed once; gates r and z summed over [x | h0],
+    // gate n's two products apart, since its reset gate scales W_hn h0 + b_hn.
+    const bool gru_direct = !prepacked && !packed && h0 && gru && !proj && Il > 0 && direct_wins<T>(B, Il + S);
     for (int d = 0; d < D; ++d) {
       const int li = l * D + d;
       DirBuffers<T>& b = buf[d];
@@ -606,12 +603,8 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
         else
           gemm_small_m2<T>(g, S, h0 + li * B * S, S, w.w_hh[li], S);
       } else if (gru_direct) {
-        const T* hl = h0 + li * B * S;
-        GemmArgs<T> g = strided_gemm_args<T>(B, 2 * H, Il, xl, Il, 1, w.w_ih[li], 1, Il, b.xp.data(), GH, T(0));
-        g.bias = bias;
-        gemm_wt_direct2<T>(g, S, hl, S, w.w_hh[li], S);
-        gemm_a_wt<T>(B, H, Il, xl, Il, w.w_ih[li] + 2 * H * Il, b.xp.data() + 2 * H, GH, bias + 2 * H, T(0));
-        gemm_a_wt<T>(B, H, S, hl, S, w.w_hh[li] + 2 * H * S, b.gh.data() + 2 * H, GH, nullptr, T(0));
+        gemm_wt_direct_gru<T>(B, H, Il, xl, Il, w.w_ih[li], Il, S, h0 + li * B * S, S, w.w_hh[li], S, b.xp.data(), GH,
+                              b.gh.data(), GH, bias);
       } else {
         gemm_a_wt<T>(Tn * B, GH, Il, xl, Il, w.w_ih[li], b.xp.data(), GH, bias, T(0));
       }
