@@ -109,7 +109,7 @@ SaKernel<T> select_sa_kernel(Isa isa, index_t m = 0) {
 // The depth from which the strided-A kernel beats the packing GEMM (and, at 13-16 rows, the dot kernels)
 // where its tiles are full enough (sa_batch_fits): measured, AVX-512 float32, 2 threads, 768-3072
 // outputs, against the packing GEMM: at depth 192, 16-96 rows took 0.65-0.94 of its time; at 128, 32-96
-// rows tied (0.92-1.24) and 16 rows 0.79-0.93; against the dot kernels, 13-16 rows 0.54-0.84 at depth
+// rows tied (0.92-1.24) and 16 rows 0.79-0.93; against the dot kernels, 13-16 rows 0.54-0.89 at depth
 // 128-320. (With the 6 x 64 tile the rule was 320: the tile's store and the batch's packing had needed
 // the depth to amortize them.)
 constexpr index_t kSaMinDepth = 192;
