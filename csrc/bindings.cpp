@@ -658,8 +658,11 @@ PYBIND11_MODULE(_cpu, m) {
         }, py::arg("itemsize"), py::arg("rows"),
         "Whether a product of `rows` rows fills the active ISA's strided-A tiles well enough for gemm_wt_direct "
         "to beat the packing GEMM (the depth rule aside).");
-  m.def("gemm_wt_direct_min_depth", [] { return kSaMinDepth; },
-        "The depth from which gemm_wt_direct is chosen (where its tiles are full enough).");
+  m.def("gemm_wt_direct_min_depth", [](int itemsize) {
+          return itemsize == 4 ? select_sa_kernel<float>(active_isa()).min_depth
+                               : select_sa_kernel<double>(active_isa()).min_depth;
+        }, py::arg("itemsize"),
+        "The depth from which gemm_wt_direct is chosen on the active ISA (where its tiles are full enough).");
   m.def("gemm_wt_direct_depth_block", [](int itemsize) {
           return itemsize == 4 ? sa_depth_block(select_sa_kernel<float>(active_isa()))
                                : sa_depth_block(select_sa_kernel<double>(active_isa()));

@@ -79,6 +79,7 @@ struct SaKernel {
   ukernel_sa_fn<T> fn;  // null: the ISA has none (the caller packs instead)
   int max_rows;         // the largest batch the kernel is used for (sa_batch_fits)
   int panel_fill;       // the percentage of its panels a batch of several must fill (sa_batch_fits)
+  int min_depth;        // the depth from which it is used (sa_batch_fits' callers)
 };
 
 // One entry per ISA; each is defined in its own file (ukernel_<isa>.cpp).
@@ -102,17 +103,17 @@ SaKernel<T> select_sa_kernel(Isa isa, index_t m = 0) {
   switch (isa) {
     case Isa::avx512: return sa_kernel_avx512<T>(m);
     case Isa::avx2: return sa_kernel_avx2<T>(m);
-    default: return {"none", 0, 0, nullptr, 0, 0};
+    default: return {"none", 0, 0, nullptr, 0, 0, 0};
   }
 }
 
-// The depth from which the strided-A kernel beats the packing GEMM (and, at 13-16 rows, the dot kernels)
-// where its tiles are full enough (sa_batch_fits): measured, AVX-512 float32, 2 threads, 768-3072
-// outputs, against the packing GEMM: at depth 192, 16-96 rows took 0.65-0.94 of its time; at 128, 32-96
-// rows tied (0.92-1.24) and 16 rows 0.79-0.93; against the dot kernels, 13-16 rows 0.54-0.89 at depth
-// 128-320. (With the 6 x 64 tile the rule was 320: the tile's store and the batch's packing had needed
-// the depth to amortize them.)
-constexpr index_t kSaMinDepth = 192;
+// SaKernel::min_depth, the depth from which the strided-A kernel beats the packing GEMM (and, at 13-16
+// rows, the dot kernels) where its tiles are full enough (sa_batch_fits). Measured, 2 threads, 768-3072
+// outputs: AVX-512 float32 against the packing GEMM, at depth 192 16-96 rows took 0.65-0.94 of its time,
+// at 128 32-96 rows tied (0.92-1.24) and 16 rows 0.79-0.93; against the dot kernels, 13-16 rows
+// 0.54-0.89 at depth 128-320: 192. (With the 6 x 64 tile it had been 320: the tile's store and the
+// batch's packing had needed the depth.) AVX2's 4 x 24 tile at depth 192-256: 20-48 rows 0.84-1.10 of the
+// packing GEMM's time, 40 rows 1.00-1.10: it keeps 320.
 
 // The depth blocks gemm_wt_direct cuts a product into (their partial sums added into C): the deepest,
 // in multiples of 256 and at least 1024, whose packed batch panels for the largest batch the kernel takes
@@ -132,7 +133,7 @@ index_t sa_depth_block(const SaKernel<T>& sk) {
 // GEMM's time); panels of several tiles at least panel_fill percent full, up to max_rows (AVX-512 float32
 // at 75%: 49-64 rows 0.64-0.99, 80-128 rows 0.73-1.06, most under 0.95, and 144-256 rows only ties;
 // AVX2 float32 at 80%: 36 rows 0.95-1.09, 38 0.88-1.02, 40 0.86-1.01). The depth is the caller's rule
-// (kSaMinDepth).
+// (min_depth).
 template <typename T>
 bool sa_batch_fits(const SaKernel<T>& sk, index_t m) {
   if (!sk.fn || m <= 0 || m > sk.max_rows) return false;

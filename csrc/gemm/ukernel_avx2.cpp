@@ -114,9 +114,13 @@ template <> UKernel<double> ukernel_avx2<double>() {
 }
 double fma_probe_avx2(index_t iters, double* flops) { return probe(iters, flops); }
 // 4 x 24: 12 accumulators, 3 vector loads and 4 broadcasts per 12 FMAs (16 registers).
-// Up to two panels of it, 80% full (sa_batch_fits).
-template <> SaKernel<float> sa_kernel_avx2<float>(index_t) { return {"ukernel_sa_4x24_avx2", 4, 24, sa_f32, 48, 80}; }
-template <> SaKernel<double> sa_kernel_avx2<double>(index_t) { return {"ukernel_sa_4x12_avx2", 4, 12, sa_f64, 24, 80}; }
+// Up to two panels of it, 80% full, from depth 320 (sa_batch_fits, SaKernel::min_depth).
+template <> SaKernel<float> sa_kernel_avx2<float>(index_t) {
+  return {"ukernel_sa_4x24_avx2", 4, 24, sa_f32, 48, 80, 320};
+}
+template <> SaKernel<double> sa_kernel_avx2<double>(index_t) {
+  return {"ukernel_sa_4x12_avx2", 4, 12, sa_f64, 24, 80, 320};
+}
 template <> DotKernel<float> dot_kernel_avx2<float>() {
   return {"dot_2x4_avx2", kDotMI, kDotNJ, dot_f32};
 }

@@ -113,10 +113,11 @@ void sa_tile(dnnkit::index_t k, const typename V::T* a, dnnkit::index_t lda, dnn
 template <class V>
 dnnkit::SaKernel<typename V::T> sa_for_rows(dnnkit::index_t m, const char* const (&names)[3]) {
   constexpr int W = V::width;
-  constexpr int kMaxRows = 8 * W, kFill = 75;  // up to 128 float32 rows in panels 75% full (sa_batch_fits)
-  if (m > 0 && m <= W) return {names[0], 8, W, sa_tile<V, 8, 1>, kMaxRows, kFill};
-  if (m > 2 * W && m <= 3 * W) return {names[2], 8, 3 * W, sa_tile<V, 8, 3>, kMaxRows, kFill};
-  return {names[1], 8, 2 * W, sa_tile<V, 8, 2>, kMaxRows, kFill};
+  // Up to 128 float32 rows in panels 75% full, from depth 192 (sa_batch_fits, SaKernel::min_depth).
+  constexpr int kMaxRows = 8 * W, kFill = 75, kDepth = 192;
+  if (m > 0 && m <= W) return {names[0], 8, W, sa_tile<V, 8, 1>, kMaxRows, kFill, kDepth};
+  if (m > 2 * W && m <= 3 * W) return {names[2], 8, 3 * W, sa_tile<V, 8, 3>, kMaxRows, kFill, kDepth};
+  return {names[1], 8, 2 * W, sa_tile<V, 8, 2>, kMaxRows, kFill, kDepth};
 }
 constexpr const char* kSaNamesF32[3] = {"ukernel_sa_8x16_avx512", "ukernel_sa_8x32_avx512", "ukernel_sa_8x48_avx512"};
 constexpr const char* kSaNamesF64[3] = {"ukernel_sa_8x8_avx512", "ukernel_sa_8x16_avx512", "ukernel_sa_8x24_avx512"};

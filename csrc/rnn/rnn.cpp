@@ -44,10 +44,11 @@ inline bool small_m_wins(index_t m, index_t n, index_t k, std::size_t elem) {
 
 // Whether A W^T with m rows and depth k runs faster on gemm_wt_direct (W read in place by the strided-A
 // kernel) than on the packing GEMM: when the batch fills the kernel's tiles well enough (sa_batch_fits)
-// and the depth is kSaMinDepth or more (gemm_cpu.WtDirectGemm's rule).
+// and the depth is the kernel's min_depth or more (gemm_cpu.WtDirectGemm's rule).
 template <typename T>
 inline bool direct_wins(index_t m, index_t k) {
-  return k >= kSaMinDepth && sa_batch_fits(select_sa_kernel<T>(active_isa(), m), m);
+  const SaKernel<T> sk = select_sa_kernel<T>(active_isa(), m);
+  return sk.fn && k >= sk.min_depth && sa_batch_fits(sk, m);
 }
 
 // A reusable barrier for the threads of one group (the threads running one direction). Each step

@@ -67,9 +67,9 @@ class SmallMGemm(Algorithm):
     backend = "cpu"
     tolerance = 1e-5
     MAX_M = 16  # above this the blocked GEMM wins (measured: m = 32 is a tie, m = 16 a 1.5-2.5x win)
-    # From here the strided-A kernel, where it runs (k >= 192) in a tile of at most 16 rows, is faster
-    # (measured, AVX-512 float32, 768-4096 outputs, k 128-1024: 13-16 rows 0.54-0.95 of the dot kernels'
-    # time, 12 a tie; in AVX2's 24-row tile, 15-16 rows 0.92-1.2: left to the dot kernels).
+    # From here the strided-A kernel, where it runs (k >= 192 on AVX-512) in a tile of at most 16 rows, is
+    # faster (measured, AVX-512 float32, 768-4096 outputs, k 128-1024: 13-16 rows 0.54-0.95 of the dot
+    # kernels' time, 12 a tie; in AVX2's 24-row tile, 15-16 rows 0.92-1.2: left to the dot kernels).
     DIRECT_FROM = 13
 
     def supports(self, p) -> str | None:
@@ -98,7 +98,6 @@ class WtDirectGemm(Algorithm):
     # the narrowest of 16, 32 or 48 rows that holds the batch on AVX-512 float32, at least 60% full;
     # panels of 32 rows at least 75% full, up to 128 rows; AVX2: 24-row tiles, two at most, 80% full);
     # below that the blocked GEMM is faster.
-    MIN_K = _cpu.gemm_wt_direct_min_depth()  # 192: below it the tile's store and A's packing are not amortized
 
     def supports(self, p) -> str | None:
         reason = _linear_layout_reason(p)
@@ -107,8 +106,9 @@ class WtDirectGemm(Algorithm):
         width = _cpu.gemm_wt_direct_width(p.itemsize, p.m)  # the tile for this batch (the narrowest that holds it)
         if width == 0:
             return f"no strided-A micro-kernel for {_cpu.active_isa()}"
-        if p.k < self.MIN_K:
-            return f"k = {p.k} is under {self.MIN_K}; the blocked GEMM is faster there"
+        min_k = _cpu.gemm_wt_direct_min_depth(p.itemsize)  # AVX-512 192, AVX2 320 (the extension's measurements)
+        if p.k < min_k:
+            return f"k = {p.k} is under {min_k}; the blocked GEMM is faster there"
         if not _cpu.gemm_wt_direct_fits(p.itemsize, p.m):
             max_rows = _cpu.gemm_wt_direct_max_rows(p.itemsize)
             if p.m == 0 or p.m > max_rows:
