@@ -105,6 +105,17 @@ bool gemm_wt_direct_available() {
 
 namespace {
 
+// Panel jp of the batch [A1 | A2] (rows of m, A1 m x k1 and A2 m x k2, contiguous rows) packed as the
+// strided-A kernel's B: nr rows of the batch, k1 + k2 deep, at ap + jp*nr*(k1 + k2).
+template <typename T>
+void pack_batch_panel(index_t jp, int nr, index_t m, index_t k1, const T* a1, index_t lda1, index_t k2, const T* a2,
+                      index_t lda2, T* ap) {
+  const index_t j0 = jp * nr, rows = std::min<index_t>(nr, m - j0);
+  T* dst = ap + jp * nr * (k1 + k2);
+  pack_b_panel<T>(k1, rows, a1 + j0 * lda1, 1, lda1, nr, dst);
+  if (k2 > 0) pack_b_panel<T>(k2, rows, a2 + j0 * lda2, 1, lda2, nr, dst + k1 * nr);
+}
+
 // C := act(alpha * [A1 | A2] [W1 | W2]^T + beta * C + bias) by the strided-A kernel (k2 = 0: A1 W1^T alone).
 // The depth k1 + k2 runs in blocks (sa_depth_block), each split at k1 between the two segments.
 template <typename T>
@@ -129,12 +140,7 @@ void wt_direct(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, cons
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
 #pragma omp for schedule(static)
-    for (index_t jp = 0; jp < npan; ++jp) {
-      const index_t j0 = jp * nr, rows = std::min<index_t>(nr, m - j0);
-      T* dst = ap.data() + jp * nr * k;
-      pack_b_panel<T>(k1, rows, g.a + j0 * g.rs_a, 1, g.rs_a, nr, dst);
-      if (k2 > 0) pack_b_panel<T>(k2, rows, a2 + j0 * lda2, 1, lda2, nr, dst + k1 * nr);
-    }
+    for (index_t jp = 0; jp < npan; ++jp) pack_batch_panel<T>(jp, nr, m, k1, g.a, g.rs_a, k2, a2, lda2, ap.data());
     // implicit barrier: every panel packed
     auto run_tile = [&](index_t ib) {
       const index_t i = ib * mr;  // rows [i, i + m_t) of W: columns of C
@@ -210,12 +216,7 @@ void gemm_wt_direct_gru(index_t m, index_t n, index_t k1, const T* x, index_t ld
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
 #pragma omp for schedule(static)
-    for (index_t jp = 0; jp < npan; ++jp) {
-      const index_t j0 = jp * nr, rows = std::min<index_t>(nr, m - j0);
-      T* dst = ap.data() + jp * nr * k;
-      pack_b_panel<T>(k1, rows, x + j0 * ldx, 1, ldx, nr, dst);
-      pack_b_panel<T>(k2, rows, h + j0 * ldh, 1, ldh, nr, dst + k1 * nr);
-    }
+    for (index_t jp = 0; jp < npan; ++jp) pack_batch_panel<T>(jp, nr, m, k1, x, ldx, k2, h, ldh, ap.data());
     // implicit barrier: every panel packed
     auto run_tile = [&](index_t t) {
       const int q = t >= first_tile[2] ? 2 : t >= first_tile[1] ? 1 : 0;

@@ -226,10 +226,23 @@ constexpr double inv_factorial(int k) {
   return 1.0 / f;
 }
 
-// exp(x) of N vectors of doubles: x = n ln2 + r, |r| <= ln2/2 (n ln2 in two parts, the first exact for
-// |n| < 2^21), exp(r) by its Taylor polynomial of degree 13 (truncation under 5e-18 relative), then
-// times 2^n by V::exp2i, exact for every n the clamp to [kExpLo, kExpHi] leaves (0 below about -745, inf
-// above 709.78). kNonPositive: every x is <= 0 or NaN.
+// x = n ln2 + r, |r| <= ln2/2, of N vectors of doubles (n ln2 in two parts, the first exact for
+// |n| < 2^21), and p = sum_{k = lo}^{13} r^(k - lo) / k!, the tail from term lo of exp(r)'s Taylor
+// polynomial of degree 13 (truncation under 5e-18 relative), by Horner's rule.
+template <class V, int N, int lo>
+DNNKIT_VINLINE void vreduce_taylor_d_n(const typename V::reg (&x)[N], typename V::reg (&n)[N],
+                                       typename V::reg (&r)[N], typename V::reg (&p)[N]) {
+  for (int u = 0; u < N; ++u) n[u] = V::round(V::mul(x[u], V::set1(1.4426950408889634074)));
+  for (int u = 0; u < N; ++u) r[u] = V::fnma(n[u], V::set1(6.93147180369123816490e-01), x[u]);
+  for (int u = 0; u < N; ++u) r[u] = V::fnma(n[u], V::set1(1.90821492927058770002e-10), r[u]);
+  for (int u = 0; u < N; ++u) p[u] = V::fma(r[u], V::set1(inv_factorial(13)), V::set1(inv_factorial(12)));
+  for (int k = 11; k >= lo; --k)
+    for (int u = 0; u < N; ++u) p[u] = V::fma(p[u], r[u], V::set1(inv_factorial(k)));
+}
+
+// exp(x) of N vectors of doubles: exp(r) (vreduce_taylor_d_n from term 0) times 2^n by V::exp2i, exact
+// for every n the clamp to [kExpLo, kExpHi] leaves (0 below about -745, inf above 709.78). kNonPositive:
+// every x is <= 0 or NaN.
 template <class V, int N, bool kNonPositive = false>
 DNNKIT_VINLINE void vexp_d_n(typename V::reg (&x)[N]) {
   using R = typename V::reg;
@@ -238,28 +251,18 @@ DNNKIT_VINLINE void vexp_d_n(typename V::reg (&x)[N]) {
     x[u] = V::max_nan(V::set1(V::kExpLo), x[u]);
     if constexpr (!kNonPositive) x[u] = V::min_nan(V::set1(V::kExpHi), x[u]);
   }
-  for (int u = 0; u < N; ++u) n[u] = V::round(V::mul(x[u], V::set1(1.4426950408889634074)));
-  for (int u = 0; u < N; ++u) r[u] = V::fnma(n[u], V::set1(6.93147180369123816490e-01), x[u]);
-  for (int u = 0; u < N; ++u) r[u] = V::fnma(n[u], V::set1(1.90821492927058770002e-10), r[u]);
-  for (int u = 0; u < N; ++u) p[u] = V::fma(r[u], V::set1(inv_factorial(13)), V::set1(inv_factorial(12)));
-  for (int k = 11; k >= 0; --k)
-    for (int u = 0; u < N; ++u) p[u] = V::fma(p[u], r[u], V::set1(inv_factorial(k)));
+  vreduce_taylor_d_n<V, N, 0>(x, n, r, p);
   for (int u = 0; u < N; ++u) x[u] = V::exp2i(p[u], n[u]);
 }
 
-// expm1(y) for y in [-40, 0] (or NaN) of N vectors: y = n ln2 + r as in vexp_d_n, expm1(r) = r + r^2 P(r)
-// with P the Taylor polynomial of (e^r - 1 - r) / r^2 to degree 11 (truncation under 2e-17 relative),
-// then 2^n expm1(r) + (2^n - 1), both terms exact or nearly so for n in [-58, 0]: no cancellation.
+// expm1(y) for y in [-40, 0] (or NaN) of N vectors: expm1(r) = r + r^2 P(r), P the Taylor tail from term
+// 2 (vreduce_taylor_d_n; truncation under 2e-17 relative), then 2^n expm1(r) + (2^n - 1), both terms
+// exact or nearly so for n in [-58, 0]: no cancellation.
 template <class V, int N>
 DNNKIT_VINLINE void vexpm1_d_n(typename V::reg (&y)[N]) {
   using R = typename V::reg;
   R n[N], r[N], p[N];
-  for (int u = 0; u < N; ++u) n[u] = V::round(V::mul(y[u], V::set1(1.4426950408889634074)));
-  for (int u = 0; u < N; ++u) r[u] = V::fnma(n[u], V::set1(6.93147180369123816490e-01), y[u]);
-  for (int u = 0; u < N; ++u) r[u] = V::fnma(n[u], V::set1(1.90821492927058770002e-10), r[u]);
-  for (int u = 0; u < N; ++u) p[u] = V::fma(r[u], V::set1(inv_factorial(13)), V::set1(inv_factorial(12)));
-  for (int k = 11; k >= 2; --k)
-    for (int u = 0; u < N; ++u) p[u] = V::fma(p[u], r[u], V::set1(inv_factorial(k)));
+  vreduce_taylor_d_n<V, N, 2>(y, n, r, p);
   for (int u = 0; u < N; ++u) {
     const R em_r = V::fma(V::mul(r[u], r[u]), p[u], r[u]);  // expm1(r)
     const R s = V::exp2i(V::set1(1.0), n[u]);              // 2^n, exact

@@ -182,12 +182,6 @@ void rnn_fwd(bool relu, index_t j0, index_t j1, const T* __restrict xp, const T*
   }
 }
 
-// The vector post-GEMM kernels for the active ISA (null: the portable loops above).
-template <typename T>
-const GateKernels<T>* vector_gates() {
-  return gate_kernels<T>();
-}
-
 // One forward step after its GEMMs, for the B batch rows and hidden units [j0, j1). Row r of each operand:
 // xp + r*GH (the pre-activations: input projections with the bias, and with `summed` also W_hh h_{t-1},
 // except GRU's gate n); gh + r*GH (W_hh h_{t-1} without `summed`, only its gate n block with it; null
@@ -204,7 +198,7 @@ template <typename T>
 void forward_rows(const StepRows& s, const T* xp, const T* gh, bool summed, const T* bhn, const T* hprev,
                   index_t ldh, const T* cprev, T* c, T* h, index_t ldy, T* save, T* aux, const T* zeros) {
   const index_t H = s.H, GH = rnn_gates(s.cell) * H;
-  const GateKernels<T>* vk = vector_gates<T>();
+  const GateKernels<T>* vk = gate_kernels<T>();  // null: the portable loops above
   for (index_t r = 0; r < s.B; ++r) {
     const T* xr = xp + r * GH;
     const T* gr = gh && !summed ? gh + r * GH : nullptr;  // what is still to be added to xr
@@ -547,6 +541,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
   const bool lstm = s.cell == RnnCell::lstm, gru = s.cell == RnnCell::gru;
   const bool packed = Tn > 1;  // a single step multiplies W_hh once: plain GEMM, no packing
   const UKernel<T> uk = select_ukernel<T>(active_isa());
+  const int hgt = balanced_height(uk.mr, B);  // the projection products' micro-panel height
   const int nt = team_size(H, uk.nr, D);
   const index_t per_dir = rnn_reserve_elems_per_dir(s);
   const index_t a_elems = packed_a_elems(uk, B, std::max(H, S));  // h_{t-1} (B x S), m_t (B x H)
@@ -666,7 +661,6 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
           }
           if (proj) {
             barriers[tg.group].wait();  // m_t complete before any thread packs it
-            const int hgt = balanced_height(uk.mr, B);
             pack_a_rows<T>(uk, B, H, m_t, H, 1, ap, hgt);
             gemm_packed_b<T>(B, ap, b.whr, own_s.c0, own_s.c1, T(0), h_t, DS, false, nullptr, hgt);
           }
@@ -701,7 +695,7 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
   const int nt = team_size(H, uk.nr, D);
   const int hgt = balanced_height(uk.mr, B);  // the micro-panels' height for B rows
   const index_t per_dir = rnn_reserve_elems_per_dir(s);
-  const GateKernels<T>* vk = vector_gates<T>();
+  const GateKernels<T>* vk = gate_kernels<T>();  // null: the portable loops above
 
   DirBuffers<T> buf[2];
   const index_t zlen = std::max<index_t>(D * std::max(H, S), 1);
