@@ -46,24 +46,6 @@ DNNKIT_VINLINE void vexp_f_n(typename V::reg (&x)[N]) {
   for (int u = 0; u < N; ++u) x[u] = V::exp2i(p[u], n[u]);
 }
 
-// sigmoid(x) = 1/(1 + e) for x >= 0 and e/(1 + e) below, e = exp(-|x|) <= 1: nothing overflows. Below
-// x = -87.34, where sigmoid(x) is under the smallest normal float, the result is 0 (as with flush to zero)
-// and e is held at that normal float: denormal operands and results cost microcode assists (12x the time
-// on inputs of standard deviation 60).
-template <class V, int N>
-DNNKIT_VINLINE void vsigmoid_f_n(typename V::reg (&x)[N]) {
-  using R = typename V::reg;
-  constexpr float kLo = -87.33654f;  // ln of the smallest normal float
-  R e[N];
-  for (int u = 0; u < N; ++u) e[u] = V::max_nan(V::set1(kLo), V::sub(V::set1(0.0f), V::abs(x[u])));
-  vexp_f_n<V, N, true>(e);
-  for (int u = 0; u < N; ++u) {
-    const R q = V::recip(V::add(V::set1(1.0f), e[u]));
-    const R r = V::blend(V::ge(x[u], V::set1(0.0f)), V::mul(e[u], q), q);
-    x[u] = V::blend(V::lt(x[u], V::set1(kLo)), r, V::set1(0.0f));
-  }
-}
-
 // tanh: the odd polynomial of fastmath::tanh below |x| = 0.625, (1 - e)/(1 + e) with e = exp(-2 min(|x|, 10))
 // above (past |x| = 44 exp(-2|x|) is denormal, and denormal operands cost microcode assists).
 template <class V, int N>
@@ -270,22 +252,6 @@ DNNKIT_VINLINE void vexpm1_d_n(typename V::reg (&y)[N]) {
   }
 }
 
-// sigmoid(x) = 1/(1 + e) for x >= 0 and e/(1 + e) below, e = exp(-|x|) <= 1, as vsigmoid_f_n; 0 below
-// x = -708.4, where sigmoid(x) is under the smallest normal double (e held there: never denormal).
-template <class V, int N>
-DNNKIT_VINLINE void vsigmoid_d_n(typename V::reg (&x)[N]) {
-  using R = typename V::reg;
-  constexpr double kLo = -708.39641853226410622;  // ln of the smallest normal double
-  R e[N];
-  for (int u = 0; u < N; ++u) e[u] = V::max_nan(V::set1(kLo), V::sub(V::set1(0.0), V::abs(x[u])));
-  vexp_d_n<V, N, true>(e);
-  for (int u = 0; u < N; ++u) {
-    const R q = V::recip(V::add(V::set1(1.0), e[u]));
-    const R r = V::blend(V::ge(x[u], V::set1(0.0)), V::mul(e[u], q), q);
-    x[u] = V::blend(V::lt(x[u], V::set1(kLo)), r, V::set1(0.0));
-  }
-}
-
 // tanh(x) = -m / (2 + m) with m = expm1(-2|x|), the sign of x restored: accurate at small |x| too, where
 // (1 - e)/(1 + e) would cancel. Past |x| = 20 tanh rounds to 1, so |x| is held there.
 template <class V, int N>
@@ -306,10 +272,23 @@ DNNKIT_VINLINE void vexp_n(typename V::reg (&x)[N]) {
   if constexpr (std::is_same_v<typename V::T, double>) vexp_d_n<V, N, kNonPositive>(x);
   else vexp_f_n<V, N, kNonPositive>(x);
 }
+// sigmoid(x) = 1/(1 + e) for x >= 0 and e/(1 + e) below, e = exp(-|x|) <= 1: nothing overflows. Below
+// kLo = ln of the smallest normal value (float -87.34, double -708.4), where sigmoid(x) is under it, the
+// result is 0 (as with flush to zero) and e is held at that normal value: denormal operands and results
+// cost microcode assists (12x the time on float inputs of standard deviation 60).
 template <class V, int N>
 DNNKIT_VINLINE void vsigmoid_n(typename V::reg (&x)[N]) {
-  if constexpr (std::is_same_v<typename V::T, double>) vsigmoid_d_n<V, N>(x);
-  else vsigmoid_f_n<V, N>(x);
+  using R = typename V::reg;
+  using T = typename V::T;
+  constexpr T kLo = std::is_same_v<T, double> ? T(-708.39641853226410622) : T(-87.33654f);
+  R e[N];
+  for (int u = 0; u < N; ++u) e[u] = V::max_nan(V::set1(kLo), V::sub(V::set1(T(0)), V::abs(x[u])));
+  vexp_n<V, N, true>(e);
+  for (int u = 0; u < N; ++u) {
+    const R q = V::recip(V::add(V::set1(T(1)), e[u]));
+    const R r = V::blend(V::ge(x[u], V::set1(T(0))), V::mul(e[u], q), q);
+    x[u] = V::blend(V::lt(x[u], V::set1(kLo)), r, V::set1(T(0)));
+  }
 }
 template <class V, int N>
 DNNKIT_VINLINE void vtanh_n(typename V::reg (&x)[N]) {
