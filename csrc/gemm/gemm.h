@@ -73,7 +73,7 @@ void gemm(const GemmArgs<T>& g, int nthreads = 0);
 // contiguous rows, no packing, no workspace (gemm_small_m.cpp).
 template <typename T>
 void gemm_small_m(const GemmArgs<T>& g, int nthreads = 0);
-// gemm_small_m over two operand pairs side by side, as gemm_wt_direct2: C := act(alpha * (A W^T + A2 W2^T)
+// gemm_small_m over two operand pairs side by side: C := act(alpha * (A W^T + A2 W2^T)
 // + beta * C + bias), A2 (m x k2, row stride lda2) and W2 (n x k2, row stride ldw2) contiguous along k2;
 // both weights streamed in one pass of one parallel region (an RNN cell at batch 1 to 4).
 template <typename T>
@@ -90,25 +90,30 @@ template <typename T>
 bool gemm_wt_direct_available();
 template <typename T>
 void gemm_wt_direct(const GemmArgs<T>& g, int nthreads = 0);
-// gemm_wt_direct over two operand pairs side by side: C := act(alpha * (A W^T + A2 W2^T) + beta * C + bias),
-// A2 (m x k2, row stride lda2) and W2 (n x k2, row stride ldw2) rows contiguous along k2, both products
-// summed in the micro-kernel's registers (an RNN cell's x W_ih^T + h W_hh^T, neither weight copied).
-// Without the strided-A kernel, two gemm() calls (identity activation only).
-template <typename T>
-void gemm_wt_direct2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2,
-                     int nthreads = 0);
-
-// A GRU cell's products in one pass of the strided-A kernel, [x | h] (m x (k1 + k2); x and h with
-// contiguous rows) packed once: with W1 = W_ih (3n x k1) and W2 = W_hh (3n x k2), row-major,
-//   C1[:, 0:2n]  := x W1[0:2n]^T + h W2[0:2n]^T + bias1[0:2n]   (gates r and z, summed),
-//   C1[:, 2n:3n] := x W1[2n:3n]^T + bias1[2n:3n]                 (gate n, from the input),
-//   C2[:, 2n:3n] := h W2[2n:3n]^T                                 (gate n, from h: the reset gate scales it),
-// C1 and C2 row-major (row strides ldc1, ldc2); bias1 (3n) may be null. Requires the strided-A kernel
+// An RNN cell's products, and its post-GEMM, in one pass of the strided-A kernel: [x | h] (m x (k1 + k2);
+// x and h with contiguous rows) packed once, and each weight read in place. Group q holds n rows of
+// weights: row j at w1 + j*ldw1 (depth [0, k1), against x) and at w2 + j*ldw2 (depth [k1, k1 + k2),
+// against h); either may be null, leaving that segment out. It computes
+//   c[r*ldc + j] := x[r] . w1_row(j) + h[r] . w2_row(j) + bias[j]     (bias may be null)
+// for every batch row r. The hidden units run in blocks [j0, j1) of 32 (or the next multiple of the
+// kernel's MR): every group's rows j0..j1, then done(ctx, j0, j1) on the same thread, while those
+// pre-activations are still in its cache. done runs concurrently for disjoint blocks. Each output sums in
+// the depth blocks of gemm_wt_direct, whatever the batch. Requires the strided-A kernel
 // (gemm_wt_direct_available). Throws std::bad_alloc.
 template <typename T>
-void gemm_wt_direct_gru(index_t m, index_t n, index_t k1, const T* x, index_t ldx, const T* w1, index_t ldw1, index_t k2,
-                        const T* h, index_t ldh, const T* w2, index_t ldw2, T* c1, index_t ldc1, T* c2, index_t ldc2,
-                        const T* bias1, int nthreads = 0);
+struct CellGroup {
+  const T* w1;
+  index_t ldw1;
+  const T* w2;
+  index_t ldw2;
+  T* c;
+  index_t ldc;
+  const T* bias;
+};
+using CellDone = void (*)(void* ctx, index_t j0, index_t j1);
+template <typename T>
+void gemm_wt_direct_cell(index_t m, index_t n, index_t k1, const T* x, index_t ldx, index_t k2, const T* h, index_t ldh,
+                         const CellGroup<T>* groups, int ngroups, CellDone done, void* ctx, int nthreads = 0);
 
 // ---- Pre-packed B: pack once, multiply many times (an RNN's recurrent weights, reused at every step).
 //

@@ -528,6 +528,55 @@ bool rnn_uses_wavefront(const RnnShape& s, index_t elem_size) {
   return rnn_gates(s.cell) * s.hidden * s.hidden * elem_size <= kWaveMaxWhhBytes;
 }
 
+// A single step of layer l, direction d, with h0 (a cell, or a sequence of one step): the products of
+// every gate by gemm_wt_direct_cell, and for each block of hidden units the post-GEMM and the final
+// states on the thread that computed its pre-activations. b.bias holds the summed biases (and GRU's b_hn).
+template <typename T>
+void fused_cell_step(const RnnShape& s, const RnnWeights<T>& w, int l, int d, const T* xl, const T* h0, const T* c0,
+                     T* const* y, T* h_n, T* c_n, T* reserve, DirBuffers<T>& b, const T* zeros) {
+  const index_t B = s.batch, H = s.hidden, S = s.state(), Il = s.input_of(l);
+  const int G = rnn_gates(s.cell), li = l * s.dirs + d;
+  const index_t GH = G * H;
+  const bool gru = s.cell == RnnCell::gru;
+  T* const save = reserve ? reserve + li * rnn_reserve_elems_per_dir(s) : nullptr;  // (1, B, GH) gates
+  T* const aux = reserve ? save + B * GH : nullptr;  // (1, B, H) c_t or W_hn h + b_hn
+  struct Ctx {
+    StepRows step;
+    const T *xp, *gh, *bhn, *hprev, *cprev, *zeros;
+    T *c, *h, *save, *aux, *h_n, *c_n;
+    index_t ldy;
+  } ctx{{s.cell, B, H, 0, 0}, b.xp.data(), gru ? b.gh.data() : nullptr, b.bias.data() + GH, h0 + li * B * S,
+        c0 ? c0 + li * B * H : nullptr, zeros, aux ? aux : b.state.data(), y[l] + d * S, save, aux,
+        h_n ? h_n + li * B * S : nullptr, c_n && s.cell == RnnCell::lstm ? c_n + li * B * H : nullptr,
+        index_t(s.dirs) * S};
+  CellDone done = [](void* p, index_t j0, index_t j1) {
+    const Ctx& c = *static_cast<const Ctx*>(p);
+    StepRows step = c.step;
+    step.j0 = j0;
+    step.j1 = j1;
+    forward_rows<T>(step, c.xp, c.gh, true, c.bhn, c.hprev, step.H, c.cprev, c.c, c.h, c.ldy, c.save, c.aux, c.zeros);
+    for (index_t r = 0; r < step.B; ++r) {
+      if (c.h_n) std::copy(c.h + r * c.ldy + j0, c.h + r * c.ldy + j1, c.h_n + r * step.H + j0);
+      if (c.c_n) std::copy(c.c + r * step.H + j0, c.c + r * step.H + j1, c.c_n + r * step.H + j0);
+    }
+  };
+  // Gate q's rows of W_ih and W_hh into column block q of xp, with its bias; GRU's gate n from the
+  // input apart from gate n from h (into gh), which the reset gate scales.
+  const T *wih = w.w_ih[li], *whh = w.w_hh[li], *bias = b.bias.data();
+  T* xp = b.xp.data();
+  CellGroup<T> groups[4];
+  int ng = 0;
+  for (int q = 0; q < G; ++q) {
+    if (gru && q == 2) break;
+    groups[ng++] = {wih + q * H * Il, Il, whh + q * H * S, S, xp + q * H, GH, bias + q * H};
+  }
+  if (gru) {
+    groups[ng++] = {wih + 2 * H * Il, Il, nullptr, S, xp + 2 * H, GH, bias + 2 * H};
+    groups[ng++] = {nullptr, Il, whh + 2 * H * S, S, b.gh.data() + 2 * H, GH, nullptr};
+  }
+  gemm_wt_direct_cell<T>(B, H, Il, xl, Il, S, h0 + li * B * S, S, groups, ng, done, &ctx);
+}
+
 template <typename T>
 void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0, T* const* y,
                  T* h_n, T* c_n, T* reserve) {
@@ -562,20 +611,14 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     const index_t Il = s.input_of(l);
     const T* xl = l == 0 ? x : y[l - 1];
     T* yl = y[l];
-    // A single step with h0 (a cell) whose two products run as one: on the strided-A kernel at a tile of
-    // batch rows, as dot products at a few. LSTM and the plain RNNs (GRU keeps W_hn h apart, for its reset
-    // gate), no projection.
-    // Weights packed by the caller (a cell, see RnnWeights): both products on them, summed as one except
-    // for GRU.
+    // A single step with h0 (a cell) whose batch fills the strided-A kernel's tiles: its products and its
+    // post-GEMM in one pass (gemm_wt_direct_cell), both weights read in place, [x | h0] packed once.
     const bool prepacked = w.packed_ih != nullptr;
-    const bool cell = !packed && h0 && !gru && !proj && Il > 0;
-    const bool one_direct = !prepacked && cell && direct_wins<T>(B, Il + S);
-    const bool one_product =
-        prepacked ? !gru : one_direct || (cell && small_m_wins(B, GH, Il + S, sizeof(T)));
-    // A GRU cell whose batch fills the strided-A kernel's tiles: all its products in one pass over both
-    // weights in place (gemm_wt_direct_gru), [x | h0] packed once; gates r and z summed over [x | h0],
-    // gate n's two products apart, since its reset gate scales W_hn h0 + b_hn.
-    const bool gru_direct = !prepacked && !packed && h0 && gru && !proj && Il > 0 && direct_wins<T>(B, Il + S);
+    const bool fused_cell = !prepacked && !packed && h0 && !proj && Il > 0 && direct_wins<T>(B, Il + S);
+    // Otherwise, a cell's two products as one: on dot products at a few batch rows; on weights packed by
+    // the caller (see RnnWeights). GRU keeps W_hn h apart, for its reset gate.
+    const bool cell = !packed && h0 && !gru && !proj && Il > 0 && !fused_cell;
+    const bool one_product = prepacked ? !gru : cell && small_m_wins(B, GH, Il + S, sizeof(T));
     for (int d = 0; d < D; ++d) {
       const int li = l * D + d;
       DirBuffers<T>& b = buf[d];
@@ -590,29 +633,26 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
                           both ? h0 + li * B * S : nullptr, S, both ? w.packed_hh : nullptr);
         if (h0 && gru)
           gemm_prepacked<T>(B, h0 + li * B * S, S, *w.packed_hh, b.gh.data(), GH, nullptr, Activation::identity);
+      } else if (fused_cell) {
+        fused_cell_step<T>(s, w, l, d, xl, h0, c0, y, h_n, c_n, reserve, b, zeros.data());
       } else if (one_product) {
         // A single step (a cell): x W_ih^T + h0 W_hh^T + bias as one product, both weights read in place.
         GemmArgs<T> g = strided_gemm_args<T>(B, GH, Il, xl, Il, 1, w.w_ih[li], 1, Il, b.xp.data(), GH, T(0));
         g.bias = bias;
-        if (one_direct)
-          gemm_wt_direct2<T>(g, S, h0 + li * B * S, S, w.w_hh[li], S);
-        else
-          gemm_small_m2<T>(g, S, h0 + li * B * S, S, w.w_hh[li], S);
-      } else if (gru_direct) {
-        gemm_wt_direct_gru<T>(B, H, Il, xl, Il, w.w_ih[li], Il, S, h0 + li * B * S, S, w.w_hh[li], S, b.xp.data(), GH,
-                              b.gh.data(), GH, bias);
+        gemm_small_m2<T>(g, S, h0 + li * B * S, S, w.w_hh[li], S);
       } else {
         gemm_a_wt<T>(Tn * B, GH, Il, xl, Il, w.w_ih[li], b.xp.data(), GH, bias, T(0));
       }
       if (packed) {
         // Gate q's B operand: B_q(p, j) = W_hh[q*H + j, p] (S x H, read down the columns of W_hh).
         for (int q = 0; q < G; ++q) b.whh[q].pack(S, H, w.w_hh[li] + q * H * S, 1, S);
-      } else if (h0 && !one_product && !prepacked && !gru_direct) {
+      } else if (h0 && !one_product && !prepacked && !fused_cell) {
         gemm_a_wt<T>(B, GH, S, h0 + li * B * S, S, w.w_hh[li], b.gh.data(), GH, nullptr, T(0));
       }
       // The projection's B operand: B(p, j) = W_hr[j, p] (H x P).
       if (proj) b.whr.pack(H, S, w.w_hr[li], 1, H);
     }
+    if (fused_cell) continue;  // the layer's step, final states included, is done
 
     SpinBarrier barriers[2] = {SpinBarrier(thread_group(0, nt, D).nt), SpinBarrier(thread_group(nt - 1, nt, D).nt)};
     const index_t units = ceil_div(H, uk.nr) * step_row_blocks(uk.mr, B);  // fused_step's
@@ -655,7 +695,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
           } else {
             // A single step (its products by plain GEMM: into gh, or with x's into xp, GRU's gate n
             // into gh) or h_{t-1} = 0.
-            const bool summed = one_product || gru_direct;
+            const bool summed = one_product;
             forward_rows<T>(step, xpt, hprev && !one_product ? b.gh.data() : nullptr, summed, bhn, hprev, ldh, cprev,
                             ct, proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data());
           }
