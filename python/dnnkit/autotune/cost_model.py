@@ -81,7 +81,10 @@ def _transposes(m: int, n: int) -> bool:
     return m / (math.ceil(m / nr) * nr) > n / (math.ceil(n / nr) * nr) + 0.1
 
 
-_GEMM_MC = 2016  # csrc/gemm/blocking.h: rows of A per packed block (B is packed once per block)
+@functools.lru_cache(maxsize=None)
+def _gemm_mc(isa: str, itemsize: int) -> int:
+    """MC of csrc/gemm/blocking.h: rows of A per packed block (B is packed once per block)."""
+    return _cpu.ukernel_info(isa, itemsize)[3]
 
 
 def gemm_efficiency(m: int, n: int, k: int) -> float:
@@ -112,7 +115,7 @@ def _conv_fwd(p, name):
         # The GEMM packs its B operand (the columns, or the input planes of a 1x1 layer) once per block
         # of MC output channels, and building the columns is one more copy.
         copy = 2 * n * c * p.kh * p.kw * pq * p.itemsize / (_copy_bytes_per_s() * threads)
-        t += copy * (math.ceil(kg / _GEMM_MC) + (0 if pointwise else 1))
+        t += copy * (math.ceil(kg / _gemm_mc(_cpu.active_isa(), p.itemsize)) + (0 if pointwise else 1))
         if pq < 512 and n > 1:  # images side by side: the GEMM's output is copied back to NCHW
             t += 2 * n * k * pq * p.itemsize / (_copy_bytes_per_s() * threads)
         return t
