@@ -195,6 +195,11 @@ void scale_c(const GemmArgs<T>& g) {
 template <typename T>
 void pack_a_block(const T* a, index_t rs_a, index_t cs_a, int mr, index_t ic, index_t mc, index_t pc, index_t kc,
                   index_t ir0, index_t ir1, T* ap) {
+  // Contiguous columns, several panels: columns outermost (pack_a_cols).
+  if (rs_a == 1 && cs_a != 1 && ir1 - ir0 > 1) {
+    const index_t i0 = ic + ir0 * mr, rows = std::min(ic + mc, ic + ir1 * mr) - i0;
+    if (pack_a_cols_fixed<T>(rows, kc, mr, a + i0 + pc * cs_a, cs_a, ap + ir0 * mr * kc)) return;
+  }
   for (index_t ir = ir0; ir < ir1; ++ir) {
     const index_t i = ic + ir * mr;
     const int m_t = static_cast<int>(std::min<index_t>(mr, ic + mc - i));
@@ -279,10 +284,12 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
                           beta, last);
         };
         if (p.split_n) {
-          // Every thread reads the whole A block: pack it together.
-#pragma omp for schedule(static)
-          for (index_t ir = 0; ir < n_ir; ++ir) pack_a(ir, ir + 1);
-          // implicit barrier: A block complete
+          // Every thread reads the whole A block: pack it together, a run of panels each.
+          {
+            const index_t chunk = ceil_div(n_ir, nt), r0 = std::min(n_ir, tid * chunk);
+            pack_a(r0, std::min(n_ir, r0 + chunk));
+          }
+#pragma omp barrier  // A block complete
           T* const own = bbuf.data() + tid * b_block;
           const index_t n_jc = ceil_div(g.n, p.nc);
           for (index_t jb = tid; jb < n_jc; jb += nt) {

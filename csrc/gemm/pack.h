@@ -142,6 +142,33 @@ inline bool pack_b_rows_fixed(index_t k, index_t n, int nr, const T* b, index_t 
   }
 }
 
+// The m x k block of an A with contiguous columns (element (i, p) at a[i + p*cs]: the transposed
+// operand of a weight gradient, dY^T X) into its micro-panels of MR rows (panel q at ap + q*MR*k,
+// stride MR; the last, of m % MR rows, at that stride), columns outermost: each column of the block is
+// read once, front to back, and scattered to the panels, as pack_b_rows reads B. Panel by panel, each
+// k step of a panel copied 56 bytes from another line (4 KB apart in a gradient 1024 wide).
+template <typename T, int MR>
+void pack_a_cols(index_t m, index_t k, const T* a, index_t cs, T* ap) {
+  const index_t full = m / MR, tail = m - full * MR;
+  for (index_t p = 0; p < k; ++p) {
+    const T* src = a + p * cs;
+    for (index_t q = 0; q < full; ++q) std::memcpy(ap + q * MR * k + p * MR, src + q * MR, sizeof(T) * MR);
+    if (tail) std::memcpy(ap + full * MR * k + p * tail, src + full * MR, sizeof(T) * tail);
+  }
+}
+
+// pack_a_cols for the micro-kernels' MR; false for any other.
+template <typename T>
+inline bool pack_a_cols_fixed(index_t m, index_t k, int mr, const T* a, index_t cs, T* ap) {
+  switch (mr) {
+    case 4: pack_a_cols<T, 4>(m, k, a, cs, ap); return true;
+    case 6: pack_a_cols<T, 6>(m, k, a, cs, ap); return true;
+    case 8: pack_a_cols<T, 8>(m, k, a, cs, ap); return true;
+    case 14: pack_a_cols<T, 14>(m, k, a, cs, ap); return true;
+    default: return false;
+  }
+}
+
 // Packs the m x k block of A into ceil(m/mr) micro-panels, each mr x k stored k-major
 // (ap[panel*mr*k + p*mr + i]); rows past m are zero.
 template <typename T>
