@@ -381,6 +381,48 @@ def test_cells_on_packed_weights_at_larger_sizes(num_threads, mode, B, I, H):
             assert rel_l2(g, e) <= FWD_TOL32
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("B,I,H", [(16, 40, 96), (40, 200, 192), (3, 7, 48), (252, 30, 96)])
+def test_packed_cells_by_blocks_of_hidden_units(isa, num_threads, mode, B, I, H):
+    """Packed cells whose hidden size is whole panels of the micro-kernel (H a multiple of NR on every
+    ISA's kernel) run each block of hidden units' products and post-GEMM together: with and without the
+    initial state, in both dtypes, forward against the float64 references and the backward of a
+    train=True call against the one on plain weights."""
+    rng = np.random.default_rng(B + I + H)
+    G = GATES[mode]
+    for dtype in DTYPES:
+        x = rng.standard_normal((B, I)).astype(dtype)
+        h = rng.standard_normal((B, H)).astype(dtype)
+        c = rng.standard_normal((B, H)).astype(dtype)
+        w_ih = (rng.standard_normal((G * H, I)) / np.sqrt(I)).astype(dtype)
+        w_hh = (rng.standard_normal((G * H, H)) / np.sqrt(H)).astype(dtype)
+        b_ih, b_hh = rng.standard_normal(G * H).astype(dtype), rng.standard_normal(G * H).astype(dtype)
+        p_ih, p_hh = dnnkit.pack_weight(w_ih), dnnkit.pack_weight(w_hh)
+        t = tol(dtype, FWD_TOL32)
+        for state in (True, False):
+            hs, cs = (h, c) if state else (np.zeros_like(h), np.zeros_like(c))
+            if mode == "lstm":
+                call = lambda w1, w2, **kw: dnnkit.lstm_cell(x, (h, c) if state else None, w1, w2, b_ih, b_hh, **kw)
+                expected = lstm_cell_ref(x, hs, cs, w_ih, w_hh, b_ih, b_hh)
+                backward = lambda r, g: dnnkit.lstm_cell_backward(g, g, r)
+            elif mode == "gru":
+                call = lambda w1, w2, **kw: dnnkit.gru_cell(x, h if state else None, w1, w2, b_ih, b_hh, **kw)
+                expected = (gru_cell_ref(x, hs, w_ih, w_hh, b_ih, b_hh),)
+                backward = lambda r, g: dnnkit.gru_cell_backward(g, r)
+            else:
+                fn = dnnkit.rnn_tanh_cell if mode == "rnn_tanh" else dnnkit.rnn_relu_cell
+                call = lambda w1, w2, **kw: fn(x, h if state else None, w1, w2, b_ih, b_hh, **kw)
+                expected = (rnn_cell_ref(x, hs, w_ih, w_hh, b_ih, b_hh, nonlinearity=mode[4:]),)
+                backward = lambda r, g: dnnkit.rnn_cell_backward(g, r)
+            got = call(p_ih, p_hh)
+            got = got if isinstance(got, tuple) else (got,)
+            for g, e in zip(got, expected):
+                assert rel_l2(g, e) <= t
+            g_h = rng.standard_normal((B, H)).astype(dtype)
+            for g, e in zip(backward(call(p_ih, p_hh, train=True)[1], g_h), backward(call(w_ih, w_hh, train=True)[1], g_h)):
+                assert (g is None and e is None) or rel_l2(g, e) <= tol(dtype, BWD_TOL32)
+
+
 def test_packed_cell_weights_are_checked_by_name():
     x, h = np.zeros((2, 3), np.float32), np.zeros((2, 4), np.float32)
     w_ih, w_hh = np.zeros((16, 3), np.float32), np.zeros((16, 4), np.float32)
@@ -790,7 +832,7 @@ def test_cells_at_a_tile_of_batch_rows(isa, num_threads, mode, B, I, H):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gru_cell_one_pass_across_depth_blocks(isa, num_threads, dtype):
     """A GRU cell whose batch fills the strided-A kernel's tiles runs all its products in one pass
-    (gemm_wt_direct_gru: r and z over [x | h], gate n's input and hidden products apart). With I + H past
+    (gemm_wt_direct_cell: r and z over [x | h], gate n's input and hidden products apart). With I + H past
     one of the kernel's depth blocks, the depth runs in two blocks, gate n's input rows ending and its
     hidden rows starting inside the second: each group still starts from zero, takes its bias once and
     matches the reference, with and without biases, at a batch of one tile and of several panels."""

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -586,6 +587,69 @@ void fused_cell_step(const RnnShape& s, const RnnWeights<T>& w, int l, int d, co
   gemm_wt_direct_cell<T>(B, H, Il, xl, Il, S, h0 + li * B * S, S, groups, ng, done, &ctx);
 }
 
+// A cell on weights packed by the caller (RnnWeights::packed_ih, packed_hh) whose gates' blocks of NR
+// hidden units are whole panels (H a multiple of NR) and whose batch is one block of rows, as
+// gemm_prepacked takes it: for each block of NR hidden units, every gate's products (x W_ih^T, then
+// h W_hh^T added and the bias in the last store; GRU's W_hn h apart, into gh) and then the post-GEMM
+// and final states, on one thread, as fused_cell_step does on weights in place.
+template <typename T>
+bool fused_packed_cell_fits(const RnnShape& s, const RnnWeights<T>& w) {
+  if (!w.packed_ih || s.proj > 0 || s.seq != 1 || s.layers != 1 || s.dirs != 1) return false;
+  const UKernel<T>& uk = w.packed_ih->ukernel();
+  return s.hidden % uk.nr == 0 && s.batch <= std::max(uk.mr, 256 / uk.mr * uk.mr) && s.input > 0 &&
+         w.packed_hh->ukernel().fn == uk.fn;
+}
+
+template <typename T>
+void fused_packed_cell_step(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0,
+                            T* const* y, T* h_n, T* c_n, T* reserve, DirBuffers<T>& b, const T* zeros) {
+  const index_t B = s.batch, H = s.hidden, I = s.input;
+  const int G = rnn_gates(s.cell);
+  const index_t GH = G * H;
+  const bool gru = s.cell == RnnCell::gru, lstm = s.cell == RnnCell::lstm;
+  const PackedB<T>& wih = *w.packed_ih;
+  const PackedB<T>& whh = *w.packed_hh;
+  const UKernel<T>& uk = wih.ukernel();
+  const index_t gate_panels = H / uk.nr;
+  T* const save = reserve;                         // (1, B, GH) gates
+  T* const aux = reserve ? save + B * GH : nullptr;  // (1, B, H) c_t or W_hn h + b_hn
+  T* const c = aux ? aux : b.state.data();
+  T* const h = y[0];
+  T *const xp = b.xp.data(), *const gh = b.gh.data();
+  const T* const bias = b.bias.data();
+  AlignedBuffer<T> ap(static_cast<std::size_t>(std::max<index_t>(B * (I + H), 1)));
+  T* const ap1 = ap.data();
+  T* const ap2 = ap.data() + B * I;
+  int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(get_num_threads(), gate_panels)));
+  if (double(B) * double(GH) * double(I + H) < min_parallel_work()) nt = 1;
+  std::optional<PanelShare> share;
+  if (nt > 1) share.emplace(nt, gate_panels);
+  const bool reverse = alternate_direction(&wih);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    const int tid = thread_id(), nth = thread_count();
+    pack_a_rows_part<T>(uk, B, I, x, I, 1, ap1, tid, nth);
+    if (h0) pack_a_rows_part<T>(uk, B, H, h0, H, 1, ap2, tid, nth);
+#pragma omp barrier
+    for_each_unit(share ? &*share : nullptr, gate_panels, reverse, [&](index_t jp) {
+      for (int q = 0; q < G; ++q) {
+        const index_t p = q * gate_panels + jp;
+        const bool apart = gru && q == 2;  // gate n: W_hn h into gh, which the reset gate scales
+        gemm_packed_b<T>(B, ap1, wih, p, p + 1, T(0), xp, GH, false, h0 && !apart ? nullptr : bias);
+        if (h0) gemm_packed_b<T>(B, ap2, whh, p, p + 1, apart ? T(0) : T(1), apart ? gh : xp, GH, false,
+                                 apart ? nullptr : bias);
+      }
+      const index_t j0 = jp * uk.nr, j1 = j0 + uk.nr;
+      forward_rows<T>(StepRows{s.cell, B, H, j0, j1}, xp, gru && h0 ? gh : nullptr, true, bias + GH, h0, H, c0, c, h,
+                      H, save, aux, zeros);
+      for (index_t r = 0; r < B; ++r) {
+        if (h_n) std::copy(h + r * H + j0, h + r * H + j1, h_n + r * H + j0);
+        if (c_n && lstm) std::copy(c + r * H + j0, c + r * H + j1, c_n + r * H + j0);
+      }
+    });
+  }
+}
+
 template <typename T>
 void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0, T* const* y,
                  T* h_n, T* c_n, T* reserve) {
@@ -628,6 +692,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     // post-GEMM in one pass (gemm_wt_direct_cell), both weights read in place, [x | h0] packed once.
     const bool prepacked = w.packed_ih != nullptr;
     const bool fused_cell = !prepacked && !packed && h0 && !proj && Il > 0 && direct_wins<T>(B, Il + S);
+    const bool fused_packed = fused_packed_cell_fits<T>(s, w);
     // Otherwise, a cell's two products as one: on dot products at a few batch rows; on weights packed by
     // the caller (see RnnWeights). GRU keeps W_hn h apart, for its reset gate.
     const bool cell = !packed && h0 && !gru && !proj && Il > 0 && !fused_cell;
@@ -640,7 +705,9 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
       for (index_t j = 0; j < GH; ++j)
         bias[j] = (bih ? bih[j] : T(0)) + (bhh && !(gru && j >= 2 * H) ? bhh[j] : T(0));
       for (index_t j = 0; j < H; ++j) bias[GH + j] = gru && bhh ? bhh[2 * H + j] : T(0);
-      if (prepacked) {
+      if (fused_packed) {
+        fused_packed_cell_step<T>(s, w, xl, h0, c0, y, h_n, c_n, reserve, b, zeros.data());
+      } else if (prepacked) {
         const bool both = h0 && !gru;
         gemm_prepacked<T>(B, xl, Il, *w.packed_ih, b.xp.data(), GH, bias, Activation::identity,
                           both ? h0 + li * B * S : nullptr, S, both ? w.packed_hh : nullptr);
@@ -665,7 +732,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
       // The projection's B operand: B(p, j) = W_hr[j, p] (H x P).
       if (proj) b.whr.pack(H, S, w.w_hr[li], 1, H);
     }
-    if (fused_cell) continue;  // the layer's step, final states included, is done
+    if (fused_cell || fused_packed) continue;  // the layer's step, final states included, is done
 
     SpinBarrier barriers[2] = {SpinBarrier(thread_group(0, nt, D).nt), SpinBarrier(thread_group(nt - 1, nt, D).nt)};
     const index_t units = ceil_div(H, uk.nr) * step_row_blocks(uk.mr, B);  // fused_step's
