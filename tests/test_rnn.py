@@ -849,6 +849,37 @@ def test_gru_cell_one_pass_across_depth_blocks(isa, num_threads, dtype):
             assert rel_l2(out, gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh)) <= (2e-5 if dtype == np.float32 else 1e-12)
 
 
+def check_sequence_and_gradients(c: SeqCase):
+    """A training forward (outputs and final states), an inference forward and the backward from what the
+    training forward saved, all against the float64 references."""
+    x, h0, c0, weights = make_seq(c)
+    mode = c.mode
+    out, state, reserve = run_forward(c, x, h0, c0, weights, train=True)
+    h_n = state[0] if mode == "lstm" else state
+    eo, eh, ec = rnn_sequence_ref(mode, x, h0, c0, weights, c.layers, c.bidirectional)
+    t = tol(c.dtype, FWD_TOL32)
+    assert rel_l2(out, eo) <= t and rel_l2(h_n, eh) <= t
+    if mode == "lstm":
+        assert rel_l2(state[1], ec) <= t
+    inference = run_forward(c, x, h0, c0, weights)
+    i_h = inference[1][0] if mode == "lstm" else inference[1]
+    assert rel_l2(inference[0], eo) <= t and rel_l2(i_h, eh) <= t
+    if mode == "lstm":
+        assert rel_l2(inference[1][1], ec) <= t
+    rng = np.random.default_rng(c.seed + 1)
+    go = rng.standard_normal(out.shape).astype(c.dtype)
+    gh = rng.standard_normal(h_n.shape).astype(c.dtype)
+    gc = rng.standard_normal(h_n.shape).astype(c.dtype) if mode == "lstm" else None
+    dx, dh0, dc0, dw = run_backward(c, go, gh, gc, reserve)
+    ex, eh0, ec0, ew = rnn_sequence_backward_ref(mode, x, h0, c0, weights, go, gh, gc, c.layers, c.bidirectional)
+    t = tol(c.dtype, BWD_TOL32)
+    assert rel_l2(dx, ex) <= t and rel_l2(dh0, eh0) <= t
+    if mode == "lstm":
+        assert rel_l2(dc0, ec0) <= t
+    for g, e in zip(dw, ew):
+        assert rel_l2(g, e) <= t
+
+
 @pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh"])
 @pytest.mark.parametrize("B,H,bidirectional", [(15, 70, False), (30, 40, True), (64, 100, False)])
 def test_sequences_over_several_micro_panels_of_rows(isa, num_threads, mode, B, H, bidirectional):
@@ -856,31 +887,9 @@ def test_sequences_over_several_micro_panels_of_rows(isa, num_threads, mode, B, 
     work units (a micro-panel of rows against a panel of units) are shared between the threads: the
     outputs, final states and every gradient match the float64 references, in both dtypes."""
     for dtype in DTYPES:
-        c = SeqCase(mode=mode, T=4, B=B, I=11, H=H, layers=2, bidirectional=bidirectional, bias=True,
-                    batch_first=False, unbatched=False, initial=True, as_dict=False, dtype=dtype,
-                    threads=num_threads, seed=B * 7 + H)
-        x, h0, c0, weights = make_seq(c)
-        out, state, reserve = run_forward(c, x, h0, c0, weights, train=True)
-        h_n = state[0] if mode == "lstm" else state
-        eo, eh, ec = rnn_sequence_ref(mode, x, h0, c0, weights, c.layers, bidirectional)
-        t = tol(dtype, FWD_TOL32)
-        assert rel_l2(out, eo) <= t and rel_l2(h_n, eh) <= t
-        if mode == "lstm":
-            assert rel_l2(state[1], ec) <= t
-        inference = run_forward(c, x, h0, c0, weights)
-        assert rel_l2(inference[0], eo) <= t
-        rng = np.random.default_rng(c.seed + 1)
-        go = rng.standard_normal(out.shape).astype(dtype)
-        gh = rng.standard_normal(h_n.shape).astype(dtype)
-        gc = rng.standard_normal(h_n.shape).astype(dtype) if mode == "lstm" else None
-        dx, dh0, dc0, dw = run_backward(c, go, gh, gc, reserve)
-        ex, eh0, ec0, ew = rnn_sequence_backward_ref(mode, x, h0, c0, weights, go, gh, gc, c.layers, bidirectional)
-        t = tol(dtype, BWD_TOL32)
-        assert rel_l2(dx, ex) <= t and rel_l2(dh0, eh0) <= t
-        if mode == "lstm":
-            assert rel_l2(dc0, ec0) <= t
-        for g, e in zip(dw, ew):
-            assert rel_l2(g, e) <= t
+        check_sequence_and_gradients(SeqCase(mode=mode, T=4, B=B, I=11, H=H, layers=2, bidirectional=bidirectional,
+                                             bias=True, batch_first=False, unbatched=False, initial=True,
+                                             as_dict=False, dtype=dtype, threads=num_threads, seed=B * 7 + H))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -893,34 +902,10 @@ def test_one_step_sequences_with_initial_states(isa, num_threads, mode, B, H, la
     outputs, final states and, from what that forward saved, every gradient match the float64 references
     in both dtypes."""
     for dtype in DTYPES:
-        c = SeqCase(mode=mode, T=1, B=B, I=200, H=H, layers=layers, bidirectional=bidirectional, bias=True,
-                    batch_first=False, unbatched=False, initial=True, as_dict=False, dtype=dtype,
-                    threads=num_threads, seed=B + H + layers)
-        x, h0, c0, weights = make_seq(c)
-        out, state, reserve = run_forward(c, x, h0, c0, weights, train=True)
-        h_n = state[0] if mode == "lstm" else state
-        eo, eh, ec = rnn_sequence_ref(mode, x, h0, c0, weights, c.layers, bidirectional)
-        t = tol(dtype, FWD_TOL32)
-        assert rel_l2(out, eo) <= t and rel_l2(h_n, eh) <= t
-        if mode == "lstm":
-            assert rel_l2(state[1], ec) <= t
-        inference = run_forward(c, x, h0, c0, weights)
-        i_h = inference[1][0] if mode == "lstm" else inference[1]
-        assert rel_l2(inference[0], eo) <= t and rel_l2(i_h, eh) <= t
-        if mode == "lstm":
-            assert rel_l2(inference[1][1], ec) <= t
-        rng = np.random.default_rng(c.seed + 1)
-        go = rng.standard_normal(out.shape).astype(dtype)
-        gh = rng.standard_normal(h_n.shape).astype(dtype)
-        gc = rng.standard_normal(h_n.shape).astype(dtype) if mode == "lstm" else None
-        dx, dh0, dc0, dw = run_backward(c, go, gh, gc, reserve)
-        ex, eh0, ec0, ew = rnn_sequence_backward_ref(mode, x, h0, c0, weights, go, gh, gc, c.layers, bidirectional)
-        t = tol(dtype, BWD_TOL32)
-        assert rel_l2(dx, ex) <= t and rel_l2(dh0, eh0) <= t
-        if mode == "lstm":
-            assert rel_l2(dc0, ec0) <= t
-        for g, e in zip(dw, ew):
-            assert rel_l2(g, e) <= t
+        check_sequence_and_gradients(SeqCase(mode=mode, T=1, B=B, I=200, H=H, layers=layers,
+                                             bidirectional=bidirectional, bias=True, batch_first=False,
+                                             unbatched=False, initial=True, as_dict=False, dtype=dtype,
+                                             threads=num_threads, seed=B + H + layers))
 
 
 @pytest.mark.parametrize("nt,panels", [(1, 7), (2, 1), (2, 3), (2, 16), (3, 10), (4, 33)])
