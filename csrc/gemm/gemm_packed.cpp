@@ -54,6 +54,11 @@ void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, ind
   const index_t k = b.k(), n = b.n();
   const int mr = height > 0 ? std::min(height, uk.mr) : uk.mr, nr = uk.nr;
   const ukernel_fn<T> full = mr == uk.mr ? uk.fn : uk.rows[mr - 1];
+  // The first tile of each k block reads the block's slice of a weight from memory when the weight is
+  // larger than the caches: that tile prefetches further ahead (UKernel::far); the next ones find the
+  // slice in cache. Packed 4096 x 4096 at batch 16: 0.82 of the time; 2048 x 2048 at batch 16 and 64:
+  // 0.93-0.96.
+  const ukernel_fn<T> first = mr == uk.mr && uk.far ? uk.far : full;
   if (m == 0 || jp0 >= jp1) return;
   if (k == 0) {
     const index_t j1 = std::min(n, jp1 * nr);
@@ -80,7 +85,8 @@ void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, ind
       const T* bias_k = bias && pc + kc >= k ? bias + j : nullptr;
       // A panel of rows [i, i + mr) starts at ap + i*k; its k block [pc, pc + kc) at + pc*mr.
       for (index_t i = 0; i < m_full; i += mr)
-        full(kc, ap + i * k + pc * mr, bblk, c + i * ldc + j, ldc, 1, T(1), beta_k, mr, n_t, bias_k, false);
+        (i == 0 ? first : full)(kc, ap + i * k + pc * mr, bblk, c + i * ldc + j, ldc, 1, T(1), beta_k, mr, n_t, bias_k,
+                                false);
       if (m_tail)
         uk.rows[m_tail - 1](kc, ap + m_full * k + pc * m_tail, bblk, c + m_full * ldc + j, ldc, 1, T(1), beta_k,
                             m_tail, n_t, bias_k, false);

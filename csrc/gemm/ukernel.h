@@ -40,6 +40,9 @@ struct UKernel {
   // (a[p*m + i]), computing only m rows: the tail of a short A (an RNN step's few batch rows) costs no
   // wasted FMAs. Every ISA provides them.
   const ukernel_fn<T>* rows = nullptr;
+  // fn prefetching B further ahead, for a B that streams from memory rather than L2 (a packed weight
+  // larger than the caches, read once per call); null: fn.
+  ukernel_fn<T> far = nullptr;
 };
 
 // Small-M dot kernel (gemm_small_m.cpp): out[i*ldo + j] = sum_p x[i*ldx + p] * w[j*ldw + p] for

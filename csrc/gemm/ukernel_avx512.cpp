@@ -74,6 +74,17 @@ void uk_f64(dnnkit::index_t k, const double* a, const double* b, double* c, dnnk
             dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias, bool bias_rows) {
   ukernel_tile<Avx512F64, kMR, 2>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
 }
+// UKernel::far: B prefetched 64 steps (8 KB of a 32-wide float32 panel) ahead rather than 8, far enough to
+// cover a fetch from memory.
+constexpr int kFarK = 64;
+void uk_far_f32(dnnkit::index_t k, const float* a, const float* b, float* c, dnnkit::index_t rs_c,
+                dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias, bool bias_rows) {
+  ukernel_tile<Avx512F32, kMR, 2, kFarK>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
+}
+void uk_far_f64(dnnkit::index_t k, const double* a, const double* b, double* c, dnnkit::index_t rs_c,
+                dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias, bool bias_rows) {
+  ukernel_tile<Avx512F64, kMR, 2, kFarK>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
+}
 double probe(dnnkit::index_t iters, double* flops) { return fma_probe<Avx512F32, 16>(iters, flops); }
 
 // Exact-row variants (UKernel::rows): ukernel_tile with M = 1..kMR rows and A panels of stride M.
@@ -138,10 +149,10 @@ void dot_f64(int mi, dnnkit::index_t k, const double* x, dnnkit::index_t ldx, co
 
 namespace dnnkit {
 template <> UKernel<float> ukernel_avx512<float>() {
-  return {"ukernel_14x32_avx512", kMR, 32, uk_f32, kRowsF32.data()};
+  return {"ukernel_14x32_avx512", kMR, 32, uk_f32, kRowsF32.data(), uk_far_f32};
 }
 template <> UKernel<double> ukernel_avx512<double>() {
-  return {"ukernel_14x16_avx512", kMR, 16, uk_f64, kRowsF64.data()};
+  return {"ukernel_14x16_avx512", kMR, 16, uk_f64, kRowsF64.data(), uk_far_f64};
 }
 double fma_probe_avx512(index_t iters, double* flops) { return probe(iters, flops); }
 // A batch of up to 48 rows (float32) reads each weight row once, in the narrowest tile that holds it; a

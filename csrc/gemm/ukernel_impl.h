@@ -7,7 +7,7 @@
 
 namespace {
 
-template <class V, int MR, int NV>
+template <class V, int MR, int NV, int kPrefetchK = 8>
 void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const typename V::T* __restrict b,
                   typename V::T* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, typename V::T alpha,
                   typename V::T beta, int m, int n, const typename V::T* bias, bool bias_rows) {
@@ -31,8 +31,7 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
     for (int j = 0; j < NV; ++j) acc[i][j] = V::zero();
 
   // B streams from L2 (a KC x NR micro-panel is larger than L1 for NR = 64): prefetch it
-  // kPrefetchK steps ahead, one prefetch per cache line of a B row.
-  constexpr int kPrefetchK = 8;
+  // kPrefetchK steps ahead, one prefetch per cache line of a B row (further where B comes from memory).
   constexpr int kRowBytes = NR * static_cast<int>(sizeof(T));
 #pragma GCC unroll 4
   for (dnnkit::index_t p = 0; p < k; ++p) {
