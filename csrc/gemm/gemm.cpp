@@ -89,11 +89,14 @@ void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const
     const int m_t = static_cast<int>(std::min<index_t>(mr, ic + mc - i));
     const ukernel_fn<T> fn = m_t == mr ? uk.fn : uk.rows[m_t - 1];
     const T* a_panel = ap + ir * mr * kc;
+    // The row's first tile reads its A micro-panel from L3 (the packed A block outgrows L2), the rest
+    // from L1: that tile prefetches A ahead as well (UKernel::far_a).
+    const ukernel_fn<T> first_a = m_t == mr ? uk.far_a : nullptr;
     for (index_t jr = 0; jr < n_jr; ++jr) {
       const index_t j = jc + jr * nr;
       const int n_t = static_cast<int>(std::min<index_t>(nr, jc + nc - j));
       T* c = g.c + i * g.rs_c + j * g.cs_c;
-      fn(kc, a_panel, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t,
+      (jr == 0 && first_a ? first_a : fn)(kc, a_panel, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t,
          k_bias ? k_bias + (g.bias_per_row ? i : j) : nullptr, g.bias_per_row);
       if (epilogue) apply_epilogue<T>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
     }

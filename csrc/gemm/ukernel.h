@@ -43,6 +43,9 @@ struct UKernel {
   // fn prefetching B further ahead, for a B that streams from memory rather than L2 (a packed weight
   // larger than the caches, read once per call); null: fn.
   ukernel_fn<T> far = nullptr;
+  // fn prefetching A ahead too, for the first tile of a row of tiles, whose A micro-panel comes from L3
+  // (the blocked GEMM's packed A block outgrows L2); null: fn.
+  ukernel_fn<T> far_a = nullptr;
 };
 
 // Small-M dot kernel (gemm_small_m.cpp): out[i*ldo + j] = sum_p x[i*ldx + p] * w[j*ldw + p] for

@@ -7,7 +7,7 @@
 
 namespace {
 
-template <class V, int MR, int NV, int kPrefetchK = 8>
+template <class V, int MR, int NV, int kPrefetchK = 8, int kPrefetchA = 0>
 void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const typename V::T* __restrict b,
                   typename V::T* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, typename V::T alpha,
                   typename V::T beta, int m, int n, const typename V::T* bias, bool bias_rows) {
@@ -39,6 +39,7 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
 #pragma GCC unroll 8
     for (int l = 0; l < kRowBytes; l += 64)
       __builtin_prefetch(reinterpret_cast<const char*>(b + kPrefetchK * NR) + l, 0, 3);
+    if constexpr (kPrefetchA > 0) __builtin_prefetch(a + kPrefetchA * MR, 0, 3);  // one line per step: ahead of A's 56 bytes
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) bv[j] = V::load(b + j * W);
 #pragma GCC unroll 64
