@@ -96,8 +96,9 @@ void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const
       const index_t j = jc + jr * nr;
       const int n_t = static_cast<int>(std::min<index_t>(nr, jc + nc - j));
       T* c = g.c + i * g.rs_c + j * g.cs_c;
-      (jr == 0 && first_a ? first_a : fn)(kc, a_panel, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t,
-         k_bias ? k_bias + (g.bias_per_row ? i : j) : nullptr, g.bias_per_row);
+      const ukernel_fn<T> tile = jr == 0 && first_a ? first_a : fn;
+      tile(kc, a_panel, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t,
+           k_bias ? k_bias + (g.bias_per_row ? i : j) : nullptr, g.bias_per_row);
       if (epilogue) apply_epilogue<T>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
     }
   }

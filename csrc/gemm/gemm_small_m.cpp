@@ -193,7 +193,8 @@ void gemm_wt_direct_cell(index_t m, index_t n, index_t k1, const T* x, index_t l
   const index_t npan = ceil_div(m, nr);
   AlignedBuffer<T> ap(static_cast<std::size_t>(npan * nr * k));
   const index_t kc_max = ceil_div(k, ceil_div(k, sa_depth_block(sk)));
-  int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), units)));
+  int nt = static_cast<int>(
+      std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), units)));
   if (double(m) * double(ngroups * n) * double(k) < min_parallel_work()) nt = 1;
   std::optional<PanelShare> share;
   if (nt > 1 && units < PanelShare::kMaxPanels) share.emplace(nt, units);
@@ -228,14 +229,15 @@ void gemm_wt_direct_cell(index_t m, index_t n, index_t k1, const T* x, index_t l
     for_each_unit(share ? &*share : nullptr, units, reverse, [&](index_t u) {
       const index_t j0 = u * width, j1 = std::min(n, j0 + width);
       for (int q = 0; q < ngroups; ++q)
-        for (index_t i = j0; i < j1; i += mr) run_tile(groups[q], i, static_cast<int>(std::min<index_t>(mr, j1 - i)));
+        for (index_t i = j0; i < j1; i += mr)
+          run_tile(groups[q], i, static_cast<int>(std::min<index_t>(mr, j1 - i)));
       done(ctx, j0, j1);
     });
   }
 }
 
-template void gemm_wt_direct_cell<float>(index_t, index_t, index_t, const float*, index_t, index_t, const float*, index_t,
-                                         const CellGroup<float>*, int, CellDone, void*, int);
+template void gemm_wt_direct_cell<float>(index_t, index_t, index_t, const float*, index_t, index_t, const float*,
+                                         index_t, const CellGroup<float>*, int, CellDone, void*, int);
 template void gemm_wt_direct_cell<double>(index_t, index_t, index_t, const double*, index_t, index_t, const double*,
                                           index_t, const CellGroup<double>*, int, CellDone, void*, int);
 template bool gemm_wt_direct_available<float>();

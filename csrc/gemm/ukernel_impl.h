@@ -39,7 +39,8 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
 #pragma GCC unroll 8
     for (int l = 0; l < kRowBytes; l += 64)
       __builtin_prefetch(reinterpret_cast<const char*>(b + kPrefetchK * NR) + l, 0, 3);
-    if constexpr (kPrefetchA > 0) __builtin_prefetch(a + kPrefetchA * MR, 0, 3);  // one line per step: ahead of A's 56 bytes
+    // A ahead as well, one line a step (a step of A is MR values: 56 bytes of float32 at MR = 14).
+    if constexpr (kPrefetchA > 0) __builtin_prefetch(a + kPrefetchA * MR, 0, 3);
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) bv[j] = V::load(b + j * W);
 #pragma GCC unroll 64

@@ -774,8 +774,8 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
             PanelShare& share = shares[tg.group];
             const int set = static_cast<int>(seq & 1);
             fused_step<T>(step, [&] { return share.next(set, tg.tid, set == 1); }, hcur ? hcur : ap, b.whh, xpt,
-                          b.gh.data(), bhn, hprev, ldh, cprev, ct, proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data(),
-                          hnext);
+                          b.gh.data(), bhn, hprev, ldh, cprev, ct, proj ? m_t : h_t, proj ? H : DS, sv, at,
+                          zeros.data(), hnext);
           } else {
             // A single step (its products by plain GEMM: into gh, or with x's into xp, GRU's gate n
             // into gh) or h_{t-1} = 0.
