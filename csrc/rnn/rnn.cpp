@@ -557,7 +557,7 @@ void fused_cell_step(const RnnShape& s, const RnnWeights<T>& w, int l, int d, co
     index_t ldy;
   } ctx{{s.cell, B, H, 0, 0}, b.xp.data(), gru ? b.gh.data() : nullptr, b.bias.data() + GH, h0 + li * B * S,
         c0 ? c0 + li * B * H : nullptr, zeros, aux ? aux : b.state.data(), y[l] + d * S, save, aux,
-        h_n ? h_n + li * B * S : nullptr, c_n && s.cell == RnnCell::lstm ? c_n + li * B * H : nullptr,
+        h_n ? h_n + li * B * S : nullptr, c_n ? c_n + li * B * H : nullptr,
         index_t(s.dirs) * S};
   CellDone done = [](void* p, index_t j0, index_t j1) {
     const Ctx& c = *static_cast<const Ctx*>(p);
@@ -565,10 +565,7 @@ void fused_cell_step(const RnnShape& s, const RnnWeights<T>& w, int l, int d, co
     step.j0 = j0;
     step.j1 = j1;
     forward_rows<T>(step, c.xp, c.gh, true, c.bhn, c.hprev, step.H, c.cprev, c.c, c.h, c.ldy, c.save, c.aux, c.zeros);
-    for (index_t r = 0; r < step.B; ++r) {
-      if (c.h_n) std::copy(c.h + r * c.ldy + j0, c.h + r * c.ldy + j1, c.h_n + r * step.H + j0);
-      if (c.c_n) std::copy(c.c + r * step.H + j0, c.c + r * step.H + j1, c.c_n + r * step.H + j0);
-    }
+    final_states<T>(step, c.h, c.ldy, c.c, c.h_n, c.c_n);
   };
   // Gate q's rows of W_ih and W_hh into column block q of xp, with its bias; GRU's gate n from the
   // input apart from gate n from h (into gh), which the reset gate scales.
@@ -606,7 +603,7 @@ void fused_packed_cell_step(const RnnShape& s, const RnnWeights<T>& w, const T* 
   const index_t B = s.batch, H = s.hidden, I = s.input;
   const int G = rnn_gates(s.cell);
   const index_t GH = G * H;
-  const bool gru = s.cell == RnnCell::gru, lstm = s.cell == RnnCell::lstm;
+  const bool gru = s.cell == RnnCell::gru;
   const PackedB<T>& wih = *w.packed_ih;
   const PackedB<T>& whh = *w.packed_hh;
   const UKernel<T>& uk = wih.ukernel();
@@ -640,12 +637,9 @@ void fused_packed_cell_step(const RnnShape& s, const RnnWeights<T>& w, const T* 
                                  apart ? nullptr : bias);
       }
       const index_t j0 = jp * uk.nr, j1 = j0 + uk.nr;
-      forward_rows<T>(StepRows{s.cell, B, H, j0, j1}, xp, gru && h0 ? gh : nullptr, true, bias + GH, h0, H, c0, c, h,
-                      H, save, aux, zeros);
-      for (index_t r = 0; r < B; ++r) {
-        if (h_n) std::copy(h + r * H + j0, h + r * H + j1, h_n + r * H + j0);
-        if (c_n && lstm) std::copy(c + r * H + j0, c + r * H + j1, c_n + r * H + j0);
-      }
+      const StepRows step{s.cell, B, H, j0, j1};
+      forward_rows<T>(step, xp, gru && h0 ? gh : nullptr, true, bias + GH, h0, H, c0, c, h, H, save, aux, zeros);
+      final_states<T>(step, h, H, c, h_n, c_n);
     });
   }
 }
