@@ -73,12 +73,6 @@ void gemm(const GemmArgs<T>& g, int nthreads = 0);
 // contiguous rows, no packing, no workspace (gemm_small_m.cpp).
 template <typename T>
 void gemm_small_m(const GemmArgs<T>& g, int nthreads = 0);
-// gemm_small_m over two operand pairs side by side: C := act(alpha * (A W^T + A2 W2^T)
-// + beta * C + bias), A2 (m x k2, row stride lda2) and W2 (n x k2, row stride ldw2) contiguous along k2;
-// both weights streamed in one pass of one parallel region (an RNN cell at batch 1 to 4).
-template <typename T>
-void gemm_small_m2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2,
-                   int nthreads = 0);
 
 // The same contract again for a batch of rows (up to about a hundred) and B = W^T (cs_a == 1, rs_b == 1),
 // computed as C^T = W A^T by the strided-A micro-kernel (ukernel.h): W is read where it lies, once a call
@@ -114,6 +108,13 @@ using CellDone = void (*)(void* ctx, index_t j0, index_t j1);
 template <typename T>
 void gemm_wt_direct_cell(index_t m, index_t n, index_t k1, const T* x, index_t ldx, index_t k2, const T* h, index_t ldh,
                          const CellGroup<T>* groups, int ngroups, CellDone done, void* ctx, int nthreads = 0);
+// The same on gemm_small_m's dot products, for a batch of at most kSmallCellRows rows (an RNN cell at batch
+// 1 to 16): nothing is packed, and the blocks of hidden units are gemm_small_m's. Each output sums
+// x[r] . w1_row(j), plus h[r] . w2_row(j), plus bias[j].
+constexpr index_t kSmallCellRows = 16;
+template <typename T>
+void gemm_small_m_cell(index_t m, index_t n, index_t k1, const T* x, index_t ldx, index_t k2, const T* h, index_t ldh,
+                       const CellGroup<T>* groups, int ngroups, CellDone done, void* ctx, int nthreads = 0);
 
 // ---- Pre-packed B: pack once, multiply many times (an RNN's recurrent weights, reused at every step).
 //

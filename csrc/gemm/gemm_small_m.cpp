@@ -16,21 +16,36 @@ namespace dnnkit {
 
 namespace {
 
-// gemm_small_m's driver, with a second operand pair when k2 > 0 (gemm_small_m2).
+// The dot products of rows [0, mc) of A with `width` rows of W, into out (row stride ldo), written.
 template <typename T>
-void small_m(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2, int nthreads) {
+void dot_block(const DotKernel<T>& dk, index_t mc, index_t k, const T* a, index_t lda, const T* w, index_t ldw, T* out,
+               int ldo, index_t width) {
+  if (mc <= dk.mi_max) {
+    // All rows of A in one call, which streams all of the weight rows.
+    dk.fn(static_cast<int>(mc), k, a, lda, w, ldw, out, ldo, static_cast<int>(width));
+    return;
+  }
+  // NJ weight rows at a time against every row of A, so that they are read from L1.
+  for (index_t j = 0; j < width; j += dk.nj)
+    for (index_t i0 = 0; i0 < mc; i0 += dk.mi_max)
+      dk.fn(static_cast<int>(std::min<index_t>(dk.mi_max, mc - i0)), k, a + i0 * lda, lda, w + j * ldw, ldw,
+            out + i0 * ldo + j, ldo, static_cast<int>(std::min<index_t>(dk.nj, width - j)));
+}
+
+// gemm_small_m's driver.
+template <typename T>
+void small_m(const GemmArgs<T>& g, int nthreads) {
   // Contract: cs_a == 1 and rs_b == 1 (B = W^T with W row-major, ldw = cs_b); checked by the caller.
   if (g.m == 0 || g.n == 0) return;
   const DotKernel<T> dk = select_dot_kernel<T>(active_isa());
-  const int nj = dk.nj;
-  const index_t n_jb = ceil_div(g.n, nj);
+  const index_t n_jb = ceil_div(g.n, dk.nj);
   const int nt_max = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(),
                                                                          ceil_div(n_jb, 4))));
-  const int nt = double(g.m) * double(g.n) * double(g.k + k2) < min_parallel_work() ? 1 : nt_max;
+  const int nt = double(g.m) * double(g.n) * double(g.k) < min_parallel_work() ? 1 : nt_max;
   // The dot products land in C as they are when C takes them so (unit column stride, alpha 1, beta 0),
   // else in a tile first; bias and activation then run over a stretch of kCols columns at a time.
   constexpr index_t kRows = 16, kCols = 32;
-  const bool direct = k2 == 0 && g.cs_c == 1 && g.alpha == T(1) && g.beta == T(0) && g.rs_c <= (index_t(1) << 30);
+  const bool direct = g.cs_c == 1 && g.alpha == T(1) && g.beta == T(0) && g.rs_c <= (index_t(1) << 30);
   // Units of kRows x kCols outputs, rows outer: a thread streams a contiguous run of weight rows, and
   // takes over the end of another's run when it finishes its own first (a memory-bound product on cores
   // that do not keep pace with each other).
@@ -40,32 +55,11 @@ void small_m(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const 
   // Units in the order opposite to the last call's on the same weights (see alternate_direction); each
   // output is summed in the same order either way.
   const bool reverse = alternate_direction(g.b);
-  auto run_unit = [&](index_t u, T* tile, T* tile2) {
+  auto run_unit = [&](index_t u, T* tile) {
     const index_t ic = u / units_j * kRows, jg = u % units_j * kCols;
     const index_t mc = std::min(kRows, g.m - ic), width = std::min(kCols, g.n - jg);
-    // The unit's dot products of one operand pair, into out (row stride ldo).
-    auto dots = [&](index_t k, const T* a, index_t lda, const T* w, index_t ldw, T* out, int ldo) {
-      if (mc <= dk.mi_max) {
-        // The unit's rows of A in one call, which streams all of its weight rows.
-        dk.fn(static_cast<int>(mc), k, a + ic * lda, lda, w + jg * ldw, ldw, out, ldo, static_cast<int>(width));
-      } else {
-        // NJ weight rows at a time against every row of the unit's A, so that they are read from L1.
-        for (index_t j = jg; j < jg + width; j += nj)
-          for (index_t i0 = ic; i0 < ic + mc; i0 += dk.mi_max)
-            dk.fn(static_cast<int>(std::min<index_t>(dk.mi_max, ic + mc - i0)), k, a + i0 * lda, lda, w + j * ldw, ldw,
-                  out + (i0 - ic) * ldo + (j - jg), ldo, static_cast<int>(std::min<index_t>(nj, jg + width - j)));
-      }
-    };
-    if (direct) {
-      dots(g.k, g.a, g.rs_a, g.b, g.cs_b, g.c + ic * g.rs_c + jg, static_cast<int>(g.rs_c));
-    } else {
-      dots(g.k, g.a, g.rs_a, g.b, g.cs_b, tile, static_cast<int>(kCols));
-      if (k2 > 0) {
-        dots(k2, a2, lda2, w2, ldw2, tile2, static_cast<int>(kCols));
-        for (index_t i = 0; i < mc; ++i)
-          for (index_t j = 0; j < width; ++j) tile[i * kCols + j] += tile2[i * kCols + j];
-      }
-    }
+    dot_block<T>(dk, mc, g.k, g.a + ic * g.rs_a, g.rs_a, g.b + jg * g.cs_b, g.cs_b,
+                 direct ? g.c + ic * g.rs_c + jg : tile, static_cast<int>(direct ? g.rs_c : kCols), width);
     T* c = g.c + ic * g.rs_c + jg * g.cs_c;
     if (!direct)
       for (index_t i = 0; i < mc; ++i)
@@ -80,8 +74,7 @@ void small_m(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const 
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     alignas(64) T tile[kRows * kCols];
-    alignas(64) T tile2[kRows * kCols];
-    for_each_unit(share ? &*share : nullptr, units, reverse, [&](index_t u) { run_unit(u, tile, tile2); });
+    for_each_unit(share ? &*share : nullptr, units, reverse, [&](index_t u) { run_unit(u, tile); });
   }
 }
 
@@ -89,13 +82,49 @@ void small_m(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const 
 
 template <typename T>
 void gemm_small_m(const GemmArgs<T>& g, int nthreads) {
-  small_m<T>(g, 0, nullptr, 0, nullptr, 0, nthreads);
+  small_m<T>(g, nthreads);
 }
 
 template <typename T>
-void gemm_small_m2(const GemmArgs<T>& g, index_t k2, const T* a2, index_t lda2, const T* w2, index_t ldw2,
-                   int nthreads) {
-  small_m<T>(g, k2, a2, lda2, w2, ldw2, nthreads);
+void gemm_small_m_cell(index_t m, index_t n, index_t k1, const T* x, index_t ldx, index_t k2, const T* h, index_t ldh,
+                       const CellGroup<T>* groups, int ngroups, CellDone done, void* ctx, int nthreads) {
+  if (m <= 0 || n <= 0) return;
+  if (m > kSmallCellRows) throw std::invalid_argument("gemm_small_m_cell: at most 16 rows");
+  const DotKernel<T> dk = select_dot_kernel<T>(active_isa());
+  // Units of kCols hidden units, as gemm_small_m's: every group's dot products of those units (all m
+  // rows), then done() on the same thread. The weights are streamed once, in runs of kCols rows.
+  constexpr index_t kCols = 32;
+  const index_t units = ceil_div(n, kCols);
+  int nt = static_cast<int>(
+      std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), units)));
+  if (double(m) * double(ngroups * n) * double(k1 + k2) < min_parallel_work()) nt = 1;
+  std::optional<PanelShare> share;
+  if (nt > 1 && units < PanelShare::kMaxPanels) share.emplace(nt, units);
+  const bool reverse = alternate_direction(groups[0].w1 ? groups[0].w1 : groups[0].w2);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    alignas(64) T tile[kSmallCellRows * kCols];
+    for_each_unit(share ? &*share : nullptr, units, reverse, [&](index_t u) {
+      const index_t j0 = u * kCols, width = std::min(kCols, n - j0);
+      for (int q = 0; q < ngroups; ++q) {
+        const CellGroup<T>& G = groups[q];
+        T* c = G.c + j0;
+        const int ldc = static_cast<int>(G.ldc);
+        // Each output sums x . w1_row, then h . w2_row, then the bias.
+        if (G.w1) dot_block<T>(dk, m, k1, x, ldx, G.w1 + j0 * G.ldw1, G.ldw1, c, ldc, width);
+        if (G.w2 && !G.w1) dot_block<T>(dk, m, k2, h, ldh, G.w2 + j0 * G.ldw2, G.ldw2, c, ldc, width);
+        if (G.w2 && G.w1) {
+          dot_block<T>(dk, m, k2, h, ldh, G.w2 + j0 * G.ldw2, G.ldw2, tile, int(kCols), width);
+          for (index_t r = 0; r < m; ++r)
+            for (index_t j = 0; j < width; ++j) c[r * G.ldc + j] += tile[r * kCols + j];
+        }
+        if (G.bias)
+          for (index_t r = 0; r < m; ++r)
+            for (index_t j = 0; j < width; ++j) c[r * G.ldc + j] += G.bias[j0 + j];
+      }
+      done(ctx, j0, j0 + width);
+    });
+  }
 }
 
 template <typename T>
@@ -240,14 +269,15 @@ template void gemm_wt_direct_cell<float>(index_t, index_t, index_t, const float*
                                          index_t, const CellGroup<float>*, int, CellDone, void*, int);
 template void gemm_wt_direct_cell<double>(index_t, index_t, index_t, const double*, index_t, index_t, const double*,
                                           index_t, const CellGroup<double>*, int, CellDone, void*, int);
+template void gemm_small_m_cell<float>(index_t, index_t, index_t, const float*, index_t, index_t, const float*, index_t,
+                                       const CellGroup<float>*, int, CellDone, void*, int);
+template void gemm_small_m_cell<double>(index_t, index_t, index_t, const double*, index_t, index_t, const double*,
+                                        index_t, const CellGroup<double>*, int, CellDone, void*, int);
 template bool gemm_wt_direct_available<float>();
 template bool gemm_wt_direct_available<double>();
 template void gemm_wt_direct<float>(const GemmArgs<float>&, int);
 template void gemm_wt_direct<double>(const GemmArgs<double>&, int);
 template void gemm_small_m<float>(const GemmArgs<float>&, int);
 template void gemm_small_m<double>(const GemmArgs<double>&, int);
-template void gemm_small_m2<float>(const GemmArgs<float>&, index_t, const float*, index_t, const float*, index_t, int);
-template void gemm_small_m2<double>(const GemmArgs<double>&, index_t, const double*, index_t, const double*, index_t,
-                                    int);
 
 }  // namespace dnnkit

@@ -539,11 +539,11 @@ bool rnn_uses_wavefront(const RnnShape& s, index_t elem_size) {
 }
 
 // A single step of layer l, direction d, with h0 (a cell, or a sequence of one step): the products of
-// every gate by gemm_wt_direct_cell, and for each block of hidden units the post-GEMM and the final
+// every gate by gemm_wt_direct_cell (or, with `dots`, gemm_small_m_cell), and for each block of hidden units the post-GEMM and the final
 // states on the thread that computed its pre-activations. b.bias holds the summed biases (and GRU's b_hn).
 template <typename T>
 void fused_cell_step(const RnnShape& s, const RnnWeights<T>& w, int l, int d, const T* xl, const T* h0, const T* c0,
-                     T* const* y, T* h_n, T* c_n, T* reserve, DirBuffers<T>& b, const T* zeros) {
+                     T* const* y, T* h_n, T* c_n, T* reserve, DirBuffers<T>& b, const T* zeros, bool dots) {
   const index_t B = s.batch, H = s.hidden, S = s.state(), Il = s.input_of(l);
   const int G = rnn_gates(s.cell), li = l * s.dirs + d;
   const index_t GH = G * H;
@@ -581,7 +581,10 @@ void fused_cell_step(const RnnShape& s, const RnnWeights<T>& w, int l, int d, co
     groups[ng++] = {wih + 2 * H * Il, Il, nullptr, S, xp + 2 * H, GH, bias + 2 * H};
     groups[ng++] = {nullptr, Il, whh + 2 * H * S, S, b.gh.data() + 2 * H, GH, nullptr};
   }
-  gemm_wt_direct_cell<T>(B, H, Il, xl, Il, S, h0 + li * B * S, S, groups, ng, done, &ctx);
+  if (dots)
+    gemm_small_m_cell<T>(B, H, Il, xl, Il, S, h0 + li * B * S, S, groups, ng, done, &ctx);
+  else
+    gemm_wt_direct_cell<T>(B, H, Il, xl, Il, S, h0 + li * B * S, S, groups, ng, done, &ctx);
 }
 
 // A cell on weights packed by the caller (RnnWeights::packed_ih, packed_hh) whose gates' blocks of NR
@@ -682,15 +685,18 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     const index_t Il = s.input_of(l);
     const T* xl = l == 0 ? x : y[l - 1];
     T* yl = y[l];
-    // A single step with h0 (a cell) whose batch fills the strided-A kernel's tiles: its products and its
-    // post-GEMM in one pass (gemm_wt_direct_cell), both weights read in place, [x | h0] packed once.
+    // A single step with h0 (a cell): its products and its post-GEMM in one pass, both weights read in
+    // place: where the batch fills the strided-A kernel's tiles, by it ([x | h0] packed once,
+    // gemm_wt_direct_cell); at a few rows, by dot products (gemm_small_m_cell).
     const bool prepacked = w.packed_ih != nullptr;
-    const bool fused_cell = !prepacked && !packed && h0 && !proj && Il > 0 && direct_wins<T>(B, Il + S);
+    const bool one_step = !prepacked && !packed && h0 && !proj && Il > 0;
+    const bool direct_cell = one_step && direct_wins<T>(B, Il + S);
+    const bool dot_cell = one_step && !direct_cell && B <= kSmallCellRows && small_m_wins(B, GH, Il + S, sizeof(T));
+    const bool fused_cell = direct_cell || dot_cell;
     const bool fused_packed = fused_packed_cell_fits<T>(s, w);
-    // Otherwise, a cell's two products as one: on dot products at a few batch rows; on weights packed by
-    // the caller (see RnnWeights). GRU keeps W_hn h apart, for its reset gate.
-    const bool cell = !packed && h0 && !gru && !proj && Il > 0 && !fused_cell;
-    const bool one_product = prepacked ? !gru : cell && small_m_wins(B, GH, Il + S, sizeof(T));
+    // On weights packed by the caller (see RnnWeights), a cell's two products as one; GRU keeps W_hn h
+    // apart, for its reset gate.
+    const bool one_product = prepacked && !gru;
     for (int d = 0; d < D; ++d) {
       const int li = l * D + d;
       DirBuffers<T>& b = buf[d];
@@ -708,19 +714,14 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
         if (h0 && gru)
           gemm_prepacked<T>(B, h0 + li * B * S, S, *w.packed_hh, b.gh.data(), GH, nullptr, Activation::identity);
       } else if (fused_cell) {
-        fused_cell_step<T>(s, w, l, d, xl, h0, c0, y, h_n, c_n, reserve, b, zeros.data());
-      } else if (one_product) {
-        // A single step (a cell): x W_ih^T + h0 W_hh^T + bias as one product, both weights read in place.
-        GemmArgs<T> g = strided_gemm_args<T>(B, GH, Il, xl, Il, 1, w.w_ih[li], 1, Il, b.xp.data(), GH, T(0));
-        g.bias = bias;
-        gemm_small_m2<T>(g, S, h0 + li * B * S, S, w.w_hh[li], S);
+        fused_cell_step<T>(s, w, l, d, xl, h0, c0, y, h_n, c_n, reserve, b, zeros.data(), dot_cell);
       } else {
         gemm_a_wt<T>(Tn * B, GH, Il, xl, Il, w.w_ih[li], b.xp.data(), GH, bias, T(0));
       }
       if (packed) {
         // Gate q's B operand: B_q(p, j) = W_hh[q*H + j, p] (S x H, read down the columns of W_hh).
         for (int q = 0; q < G; ++q) b.whh[q].pack(S, H, w.w_hh[li] + q * H * S, 1, S);
-      } else if (h0 && !one_product && !prepacked && !fused_cell) {
+      } else if (h0 && !prepacked && !fused_cell) {
         gemm_a_wt<T>(B, GH, S, h0 + li * B * S, S, w.w_hh[li], b.gh.data(), GH, nullptr, T(0));
       }
       // The projection's B operand: B(p, j) = W_hr[j, p] (H x P).
