@@ -997,14 +997,14 @@ PYBIND11_MODULE(_cpu, m) {
     set_num_threads(n);
   });
   m.def("block_cache_release", [] { return block_cache_release(); },
-        "Frees the large blocks kept for reuse (DNNKIT_BLOCK_CACHE_MB); returns the bytes released.");
-  m.def("block_cache_bytes", [] { return block_cache_bytes(); }, "Bytes of large blocks now kept for reuse.");
+        "Frees the blocks kept for reuse (DNNKIT_BLOCK_CACHE_MB); returns the bytes released.");
+  m.def("block_cache_bytes", [] { return block_cache_bytes(); }, "Bytes of blocks now kept for reuse.");
   m.def("scratch", [](std::size_t nbytes) {
     auto* buf = new AlignedBuffer<std::uint8_t>(std::max<std::size_t>(nbytes, 1));  // bad_alloc: MemoryError
     py::capsule owner(buf, [](void* p) { delete static_cast<AlignedBuffer<std::uint8_t>*>(p); });
     return py::array_t<std::uint8_t>({static_cast<py::ssize_t>(nbytes)}, {static_cast<py::ssize_t>(1)}, buf->data(),
                                      owner);
-  }, "An uninitialised, 64-byte aligned byte array; blocks of 4 MiB and up come from the block cache and go "
+  }, "An uninitialised, 64-byte aligned byte array; blocks of 128 KiB and up come from the block cache and go "
      "back to it when the array is freed.");
   m.def("set_min_parallel_work", [](double fmas) { set_min_parallel_work(fmas); }, py::arg("fmas"),
         "Test-only: multiply-adds below which a GEMM runs on one thread (default 2^17; 0: always threaded).");

@@ -1,4 +1,4 @@
-// The recycled large blocks of AlignedBuffer (common.h).
+// The recycled blocks of AlignedBuffer (common.h).
 #include <cstdlib>
 #ifdef __unix__
 #include <pthread.h>
@@ -14,7 +14,7 @@ namespace {
 
 struct Block {
   void* p;
-  std::size_t bytes;
+  std::size_t bytes, align;
 };
 
 struct BlockCache {
@@ -34,6 +34,8 @@ struct BlockCache {
   }
 };
 
+constexpr std::size_t kMaxBlocks = 256;
+
 BlockCache* g_cache = nullptr;
 
 BlockCache& cache() {
@@ -51,13 +53,15 @@ BlockCache& cache() {
 
 }  // namespace
 
-void* block_cache_take(std::size_t bytes, std::size_t* got) {
+void* block_cache_take(std::size_t bytes, std::size_t align, std::size_t* got) {
   BlockCache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   std::size_t best = c.blocks.size();
   for (std::size_t i = 0; i < c.blocks.size(); ++i) {
     const std::size_t b = c.blocks[i].bytes;
-    if (b >= bytes && b / 2 <= bytes && (best == c.blocks.size() || b < c.blocks[best].bytes)) best = i;
+    if (b >= bytes && b / 2 <= bytes && c.blocks[i].align >= align &&
+        (best == c.blocks.size() || b < c.blocks[best].bytes))
+      best = i;
   }
   if (best == c.blocks.size()) return nullptr;
   const Block blk = c.blocks[best];
@@ -67,7 +71,7 @@ void* block_cache_take(std::size_t bytes, std::size_t* got) {
   return blk.p;
 }
 
-void block_cache_give(void* p, std::size_t bytes) {
+void block_cache_give(void* p, std::size_t bytes, std::size_t align) {
   if (!p) return;
   BlockCache& c = cache();
   std::vector<void*> drop;
@@ -76,13 +80,14 @@ void block_cache_give(void* p, std::size_t bytes) {
     if (bytes > c.budget) {
       drop.push_back(p);
     } else {
-      while (c.held + bytes > c.budget) {  // the oldest blocks make room
+      // The oldest blocks make room, in bytes and in count (each take searches them all).
+      while (c.held + bytes > c.budget || c.blocks.size() >= kMaxBlocks) {
         drop.push_back(c.blocks.front().p);
         c.held -= c.blocks.front().bytes;
         c.blocks.erase(c.blocks.begin());
       }
       try {
-        c.blocks.push_back(Block{p, bytes});
+        c.blocks.push_back(Block{p, bytes, align});
         c.held += bytes;
       } catch (const std::bad_alloc&) {
         drop.push_back(p);

@@ -43,7 +43,7 @@ def get_num_threads() -> int:
 
 
 def empty_cache() -> int:
-    """Frees the large scratch blocks (4 MiB and up) that kernels keep for their next call, and returns the
+    """Frees the scratch blocks (128 KiB and up) that kernels keep for their next call, and returns the
     bytes released. At most DNNKIT_BLOCK_CACHE_MB (default 256; 0 keeps none) are kept."""
     return _cpu.block_cache_release()
 

@@ -383,8 +383,7 @@ def _conv_problem(op, direction, x_shape, w_shape, stride, padding, dilation, gr
 
 
 _workspace_bytes: dict = {}
-_SCRATCH_BLOCK_BYTES = 4 << 20  # csrc/common.h kHugeBytes: the block cache's smallest block
-_SCRATCH_MIN_BYTES = 1 << 20  # from here on a workspace takes a block (at most 4x what it needs)
+_SCRATCH_MIN_BYTES = 128 << 10  # csrc/common.h kRecycleBytes: the block cache's smallest block
 
 
 def _workspace(algorithm, p, dtype):
@@ -400,11 +399,11 @@ def _workspace(algorithm, p, dtype):
         return None
     if nbytes < _SCRATCH_MIN_BYTES:
         return _empty(p.op, (nbytes // dtype.itemsize,), dtype)
-    # Large workspaces come from the kernels' block cache (whose blocks are 4 MiB and up): a fresh mapping
-    # would take a page fault and a zeroed page per 4 KiB on every call (a fifth of Winograd's backward
-    # filter on ResNet-50's res5, a tenth of its 1x1 layers at batch 8).
+    # Larger workspaces come from the kernels' block cache: a fresh mapping would take a page fault and a
+    # zeroed page per 4 KiB on every call (a fifth of Winograd's backward filter on ResNet-50's res5, a
+    # tenth of its 1x1 layers at batch 8).
     try:
-        return _cpu.scratch(max(nbytes, _SCRATCH_BLOCK_BYTES))[:nbytes].view(dtype)
+        return _cpu.scratch(nbytes).view(dtype)
     except MemoryError:
         raise MemoryError(f"{p.op}: cannot allocate a workspace of {nbytes} bytes") from None
 
