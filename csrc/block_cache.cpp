@@ -56,14 +56,16 @@ BlockCache& cache() {
 void* block_cache_take(std::size_t bytes, std::size_t align, std::size_t* got) {
   BlockCache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
-  std::size_t best = c.blocks.size();
-  for (std::size_t i = 0; i < c.blocks.size(); ++i) {
+  // The smallest block that fits; of several, the one given back last, whose lines are likeliest to be
+  // in cache still.
+  const std::size_t none = c.blocks.size();
+  std::size_t best = none;
+  for (std::size_t i = c.blocks.size(); i-- > 0;) {
     const std::size_t b = c.blocks[i].bytes;
-    if (b >= bytes && b / 2 <= bytes && c.blocks[i].align >= align &&
-        (best == c.blocks.size() || b < c.blocks[best].bytes))
+    if (b >= bytes && b / 2 <= bytes && c.blocks[i].align >= align && (best == none || b < c.blocks[best].bytes))
       best = i;
   }
-  if (best == c.blocks.size()) return nullptr;
+  if (best == none) return nullptr;
   const Block blk = c.blocks[best];
   c.blocks.erase(c.blocks.begin() + static_cast<std::ptrdiff_t>(best));
   c.held -= blk.bytes;
