@@ -94,6 +94,24 @@ void gemm_impl(const py::array& a, const py::array& b, py::array& c, double alph
     gemm<T>(g, nthreads);
 }
 
+// A new C-contiguous array for an output: of kRecycleBytes or more, backed by a block of the block cache
+// that goes back to it when the array is freed (from glibc, whether such an output faults in fresh pages
+// at every call depends on what the process allocated before), else NumPy's. Throws std::bad_alloc.
+template <typename T>
+py::array_t<T, py::array::c_style> new_output(const std::vector<py::ssize_t>& shape) {
+  std::size_t n = 1;
+  for (py::ssize_t d : shape) {
+    if (d < 0 || (d > 0 && n > SIZE_MAX / sizeof(T) / static_cast<std::size_t>(d))) throw std::bad_alloc();
+    n *= static_cast<std::size_t>(d);
+  }
+  if (n * sizeof(T) < kRecycleBytes) return py::array_t<T, py::array::c_style>(shape);
+  auto buf = std::make_unique<AlignedBuffer<T>>(n);
+  T* data = buf->data();
+  py::capsule owner(buf.get(), [](void* p) { delete static_cast<AlignedBuffer<T>*>(p); });
+  buf.release();  // the capsule owns it now
+  return py::array_t<T, py::array::c_style>(shape, data, owner);
+}
+
 // The whole of a linear layer's forward once dispatch has chosen its kernel (kind as gemm_impl's):
 // y (x.shape[:-1] + (n,)) := act(x W^T + bias) for x (..., k) and W (n, k), with the output allocated
 // here. An x whose leading dimensions do not flatten to one row stride is copied, as is an operand the
@@ -112,7 +130,7 @@ py::array linear_run_impl(const py::array& x, const py::array& w, const py::obje
   for (py::ssize_t d = 0; d + 1 < nd; ++d) m *= x.shape(d);
   std::vector<py::ssize_t> shape(x.shape(), x.shape() + nd - 1);
   shape.push_back(static_cast<py::ssize_t>(n));
-  CArr y(shape);
+  CArr y = new_output<T>(shape);
   if (m == 0 || n == 0) return std::move(y);
   const auto item = static_cast<py::ssize_t>(sizeof(T));
   // The row stride of x as an (m, k) matrix: the leading dimensions must nest (sizes of 1 aside).
@@ -230,7 +248,7 @@ py::array linear_prepacked_impl(const py::array& x, const PackedWeight& pw, cons
   for (py::ssize_t d = 0; d + 1 < nd; ++d) m *= x.shape(d);
   std::vector<py::ssize_t> shape(x.shape(), x.shape() + nd - 1);
   shape.push_back(static_cast<py::ssize_t>(n));
-  CArr y(shape);
+  CArr y = new_output<T>(shape);
   CArr bias_arr;
   if (!bias.is_none()) {
     bias_arr = CArr::ensure(bias);
@@ -999,6 +1017,22 @@ PYBIND11_MODULE(_cpu, m) {
   m.def("block_cache_release", [] { return block_cache_release(); },
         "Frees the blocks kept for reuse (DNNKIT_BLOCK_CACHE_MB); returns the bytes released.");
   m.def("block_cache_bytes", [] { return block_cache_bytes(); }, "Bytes of blocks now kept for reuse.");
+  m.def("empty", [](const py::iterable& dims, int itemsize) -> py::array {
+    std::vector<py::ssize_t> shape;
+    for (const py::handle d : dims) {
+      const py::ssize_t v = PyLong_AsSsize_t(py::int_(py::reinterpret_borrow<py::object>(d)).ptr());
+      if (v == -1 && PyErr_Occurred()) {  // past py::ssize_t: no such array fits in memory
+        PyErr_Clear();
+        throw std::bad_alloc();
+      }
+      shape.push_back(v);
+    }
+    if (itemsize == 4) return new_output<float>(shape);
+    if (itemsize == 8) return new_output<double>(shape);
+    throw py::value_error("empty: itemsize must be 4 (float32) or 8 (float64)");
+  }, py::arg("shape"), py::arg("itemsize"),
+     "An uninitialised C-contiguous float32 or float64 array; from 128 KiB up, its memory comes from the block "
+     "cache and goes back to it when the array is freed (outputs that do not fault in fresh pages at every call).");
   m.def("scratch", [](std::size_t nbytes) {
     auto* buf = new AlignedBuffer<std::uint8_t>(std::max<std::size_t>(nbytes, 1));  // bad_alloc: MemoryError
     py::capsule owner(buf, [](void* p) { delete static_cast<AlignedBuffer<std::uint8_t>*>(p); });

@@ -97,13 +97,23 @@ _TRAIN_SETUP = [
 ]
 
 
-@pytest.mark.parametrize("setup", [_CELL_SETUP, _TRAIN_SETUP], ids=["gru_cell", "lstm_training"])
+_LINEAR_SETUP = [
+    "x, w, b = (r.standard_normal(s, dtype=np.float32) for s in ((256, 1024), (1024, 1024), (1024,)))",
+    "def call():",
+    "    y = dnnkit.linear(x, w, b)",
+    "    dnnkit.linear_backward(np.ones_like(y), x, w)",
+]
+
+
+@pytest.mark.parametrize("setup", [_CELL_SETUP, _TRAIN_SETUP, _LINEAR_SETUP],
+                         ids=["gru_cell", "lstm_training", "linear_training"])
 def test_repeated_call_takes_no_fresh_pages(setup):
     """A call repeated in a fresh process faults in no fresh pages. A GRU cell at batch 64 (scratch of
     128-512 KiB) took 120 page faults a call when glibc handed its heap's top back and grew it again; an
     LSTM training step, whose outputs NumPy allocated, 1600 once dnnkit's scratch no longer went through
-    glibc (which had raised its threshold for mapping a buffer apart each time one was freed). Whether
-    either happens depends on what the process allocated before."""
+    glibc (which had raised its threshold for mapping a buffer apart each time one was freed); a linear
+    layer's, whose forward allocated its output in the extension, 660. Whether any of it happens depends
+    on what the process allocated before."""
     code = "\n".join(["import resource, numpy as np, dnnkit", "r = np.random.default_rng(0)", *setup,
                        "for _ in range(5): call()",
                        "n0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt",
