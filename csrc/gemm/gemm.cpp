@@ -222,16 +222,21 @@ index_t packed_a_blocks_elems(index_t m, index_t k) {
 }
 
 template <typename T>
-void pack_a_blocks(index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap) {
+void pack_a_blocks(index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap, int nthreads) {
+  if (m <= 0 || k <= 0) return;
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   index_t mc, kc;
   a_blocking<T>(m, k, uk, &mc, &kc);
-  for (index_t ic = 0; ic < m; ic += mc)
-    for (index_t pc = 0; pc < k; pc += kc) {
-      const index_t mcb = std::min(mc, m - ic), kcb = std::min(kc, k - pc);
-      pack_a_block<T>(a, rs, cs, uk.mr, ic, mcb, pc, kcb, 0, ceil_div(mcb, uk.mr),
-                      ap + a_block_offset(ic, pc, mc, kc, k, uk.mr));
-    }
+  const index_t nkb = ceil_div(k, kc), blocks = ceil_div(m, mc) * nkb;
+  int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads, blocks)));
+  if (double(m) * double(k) < min_parallel_work()) nt = 1;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (index_t blk = 0; blk < blocks; ++blk) {
+    const index_t ic = blk / nkb * mc, pc = blk % nkb * kc;
+    const index_t mcb = std::min(mc, m - ic), kcb = std::min(kc, k - pc);
+    pack_a_block<T>(a, rs, cs, uk.mr, ic, mcb, pc, kcb, 0, ceil_div(mcb, uk.mr),
+                    ap + a_block_offset(ic, pc, mc, kc, k, uk.mr));
+  }
 }
 
 template <typename T>
@@ -340,8 +345,8 @@ template void gemm<float>(const GemmArgs<float>&, int);
 template void gemm<double>(const GemmArgs<double>&, int);
 template index_t packed_a_blocks_elems<float>(index_t, index_t);
 template index_t packed_a_blocks_elems<double>(index_t, index_t);
-template void pack_a_blocks<float>(index_t, index_t, const float*, index_t, index_t, float*);
-template void pack_a_blocks<double>(index_t, index_t, const double*, index_t, index_t, double*);
+template void pack_a_blocks<float>(index_t, index_t, const float*, index_t, index_t, float*, int);
+template void pack_a_blocks<double>(index_t, index_t, const double*, index_t, index_t, double*, int);
 template index_t gemm_workspace_bytes<float>(index_t, index_t, index_t, int);
 template index_t gemm_workspace_bytes<double>(index_t, index_t, index_t, int);
 

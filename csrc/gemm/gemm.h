@@ -192,11 +192,12 @@ void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* 
 
 // A (m x k, element (r, c) at a[r*rs + c*cs]) packed the way gemm() packs it, every cache block of it, so
 // that GemmArgs::a_packed can skip the packing: packed_a_blocks_elems(m, k) elements, 64-byte aligned.
-// For the active ISA's micro-kernel at the time of the gemm() call; runs on the calling thread.
+// For the active ISA's micro-kernel at the time of the gemm() call; the cache blocks split over up to
+// nthreads threads (the calling thread alone by default).
 template <typename T>
 index_t packed_a_blocks_elems(index_t m, index_t k);
 template <typename T>
-void pack_a_blocks(index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap);
+void pack_a_blocks(index_t m, index_t k, const T* a, index_t rs, index_t cs, T* ap, int nthreads = 1);
 
 // Bytes of packing buffers gemm() allocates for these sizes (the algorithm's workspace).
 template <typename T>

@@ -801,6 +801,34 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
   }
 }
 
+// H_prev of a layer's direction as a GEMM's B operand (GemmArgs::pack_b), TB x S: the rows of step t hold
+// h_{t-1} (forward) or h_{t+1} (reverse) from the layer's output y (row stride ldy), those of the step that
+// read the initial state (t_first) h0, or zeros without one.
+template <typename T>
+struct HPrevRows {
+  index_t batch, S, ldy;
+  const T* y;   // the direction's first column of the layer output
+  const T* h0;  // (batch x S), or null
+  index_t t_first;
+  bool forward;
+};
+
+template <typename T>
+void pack_h_prev(const void* ctx, index_t pc, index_t kc, index_t j, index_t n_t, int nr, T* dst) {
+  const HPrevRows<T>& h = *static_cast<const HPrevRows<T>*>(ctx);
+  for (index_t p = 0; p < kc; ++p) {
+    const index_t r = pc + p, t = r / h.batch, b = r % h.batch;
+    const T* src = t == h.t_first ? (h.h0 ? h.h0 + b * h.S : nullptr)
+                                  : h.y + ((h.forward ? t - 1 : t + 1) * h.batch + b) * h.ldy;
+    T* out = dst + p * nr;
+    if (src)
+      std::copy(src + j, src + j + n_t, out);
+    else
+      std::fill(out, out + n_t, T(0));
+    std::fill(out + n_t, out + nr, T(0));
+  }
+}
+
 template <typename T>
 void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0,
                   const T* const* y, const T* reserve, const T* dy, const T* dh_n, const T* dc_n, T* dx, T* dh0,
@@ -942,16 +970,32 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
         gemm_strided<T>(B, S, GH, dgh, GH, 1, w.w_hh[li], S, 1, b.state.data(), S, gru ? T(1) : T(0));
       if (dh0) std::copy(b.state.data(), b.state.data() + B * S, dh0 + li * B * S);
       if (lstm && dc0) std::copy(b.dstate.data(), b.dstate.data() + B * H, dc0 + li * B * H);
-      // dW_ih (GH x Il) = dGx^T (GH x TB) X_l (TB x Il)
-      gemm_strided<T>(GH, Il, TB, dgx, 1, GH, xl, Il, 1, dw.w_ih[li], Il, T(0));
-      // dW_hh (GH x S) = sum over steps of dGh_t^T h_{t-1}: the steps after the first read the layer
-      // output one step back (forward direction) or ahead (reverse); the first reads h0.
-      const index_t k_steps = (Tn - 1) * B;
-      const T* dgh_later = d == 0 ? dgh + B * GH : dgh;
-      const T* h_prev = d == 0 ? yl + d * S : yl + B * DS + d * S;
-      gemm_strided<T>(GH, S, k_steps, dgh_later, 1, GH, h_prev, DS, 1, dw.w_hh[li], S, T(0));
-      if (h0)
-        gemm_strided<T>(GH, S, B, dgh + t_first * B * GH, 1, GH, h0 + li * B * S, S, 1, dw.w_hh[li], S, T(1));
+      if (dgh == dgx) {
+        // dW_ih (GH x Il) = dG^T (GH x TB) X_l (TB x Il) and dW_hh (GH x S) = dG^T H_prev, H_prev's rows
+        // of step t holding h_{t-1} (HPrevRows): one packing of dG^T for both products.
+        AlignedBuffer<T> dgt(static_cast<std::size_t>(packed_a_blocks_elems<T>(GH, TB)));
+        pack_a_blocks<T>(GH, TB, dgx, 1, GH, dgt.data(), get_num_threads());
+        GemmArgs<T> gi = strided_gemm_args<T>(GH, Il, TB, dgx, 1, GH, xl, Il, 1, dw.w_ih[li], Il, T(0));
+        gi.a_packed = dgt.data();
+        gemm<T>(gi);
+        const HPrevRows<T> hp{B, S, DS, yl + d * S, h0 ? h0 + li * B * S : nullptr, t_first, d == 0};
+        GemmArgs<T> gh = strided_gemm_args<T>(GH, S, TB, dgx, 1, GH, nullptr, 0, 0, dw.w_hh[li], S, T(0));
+        gh.a_packed = dgt.data();
+        gh.pack_b = pack_h_prev<T>;
+        gh.pack_b_ctx = &hp;
+        gemm<T>(gh);
+      } else {
+        // dW_ih (GH x Il) = dGx^T (GH x TB) X_l (TB x Il)
+        gemm_strided<T>(GH, Il, TB, dgx, 1, GH, xl, Il, 1, dw.w_ih[li], Il, T(0));
+        // dW_hh (GH x S) = sum over steps of dGh_t^T h_{t-1}: the steps after the first read the layer
+        // output one step back (forward direction) or ahead (reverse); the first reads h0.
+        const index_t k_steps = (Tn - 1) * B;
+        const T* dgh_later = d == 0 ? dgh + B * GH : dgh;
+        const T* h_prev = d == 0 ? yl + d * S : yl + B * DS + d * S;
+        gemm_strided<T>(GH, S, k_steps, dgh_later, 1, GH, h_prev, DS, 1, dw.w_hh[li], S, T(0));
+        if (h0)
+          gemm_strided<T>(GH, S, B, dgh + t_first * B * GH, 1, GH, h0 + li * B * S, S, 1, dw.w_hh[li], S, T(1));
+      }
       // dW_hr (P x H) = dH^T (P x TB) M (TB x H), M the saved m_t.
       if (proj)
         gemm_strided<T>(S, H, TB, b.dh.data(), 1, S, reserve + li * per_dir + TB * (GH + H), H, 1, dw.w_hr[li], H,
