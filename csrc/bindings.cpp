@@ -94,6 +94,17 @@ void gemm_impl(const py::array& a, const py::array& b, py::array& c, double alph
     gemm<T>(g, nthreads);
 }
 
+// A C-contiguous array of `shape` on an AlignedBuffer of n >= its size elements, which the array owns
+// (blocks of kRecycleBytes and up go back to the block cache when it is freed). Throws std::bad_alloc.
+template <typename T>
+py::array_t<T, py::array::c_style> buffer_array(const std::vector<py::ssize_t>& shape, std::size_t n) {
+  auto buf = std::make_unique<AlignedBuffer<T>>(n);
+  T* data = buf->data();
+  py::capsule owner(buf.get(), [](void* p) { delete static_cast<AlignedBuffer<T>*>(p); });
+  buf.release();  // the capsule owns it now
+  return py::array_t<T, py::array::c_style>(shape, data, owner);
+}
+
 // A new C-contiguous array for an output: of kRecycleBytes or more, backed by a block of the block cache
 // that goes back to it when the array is freed (from glibc, whether such an output faults in fresh pages
 // at every call depends on what the process allocated before), else NumPy's. Throws std::bad_alloc.
@@ -105,11 +116,7 @@ py::array_t<T, py::array::c_style> new_output(const std::vector<py::ssize_t>& sh
     n *= static_cast<std::size_t>(d);
   }
   if (n * sizeof(T) < kRecycleBytes) return py::array_t<T, py::array::c_style>(shape);
-  auto buf = std::make_unique<AlignedBuffer<T>>(n);
-  T* data = buf->data();
-  py::capsule owner(buf.get(), [](void* p) { delete static_cast<AlignedBuffer<T>*>(p); });
-  buf.release();  // the capsule owns it now
-  return py::array_t<T, py::array::c_style>(shape, data, owner);
+  return buffer_array<T>(shape, n);
 }
 
 // The whole of a linear layer's forward once dispatch has chosen its kernel (kind as gemm_impl's):
@@ -1033,11 +1040,9 @@ PYBIND11_MODULE(_cpu, m) {
   }, py::arg("shape"), py::arg("itemsize"),
      "An uninitialised C-contiguous float32 or float64 array; from 128 KiB up, its memory comes from the block "
      "cache and goes back to it when the array is freed (outputs that do not fault in fresh pages at every call).");
-  m.def("scratch", [](std::size_t nbytes) {
-    auto* buf = new AlignedBuffer<std::uint8_t>(std::max<std::size_t>(nbytes, 1));  // bad_alloc: MemoryError
-    py::capsule owner(buf, [](void* p) { delete static_cast<AlignedBuffer<std::uint8_t>*>(p); });
-    return py::array_t<std::uint8_t>({static_cast<py::ssize_t>(nbytes)}, {static_cast<py::ssize_t>(1)}, buf->data(),
-                                     owner);
+  m.def("scratch", [](std::size_t nbytes) -> py::array {
+    if (nbytes > static_cast<std::size_t>(PTRDIFF_MAX)) throw std::bad_alloc();  // MemoryError
+    return buffer_array<std::uint8_t>({static_cast<py::ssize_t>(nbytes)}, std::max<std::size_t>(nbytes, 1));
   }, "An uninitialised, 64-byte aligned byte array; blocks of 128 KiB and up come from the block cache and go "
      "back to it when the array is freed.");
   m.def("set_min_parallel_work", [](double fmas) { set_min_parallel_work(fmas); }, py::arg("fmas"),
