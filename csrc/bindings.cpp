@@ -577,13 +577,14 @@ template <typename T>
 void rnn_backward_impl(const RnnShape& s, const py::object& x, const py::object& h0, const py::object& c0,
                        const py::list& weights, const py::list& ys, const py::object& reserve, const py::object& dy,
                        const py::object& dh_n, const py::object& dc_n, const py::object& dx, const py::object& dh0,
-                       const py::object& dc0, const py::list& grads) {
+                       const py::object& dc0, const py::list& grads, bool accumulate) {
   const index_t state = s.layers * s.dirs * s.batch * s.hidden, hstate = s.layers * s.dirs * s.batch * s.state();
   const bool lstm = s.cell == RnnCell::lstm;
   RnnWeights<T> w;
   rnn_params<T, const T*>(s, weights, false, w.w_ih, w.w_hh, w.b_ih, w.b_hh, w.w_hr);
   RnnWeightGrads<T> g;
   rnn_params<T, T*>(s, grads, true, g.w_ih, g.w_hh, g.b_ih, g.b_hh, g.w_hr);
+  g.accumulate = accumulate;
   for (std::size_t i = 0; i < w.b_ih.size(); ++i)
     if ((w.b_ih[i] == nullptr) != (w.b_hh[i] == nullptr) || (g.b_ih[i] == nullptr) != (w.b_ih[i] == nullptr) ||
         (g.b_hh[i] == nullptr) != (w.b_hh[i] == nullptr))
@@ -954,19 +955,22 @@ PYBIND11_MODULE(_cpu, m) {
         [](const py::tuple& shape, const py::object& x, const py::object& h0, const py::object& c0,
            const py::list& weights, const py::list& ys, const py::object& reserve, const py::object& dy,
            const py::object& dh_n, const py::object& dc_n, const py::object& dx, const py::object& dh0,
-           const py::object& dc0, const py::list& grads) {
+           const py::object& dc0, const py::list& grads, bool accumulate) {
           const RnnShape s = rnn_shape(shape);
           if (py::isinstance<py::array_t<float>>(x))
-            return rnn_backward_impl<float>(s, x, h0, c0, weights, ys, reserve, dy, dh_n, dc_n, dx, dh0, dc0, grads);
+            return rnn_backward_impl<float>(s, x, h0, c0, weights, ys, reserve, dy, dh_n, dc_n, dx, dh0, dc0, grads,
+                                             accumulate);
           if (py::isinstance<py::array_t<double>>(x))
-            return rnn_backward_impl<double>(s, x, h0, c0, weights, ys, reserve, dy, dh_n, dc_n, dx, dh0, dc0, grads);
+            return rnn_backward_impl<double>(s, x, h0, c0, weights, ys, reserve, dy, dh_n, dc_n, dx, dh0, dc0, grads,
+                                              accumulate);
           throw py::type_error("rnn: x must be float32 or float64");
         },
         py::arg("shape"), py::arg("x"), py::arg("h0"), py::arg("c0"), py::arg("weights"), py::arg("ys"),
         py::arg("reserve"), py::arg("dy"), py::arg("dh_n"), py::arg("dc_n"), py::arg("dx"), py::arg("dh0"),
-        py::arg("dc0"), py::arg("grads"),
+        py::arg("dc0"), py::arg("grads"), py::arg("accumulate") = false,
         "Backward through time from rnn_forward's x, h0, c0, ys and reserve. dy, dh_n, dc_n may be None (zeros);\n"
-        "writes dx, dh0, dc0 (LSTM; may be None) and grads ([dw_ih, dw_hh, db_ih, db_hh] per layer-direction).");
+        "writes dx, dh0, dc0 (LSTM; may be None) and grads ([dw_ih, dw_hh, db_ih, db_hh] per layer-direction),\n"
+        "or with accumulate adds the weight and bias gradients to what grads hold.");
 
   m.def("rnn_reserve_elems", [](const py::tuple& shape) { return rnn_reserve_elems(rnn_shape(shape)); },
         py::arg("shape"), "Elements of the reserve rnn_forward fills for rnn_backward.");

@@ -98,7 +98,7 @@ void activation_backward(const T* grad_y, const T* z, const T* y, T* grad_z, ind
 }
 
 template <typename T>
-void column_sums(const T* x, index_t m, index_t n, T* out) {
+void column_sums(const T* x, index_t m, index_t n, T* out, bool accumulate, T* out2) {
   // Stripes of up to kStripe columns, each summed down all rows into doubles held in L1. A stripe as wide
   // as this reads kilobytes of each row at a time, which the prefetchers follow; 64 columns (256 bytes
   // of a row, rows apart by the full width) left a bias gradient over 3200 x 2048 at a fifth of the
@@ -116,7 +116,11 @@ void column_sums(const T* x, index_t m, index_t n, T* out) {
 #pragma omp simd
       for (index_t j = 0; j < w; ++j) acc[j] += static_cast<double>(row[j]);
     }
-    for (index_t j = 0; j < w; ++j) out[j0 + j] = static_cast<T>(acc[j]);
+    for (T* o : {out, out2}) {
+      if (!o) continue;
+      for (index_t j = 0; j < w; ++j)
+        o[j0 + j] = static_cast<T>(accumulate ? acc[j] + static_cast<double>(o[j0 + j]) : acc[j]);
+    }
   }
 }
 
@@ -125,7 +129,7 @@ template void activation_forward<double>(const double*, double*, index_t, Activa
 template void activation_backward<float>(const float*, const float*, const float*, float*, index_t, Activation);
 template void activation_backward<double>(const double*, const double*, const double*, double*, index_t,
                                           Activation);
-template void column_sums<float>(const float*, index_t, index_t, float*);
-template void column_sums<double>(const double*, index_t, index_t, double*);
+template void column_sums<float>(const float*, index_t, index_t, float*, bool, float*);
+template void column_sums<double>(const double*, index_t, index_t, double*, bool, double*);
 
 }  // namespace dnnkit

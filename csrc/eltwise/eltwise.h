@@ -15,8 +15,10 @@ void activation_forward(const T* z, T* y, index_t n, Activation act);
 template <typename T>
 void activation_backward(const T* grad_y, const T* z, const T* y, T* grad_z, index_t n, Activation act);
 
-// out[j] = sum_i x[i*n + j] for an m x n row-major x, accumulated in double.
+// out[j] = sum_i x[i*n + j] for an m x n row-major x, accumulated in double; with `accumulate`,
+// out[j] += that sum (added to out[j] in double, rounded once). out2, when given, receives the same
+// (two bias gradients that see the same sums).
 template <typename T>
-void column_sums(const T* x, index_t m, index_t n, T* out);
+void column_sums(const T* x, index_t m, index_t n, T* out, bool accumulate = false, T* out2 = nullptr);
 
 }  // namespace dnnkit

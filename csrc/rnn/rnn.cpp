@@ -966,6 +966,7 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
       const T* dgx = b.dg.data();
       const T* dgh = gru ? b.dgh.data() : b.dg.data();
       const index_t t_first = d == 0 ? 0 : Tn - 1;  // the step that read h0
+      const T wbeta = dw.accumulate ? T(1) : T(0);  // the weight gradients' beta
       if (!packed)  // one step: dh0 = dG_0 W_hh, unpacked
         gemm_strided<T>(B, S, GH, dgh, GH, 1, w.w_hh[li], S, 1, b.state.data(), S, gru ? T(1) : T(0));
       if (dh0) std::copy(b.state.data(), b.state.data() + B * S, dh0 + li * B * S);
@@ -975,37 +976,36 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
         // of step t holding h_{t-1} (HPrevRows): one packing of dG^T for both products.
         AlignedBuffer<T> dgt(static_cast<std::size_t>(packed_a_blocks_elems<T>(GH, TB)));
         pack_a_blocks<T>(GH, TB, dgx, 1, GH, dgt.data(), get_num_threads());
-        GemmArgs<T> gi = strided_gemm_args<T>(GH, Il, TB, dgx, 1, GH, xl, Il, 1, dw.w_ih[li], Il, T(0));
+        GemmArgs<T> gi = strided_gemm_args<T>(GH, Il, TB, dgx, 1, GH, xl, Il, 1, dw.w_ih[li], Il, wbeta);
         gi.a_packed = dgt.data();
         gemm<T>(gi);
         const HPrevRows<T> hp{B, S, DS, yl + d * S, h0 ? h0 + li * B * S : nullptr, t_first, d == 0};
-        GemmArgs<T> gh = strided_gemm_args<T>(GH, S, TB, dgx, 1, GH, nullptr, 0, 0, dw.w_hh[li], S, T(0));
+        GemmArgs<T> gh = strided_gemm_args<T>(GH, S, TB, dgx, 1, GH, nullptr, 0, 0, dw.w_hh[li], S, wbeta);
         gh.a_packed = dgt.data();
         gh.pack_b = pack_h_prev<T>;
         gh.pack_b_ctx = &hp;
         gemm<T>(gh);
       } else {
         // dW_ih (GH x Il) = dGx^T (GH x TB) X_l (TB x Il)
-        gemm_strided<T>(GH, Il, TB, dgx, 1, GH, xl, Il, 1, dw.w_ih[li], Il, T(0));
+        gemm_strided<T>(GH, Il, TB, dgx, 1, GH, xl, Il, 1, dw.w_ih[li], Il, wbeta);
         // dW_hh (GH x S) = sum over steps of dGh_t^T h_{t-1}: the steps after the first read the layer
         // output one step back (forward direction) or ahead (reverse); the first reads h0.
         const index_t k_steps = (Tn - 1) * B;
         const T* dgh_later = d == 0 ? dgh + B * GH : dgh;
         const T* h_prev = d == 0 ? yl + d * S : yl + B * DS + d * S;
-        gemm_strided<T>(GH, S, k_steps, dgh_later, 1, GH, h_prev, DS, 1, dw.w_hh[li], S, T(0));
+        gemm_strided<T>(GH, S, k_steps, dgh_later, 1, GH, h_prev, DS, 1, dw.w_hh[li], S, wbeta);
         if (h0)
           gemm_strided<T>(GH, S, B, dgh + t_first * B * GH, 1, GH, h0 + li * B * S, S, 1, dw.w_hh[li], S, T(1));
       }
       // dW_hr (P x H) = dH^T (P x TB) M (TB x H), M the saved m_t.
       if (proj)
         gemm_strided<T>(S, H, TB, b.dh.data(), 1, S, reserve + li * per_dir + TB * (GH + H), H, 1, dw.w_hr[li], H,
-                        T(0));
-      if (dw.b_ih[li]) column_sums<T>(dgx, TB, GH, dw.b_ih[li]);
-      if (dw.b_hh[li]) {
-        if (dgh == dgx && dw.b_ih[li])  // both biases see the same gate gradients (all but GRU)
-          std::copy(dw.b_ih[li], dw.b_ih[li] + GH, dw.b_hh[li]);
-        else
-          column_sums<T>(dgh, TB, GH, dw.b_hh[li]);
+                        wbeta);
+      if (dgh == dgx && dw.b_ih[li] && dw.b_hh[li]) {  // both biases see the same gate gradients (all but GRU)
+        column_sums<T>(dgx, TB, GH, dw.b_ih[li], dw.accumulate, dw.b_hh[li]);
+      } else {
+        if (dw.b_ih[li]) column_sums<T>(dgx, TB, GH, dw.b_ih[li], dw.accumulate);
+        if (dw.b_hh[li]) column_sums<T>(dgh, TB, GH, dw.b_hh[li], dw.accumulate);
       }
       // dX_l (TB x Il) = sum_d dGx_d (TB x GH) W_ih_d (GH x Il)
       gemm_strided<T>(TB, Il, GH, dgx, GH, 1, w.w_ih[li], Il, 1, dxl, Il, d == 0 ? T(0) : T(1));

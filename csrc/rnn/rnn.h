@@ -69,6 +69,7 @@ struct RnnWeights {
 template <typename T>
 struct RnnWeightGrads {
   std::vector<T*> w_ih, w_hh, b_ih, b_hh, w_hr;  // b_* null when the forward had no biases
+  bool accumulate = false;  // add the gradients to what the arrays hold (else overwrite them)
 };
 
 // Elements of the reserve (what backward reads) for one layer-direction, and for the whole problem:

@@ -400,20 +400,72 @@ def _grad(op, name, g, shape, dtype):
     return a
 
 
-def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n):
-    """The kernel on C-contiguous gradients in its own layout: (dx (T, B, I), dh0, dc0, flat grads)."""
+def _accumulate_targets(op, r: RnnReserve, into, returned_names):
+    """The arrays of `accumulate_into` in the kernel's order (r.weights: None for absent biases), checked
+    against the weights they accumulate gradients of. `into` has the entries the call returns as weight
+    gradients: `returned_names` names them (a cell's tuple holds None for absent biases)."""
+    if into is None:
+        return None
+    present = [i for i, w in enumerate(r.weights) if w is not None]
+    if isinstance(into, dict) and r.as_dict:
+        missing = [k for k in returned_names if k not in into]
+        extra = [k for k in into if k not in returned_names]
+        if missing or extra:
+            raise ValueError(f"{op}: accumulate_into must have exactly the keys {list(returned_names)}; missing "
+                             f"{missing}, unexpected {extra}")
+        entries = [into[k] for k in returned_names]
+        labels = [f"accumulate_into[{k!r}]" for k in returned_names]
+    else:
+        if not isinstance(into, (list, tuple)):
+            raise TypeError(f"{op}: accumulate_into must be a list or tuple of arrays like the weight gradients "
+                            f"this call returns, got {type(into).__name__}")
+        if len(into) != len(returned_names):
+            raise ValueError(f"{op}: accumulate_into must hold {len(returned_names)} entries (the weight "
+                             f"gradients this call returns), got {len(into)}")
+        entries = list(into)
+        labels = [f"accumulate_into[{i}]" for i in range(len(entries))]
+    if r.cell:  # a cell's tuple: absent biases as None
+        for e, label, w in zip(entries, labels, r.weights):
+            if (e is None) != (w is None):
+                raise ValueError(f"{op}: {label} must be None exactly where the forward had no bias")
+        labels = [lb for e, lb in zip(entries, labels) if e is not None]
+        entries = [e for e in entries if e is not None]
+    targets = [None] * len(r.weights)
+    dtype = r.x.dtype
+    for i, e, label in zip(present, entries, labels):
+        w = r.weights[i]
+        if type(e) is not np.ndarray:
+            raise TypeError(f"{op}: {label} must be a NumPy array of the gradient's shape {w.shape}, got "
+                            f"{type(e).__name__}")
+        if e.dtype != dtype:
+            raise TypeError(f"{op}: {label} has dtype {e.dtype} but the forward ran in {dtype}")
+        if e.shape != w.shape:
+            raise ValueError(f"{op}: {label} must have shape {w.shape}, got {e.shape}")
+        if not (e.flags.c_contiguous and e.flags.writeable):
+            raise ValueError(f"{op}: {label} must be C-contiguous and writable (it is added to in place)")
+        targets[i] = e
+    return targets
+
+
+def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n, into=None):
+    """The kernel on C-contiguous gradients in its own layout: (dx (T, B, I), dh0, dc0, flat grads). With
+    `into` (arrays in the order of r.weights), the weight and bias gradients are added to those arrays,
+    which are returned as the grads."""
     if r.stack:
-        return _run_backward_stack(op, r, dy, dh_n, dc_n)
+        return _run_backward_stack(op, r, dy, dh_n, dc_n, into)
     _, T, B, I, H, L, D, P = r.shape
     dtype = r.x.dtype
     dx = _empty(op, (T, B, I), dtype)
     dh0 = _empty(op, (L * D, B, P or H), dtype)
     dc0 = _empty(op, (L * D, B, H), dtype) if r.mode == "lstm" else None
-    grads = [None if w is None else _empty(op, w.shape, dtype) for w in r.weights]
+    if into is None:
+        grads = [None if w is None else _empty(op, w.shape, dtype) for w in r.weights]
+    else:
+        grads = list(into)
     fp = r.problem
     p = _problem(fp.mode, fp.seq, fp.batch, fp.input, fp.hidden, fp.layers, fp.dirs, fp.bias, "bwd", dtype, fp.proj)
     _choose(op, p, "auto").run(p, r.x, r.h0, r.c0, r.weights, r.ys, r.buffer, dy, dh_n, dc_n,
-                               out=(dx, dh0, dc0, grads))
+                               out=(dx, dh0, dc0, grads), accumulate=into is not None)
     return dx, dh0, dc0, grads
 
 
@@ -432,7 +484,7 @@ def _recompute(op, r: RnnReserve) -> RnnReserve:
                       batch_first=False, unbatched=False)
 
 
-def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n):
+def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n, into=None):
     """Backward of a forward with dropout: the one-layer reserves from the top down, the gradient that
     reaches each layer's output multiplied by the mask its output went through."""
     _, T, B, I, H, L, D, P = r.shape
@@ -447,7 +499,9 @@ def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n):
         sub = r.stack[layer]
         if sub.buffer is None:
             sub = _recompute(op, sub)
-        dx, dh0[k0:k1], dc0_l, g = _run_backward(op, sub, dy, dh, dc)
+        per = len(sub.weights)  # the layer's entries of the flat list
+        dx, dh0[k0:k1], dc0_l, g = _run_backward(op, sub, dy, dh, dc,
+                                                 None if into is None else into[layer * per:(layer + 1) * per])
         if dc0 is not None:
             dc0[k0:k1] = dc0_l
         grads = g + grads
@@ -456,7 +510,7 @@ def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n):
     return dx, dh0, dc0, grads
 
 
-def _backward(op, r: RnnReserve, grad_output, grad_h_n, grad_c_n):
+def _backward(op, r: RnnReserve, grad_output, grad_h_n, grad_c_n, into=None):
     """Sequences: the user's gradients (in the forward's layouts) checked and brought to the kernel's."""
     _, T, B, I, H, L, D, P = r.shape
     S = P or H
@@ -474,12 +528,14 @@ def _backward(op, r: RnnReserve, grad_output, grad_h_n, grad_c_n):
     dc_n = _grad(op, "grad_c_n", grad_c_n, lead + (H,), dtype) if r.mode == "lstm" else None
     dh_n = None if dh_n is None else np.ascontiguousarray(dh_n)
     dc_n = None if dc_n is None else np.ascontiguousarray(dc_n)
-    return _run_backward(op, r, dy, dh_n, dc_n)
+    return _run_backward(op, r, dy, dh_n, dc_n, into)
 
 
-def _sequence_backward(op, modes, grad_output, grad_h_n, grad_c_n, reserve):
+def _sequence_backward(op, modes, grad_output, grad_h_n, grad_c_n, reserve, accumulate_into):
     r = _reserve(op, reserve, modes, cell=False)
-    dx, dh0, dc0, grads = _backward(op, r, grad_output, grad_h_n, grad_c_n)
+    names = r.names if r.as_dict else range(sum(w is not None for w in r.weights))
+    into = _accumulate_targets(op, r, accumulate_into, list(names))
+    dx, dh0, dc0, grads = _backward(op, r, grad_output, grad_h_n, grad_c_n, into)
     if r.unbatched:
         dx, dh0 = dx[:, 0, :], dh0[:, 0, :]
         dc0 = None if dc0 is None else dc0[:, 0, :]
@@ -490,20 +546,29 @@ def _sequence_backward(op, modes, grad_output, grad_h_n, grad_c_n, reserve):
     return (dx, dh0, dc0, weights) if r.mode == "lstm" else (dx, dh0, weights)
 
 
-def lstm_backward(grad_output, grad_h_n, grad_c_n, reserve):
+def lstm_backward(grad_output, grad_h_n, grad_c_n, reserve, *, accumulate_into=None):
     """Backward through time of lstm(..., train=True): returns (grad_x, grad_h0, grad_c0, grad_weights),
-    each in the layout of the forward's argument; grad_weights a list or dict like the forward's weights."""
-    return _sequence_backward("lstm_backward", ("lstm",), grad_output, grad_h_n, grad_c_n, reserve)
+    each in the layout of the forward's argument; grad_weights a list or dict like the forward's weights.
+
+    accumulate_into: arrays laid out as grad_weights (a list, or a dict with the same keys; C-contiguous,
+    of the weights' shapes and dtype); the weight and bias gradients are added to them in place, as
+    autograd adds into ``.grad`` and cuDNN's weight backward into dw, and they are returned as
+    grad_weights. Gradients summed over micro-batches, or over the steps of a cell stepped in a loop,
+    then cost no extra pass."""
+    return _sequence_backward("lstm_backward", ("lstm",), grad_output, grad_h_n, grad_c_n, reserve, accumulate_into)
 
 
-def gru_backward(grad_output, grad_h_n, reserve):
-    """Backward through time of gru(..., train=True): returns (grad_x, grad_h0, grad_weights)."""
-    return _sequence_backward("gru_backward", ("gru",), grad_output, grad_h_n, None, reserve)
+def gru_backward(grad_output, grad_h_n, reserve, *, accumulate_into=None):
+    """Backward through time of gru(..., train=True): returns (grad_x, grad_h0, grad_weights);
+    accumulate_into as for lstm_backward."""
+    return _sequence_backward("gru_backward", ("gru",), grad_output, grad_h_n, None, reserve, accumulate_into)
 
 
-def rnn_backward(grad_output, grad_h_n, reserve):
-    """Backward through time of rnn(..., train=True): returns (grad_x, grad_h0, grad_weights)."""
-    return _sequence_backward("rnn_backward", ("rnn_tanh", "rnn_relu"), grad_output, grad_h_n, None, reserve)
+def rnn_backward(grad_output, grad_h_n, reserve, *, accumulate_into=None):
+    """Backward through time of rnn(..., train=True): returns (grad_x, grad_h0, grad_weights);
+    accumulate_into as for lstm_backward."""
+    return _sequence_backward("rnn_backward", ("rnn_tanh", "rnn_relu"), grad_output, grad_h_n, None, reserve,
+                              accumulate_into)
 
 
 # -------------------------------------------------------------------------------------------------- cells
@@ -660,8 +725,9 @@ def rnn_relu_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False):
     return _cell("rnn_relu_cell", "rnn_relu", x, hx, None, w_ih, w_hh, b_ih, b_hh, train)
 
 
-def _cell_backward(op, modes, grad_h, grad_c, reserve):
+def _cell_backward(op, modes, grad_h, grad_c, reserve, accumulate_into):
     r = _reserve(op, reserve, modes, cell=True)
+    into = _accumulate_targets(op, r, accumulate_into, ["grad_w_ih", "grad_w_hh", "grad_b_ih", "grad_b_hh"])
     _, _, B, _, H, _, _, _ = r.shape
     state = (H,) if r.unbatched else (B, H)
     # h' is the step's output (grad_output of a one-step sequence); c' is the final cell state.
@@ -669,7 +735,7 @@ def _cell_backward(op, modes, grad_h, grad_c, reserve):
     dc = _grad(op, "grad_c", grad_c, state, r.x.dtype) if r.mode == "lstm" else None
     dh = None if dh is None else np.ascontiguousarray(dh).reshape(1, B, H)
     dc = None if dc is None else np.ascontiguousarray(dc).reshape(1, B, H)
-    dx, dh0, dc0, grads = _run_backward(op, r, dh, None, dc)
+    dx, dh0, dc0, grads = _run_backward(op, r, dh, None, dc, into)
     dx, dh0 = dx[0], dh0[0]
     dc0 = None if dc0 is None else dc0[0]
     if r.unbatched:
@@ -679,17 +745,22 @@ def _cell_backward(op, modes, grad_h, grad_c, reserve):
     return head + tuple(grads)
 
 
-def lstm_cell_backward(grad_h, grad_c, reserve):
+def lstm_cell_backward(grad_h, grad_c, reserve, *, accumulate_into=None):
     """Gradients of lstm_cell(..., train=True): (grad_x, grad_h, grad_c, grad_w_ih, grad_w_hh, grad_b_ih,
-    grad_b_hh), grad_h and grad_c with respect to hx; the bias gradients None without biases."""
-    return _cell_backward("lstm_cell_backward", ("lstm",), grad_h, grad_c, reserve)
+    grad_b_hh), grad_h and grad_c with respect to hx; the bias gradients None without biases.
+
+    accumulate_into: (grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh) arrays (the biases' None without
+    biases) to which the weight and bias gradients are added in place and which are returned: a cell
+    stepped over time in a loop sums its weight gradients over the steps without a pass of its own."""
+    return _cell_backward("lstm_cell_backward", ("lstm",), grad_h, grad_c, reserve, accumulate_into)
 
 
-def gru_cell_backward(grad_h, reserve):
-    """Gradients of gru_cell(..., train=True): (grad_x, grad_h, grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh)."""
-    return _cell_backward("gru_cell_backward", ("gru",), grad_h, None, reserve)
+def gru_cell_backward(grad_h, reserve, *, accumulate_into=None):
+    """Gradients of gru_cell(..., train=True): (grad_x, grad_h, grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh);
+    accumulate_into as for lstm_cell_backward."""
+    return _cell_backward("gru_cell_backward", ("gru",), grad_h, None, reserve, accumulate_into)
 
 
-def rnn_cell_backward(grad_h, reserve):
+def rnn_cell_backward(grad_h, reserve, *, accumulate_into=None):
     """Gradients of rnn_tanh_cell or rnn_relu_cell(..., train=True), as gru_cell_backward."""
-    return _cell_backward("rnn_cell_backward", ("rnn_tanh", "rnn_relu"), grad_h, None, reserve)
+    return _cell_backward("rnn_cell_backward", ("rnn_tanh", "rnn_relu"), grad_h, None, reserve, accumulate_into)

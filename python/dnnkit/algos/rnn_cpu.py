@@ -49,7 +49,8 @@ class FusedRnn(Algorithm):
 
     def run(self, p, *arrays, out=None, **params):
         """fwd: (x, h0, c0, weights) with out = the layer outputs [y_0 .. y_{L-1}] and params h_n, c_n,
-        reserve; bwd: (x, h0, c0, weights, ys, reserve, dy, dh_n, dc_n) with out = (dx, dh0, dc0, grads).
+        reserve; bwd: (x, h0, c0, weights, ys, reserve, dy, dh_n, dc_n) with out = (dx, dh0, dc0, grads) and
+        param accumulate (add the weight gradients to grads rather than overwrite them).
         Arrays as the _cpu.rnn_forward / rnn_backward bindings take them (None where optional)."""
         if self.direction == "fwd":
             x, h0, c0, weights = arrays
@@ -58,7 +59,8 @@ class FusedRnn(Algorithm):
         else:
             x, h0, c0, weights, ys, reserve, dy, dh_n, dc_n = arrays
             dx, dh0, dc0, grads = out
-            _cpu.rnn_backward(shape_tuple(p), x, h0, c0, weights, ys, reserve, dy, dh_n, dc_n, dx, dh0, dc0, grads)
+            _cpu.rnn_backward(shape_tuple(p), x, h0, c0, weights, ys, reserve, dy, dh_n, dc_n, dx, dh0, dc0, grads,
+                              params.get("accumulate", False))
         return out
 
 
