@@ -6,7 +6,9 @@ Sequences (torch.nn.LSTM / GRU, input size = hidden size; LSTMs with projections
 the projection's size): inference (torch under no_grad) and a training step (forward, then backward of
 every input, state and weight for a random grad_output);
 then the cells (torch.nn.LSTMCell / GRUCell) stepped over T time steps in a Python loop, on plain weights
-and on weights packed once before the loop (dnnkit.pack_weight; torch's cells have no such form). For each
+and on weights packed once before the loop (dnnkit.pack_weight; torch's cells have no such form), and a
+cell's training step: T steps forward, then backward through time step by step in reverse (dnnkit's
+weight gradients summed over the steps with accumulate_into; torch's by autograd). For each
 problem: both medians (runs interleaved in blocks, see bench/gemm.py), the ratio torch/dnnkit (> 1:
 dnnkit faster) and dnnkit's GFLOP/s counting the GEMMs only (forward 2*T*B*G*H*(I + H) per layer and
 direction, 2*T*B*(G*H*(I + P) + P*H) with a projection; a training step 3x that).
@@ -136,6 +138,42 @@ def cell_calls(torch, mode, H, B, rng, packed=False):
     return ours, theirs
 
 
+def cell_training_calls(torch, mode, H, B, rng):
+    """T cell steps forward, then the gradients of sum_t <g_t, h_t> with respect to every input, the
+    initial state and every weight, backward through time by hand (dnnkit) or by autograd (torch)."""
+    module = (torch.nn.LSTMCell if mode == "lstm" else torch.nn.GRUCell)(H, H)
+    w = [p.detach().numpy().copy() for p in module.parameters()]
+    xs = rng.standard_normal((CELL_STEPS, B, H)).astype(np.float32)
+    gs = rng.standard_normal((CELL_STEPS, B, H)).astype(np.float32)
+    h = rng.standard_normal((B, H)).astype(np.float32)
+    txs, th, tgs = torch.from_numpy(xs).requires_grad_(), torch.from_numpy(h).requires_grad_(), torch.from_numpy(gs)
+    lstm = mode == "lstm"
+    cell = dnnkit.lstm_cell if lstm else dnnkit.gru_cell
+
+    def ours():
+        hx, saved = ((h, h) if lstm else h), []
+        for t in range(CELL_STEPS):
+            hx, res = cell(xs[t], hx, *w, train=True)
+            saved.append(res)
+        dh, dc, into = 0.0, None, None
+        for t in reversed(range(CELL_STEPS)):
+            # the last step's call makes the gradient arrays; the earlier steps' add into them
+            g = (dnnkit.lstm_cell_backward(gs[t] + dh, dc, saved[t], accumulate_into=into) if lstm
+                 else dnnkit.gru_cell_backward(gs[t] + dh, saved[t], accumulate_into=into))
+            dh, dc, into = g[1], (g[2] if lstm else None), g[-4:]
+        return into
+
+    def theirs():
+        module.zero_grad(set_to_none=True)
+        txs.grad = th.grad = None
+        hx, outs = ((th, th) if lstm else th), []
+        for t in range(CELL_STEPS):
+            hx = module(txs[t], hx)
+            outs.append(hx[0] if lstm else hx)
+        torch.autograd.backward(outs, list(tgs))
+    return ours, theirs
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a short subset")
@@ -209,6 +247,15 @@ def main(argv=None):
             make = (lambda mode=mode, H=H, B=B, seed=len(plan), packed=packed:
                     cell_calls(torch, mode, H, B, np.random.default_rng(seed), packed))
             plan.append((section, name, section, make, flops(mode, H, B, CELL_STEPS, 1)))
+    section = f"cell training step: {CELL_STEPS} steps forward, then backward through time in a Python loop"
+    for mode, H, B in (CELLS_QUICK if args.quick else CELLS_FULL):
+        name = f"{mode}_cell train H{H} B{B} x{CELL_STEPS}"
+        if args.filter and args.filter not in name:
+            continue
+        make = (lambda mode=mode, H=H, B=B, seed=len(plan):
+                cell_training_calls(torch, mode, H, B, np.random.default_rng(seed)))
+        plan.append((section, name, section + (" batch 1" if B == 1 else ""), make,
+                     3 * flops(mode, H, B, CELL_STEPS, 1)))
 
     timings = {(sec, name): [] for sec, name, _, _, _ in plan}
     shown = None
