@@ -207,3 +207,29 @@ def test_sequence_targets_by_name():
         dnnkit.lstm_backward(g, None, None, res, accumulate_into=dict(w))
     with pytest.raises(ValueError, match="lstm_backward: accumulate_into must hold 2 entries"):
         dnnkit.lstm_backward(g, None, None, res, accumulate_into=[np.zeros((4 * H, I), np.float32)])
+
+
+@pytest.mark.parametrize("layers,bidirectional", [(1, False), (2, True)])
+def test_projection_weights_are_added_into_too(layers, bidirectional):
+    """LSTM with proj_size: weight_hr's gradient (its own GEMM) is added like the others."""
+    r = np.random.default_rng(2)
+    T, B, I, H, P = 4, 3, 5, 8, 3
+    D = 2 if bidirectional else 1
+    w = []
+    for layer in range(layers):
+        for _ in range(D):
+            il = I if layer == 0 else D * P
+            w += [0.3 * r.standard_normal((4 * H, il)), 0.3 * r.standard_normal((4 * H, P)), r.standard_normal(4 * H),
+                  r.standard_normal(4 * H), 0.3 * r.standard_normal((P, H))]
+    w = [a.astype(np.float32) for a in w]
+    x = r.standard_normal((T, B, I)).astype(np.float32)
+    out, _, res = dnnkit.lstm(x, None, None, w, num_layers=layers, bidirectional=bidirectional, proj_size=P,
+                              train=True)
+    g = r.standard_normal(out.shape).astype(np.float32)
+    plain = dnnkit.lstm_backward(g, None, None, res)[3]
+    start = [r.standard_normal(a.shape).astype(np.float32) for a in plain]
+    into = [a.copy() for a in start]
+    got = dnnkit.lstm_backward(g, None, None, res, accumulate_into=into)[3]
+    for a, t, s, p in zip(got, into, start, plain):
+        assert a is t
+        np.testing.assert_allclose(a, s + p, **close(np.float32))
