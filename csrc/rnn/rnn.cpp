@@ -556,9 +556,12 @@ void fused_cell_step(const RnnShape& s, const RnnWeights<T>& w, int l, int d, co
     T *c, *h, *save, *aux, *h_n, *c_n;
     index_t ldy;
   } ctx{{s.cell, B, H, 0, 0}, b.xp.data(), gru ? b.gh.data() : nullptr, b.bias.data() + GH, h0 + li * B * S,
-        c0 ? c0 + li * B * H : nullptr, zeros, aux ? aux : b.state.data(), y[l] + d * S, save, aux,
+        c0 ? c0 + li * B * H : nullptr, zeros, nullptr, y[l] + d * S, save, aux,
         h_n ? h_n + li * B * S : nullptr, c_n ? c_n + li * B * H : nullptr,
         index_t(s.dirs) * S};
+  // c_t goes to the reserve in training; in inference straight into c_n (no copy), else to scratch.
+  ctx.c = aux ? aux : (ctx.c_n ? ctx.c_n : b.state.data());
+  if (ctx.c == ctx.c_n) ctx.c_n = nullptr;
   CellDone done = [](void* p, index_t j0, index_t j1) {
     const Ctx& c = *static_cast<const Ctx*>(p);
     StepRows step = c.step;
@@ -613,7 +616,8 @@ void fused_packed_cell_step(const RnnShape& s, const RnnWeights<T>& w, const T* 
   const index_t gate_panels = H / uk.nr;
   T* const save = reserve;                         // (1, B, GH) gates
   T* const aux = reserve ? save + B * GH : nullptr;  // (1, B, H) c_t or W_hn h + b_hn
-  T* const c = aux ? aux : b.state.data();
+  T* const c = aux ? aux : (c_n ? c_n : b.state.data());  // c_t: no copy into c_n in inference
+  if (c == c_n) c_n = nullptr;
   T* const h = y[0];
   T *const xp = b.xp.data(), *const gh = b.gh.data();
   const T* const bias = b.bias.data();
