@@ -756,24 +756,34 @@ PYBIND11_MODULE(_cpu, m) {
     else throw py::type_error("activation_backward: grad_y must be float32 or float64");
   });
 
-  m.def("column_sums", [](const py::array& x) -> py::array {
+  m.def("column_sums", [](const py::array& x, const py::object& into) -> py::array {
     if (x.ndim() != 2) throw py::value_error("column_sums: x must be 2-D");
     auto run = [&](auto tag) -> py::array {
       using T = decltype(tag);
       auto xx = contiguous<T>(x, "column_sums", "x");
-      py::array_t<T> out(xx.shape(1));
       const index_t rows = xx.shape(0), cols = xx.shape(1);
+      py::array_t<T> out;
+      if (into.is_none()) {
+        out = py::array_t<T>(cols);
+      } else {
+        if (!py::isinstance<py::array_t<T>>(into))
+          throw py::type_error("column_sums: into must be an array of x's dtype");
+        out = into.cast<py::array_t<T>>();
+        if (out.ndim() != 1 || out.shape(0) != cols || !(out.flags() & py::array::c_style) || !out.writeable())
+          throw py::value_error("column_sums: into must be a writable contiguous 1-D array of x's column count");
+      }
       T* o = out.mutable_data();
       {
         py::gil_scoped_release nogil;
-        column_sums<T>(xx.data(), rows, cols, o);
+        column_sums<T>(xx.data(), rows, cols, o, !into.is_none());
       }
       return out;
     };
     if (is_f32(x)) return run(float{});
     if (is_f64(x)) return run(double{});
     throw py::type_error("column_sums: x must be float32 or float64");
-  });
+  }, py::arg("x"), py::arg("into") = py::none(),
+        "Column sums of a 2-D array (accumulated in double); with `into`, added to that array and returned.");
 
   m.def("ukernel_test",
         [](const std::string& isa, const py::array& ap, const py::array& bp, py::array& c, double alpha, double beta,

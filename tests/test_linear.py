@@ -257,6 +257,67 @@ def test_column_sums_behind_the_bias_gradients(num_threads, dtype, m, n):
                                atol=1e-5 if dtype == np.float32 else 1e-12)
 
 
+@pytest.mark.parametrize("m,n", [(0, 5), (7, 33), (300, 1100), (513, 17)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_column_sums_added_into_an_array(num_threads, dtype, m, n):
+    """column_sums(x, into) adds the sums to `into` (in double, rounded once) and returns it."""
+    r = np.random.default_rng(m + n)
+    x = r.standard_normal((m, n)).astype(dtype)
+    start = r.standard_normal(n).astype(dtype)
+    into = start.copy()
+    got = dnnkit._cpu.column_sums(x, into)
+    assert got is into or np.shares_memory(got, into)
+    np.testing.assert_allclose(into, start.astype(np.float64) + x.astype(np.float64).sum(axis=0),
+                               rtol=1e-6 if dtype == np.float32 else 1e-13, atol=1e-5 if dtype == np.float32 else 1e-12)
+    with pytest.raises(ValueError, match="column_sums: into must be a writable contiguous 1-D array"):
+        dnnkit._cpu.column_sums(x, np.zeros(n + 1, dtype))
+    with pytest.raises(TypeError, match="column_sums: into must be an array of x's dtype"):
+        dnnkit._cpu.column_sums(x, np.zeros(n, np.float64 if dtype == np.float32 else np.float32))
+
+
+@given(case=linear_cases())
+def test_linear_backward_adds_into_the_given_arrays(isa, case):
+    """accumulate_into: the weight and bias gradients are added to the caller's arrays, which come back
+    as grad_weight and grad_bias; grad_input is as without it."""
+    x, w, b = make_inputs(case)
+    y, z = dnnkit.linear(x, w, b, activation=case.activation, return_preactivation=True)
+    grad_y = np.random.default_rng(case.seed + 1).standard_normal(y.shape).astype(case.dtype)
+    kw = dict(bias=case.bias, activation=case.activation, preactivation=z)
+    gx, gw, gb = dnnkit.linear_backward(grad_y, x, w, **kw)
+    r = np.random.default_rng(case.seed + 2)
+    start_w = r.standard_normal(w.shape).astype(case.dtype)
+    start_b = r.standard_normal(w.shape[0]).astype(case.dtype) if case.bias else None
+    into = (start_w.copy(), None if start_b is None else start_b.copy())
+    ax, aw, ab = dnnkit.linear_backward(grad_y, x, w, accumulate_into=into, **kw)
+    np.testing.assert_array_equal(ax, gx)
+    assert aw is into[0]
+    tol = dict(rtol=1e-5, atol=1e-5) if case.dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(aw, start_w + gw, **tol)
+    if case.bias:
+        assert ab is into[1]
+        np.testing.assert_allclose(ab, start_b + gb, **tol)
+    else:
+        assert ab is None
+
+
+@pytest.mark.parametrize("into,exc,msg", [
+    ("abc", TypeError, r"accumulate_into must be a pair \(grad_weight, grad_bias\)"),
+    ((np.zeros((4, 3), np.float32),), TypeError, "accumulate_into must be a pair"),
+    ((np.zeros((3, 4), np.float32), np.zeros(4, np.float32)), ValueError, r"accumulate_into\[0\] must have shape"),
+    ((np.zeros((4, 3)), np.zeros(4, np.float32)), TypeError, r"accumulate_into\[0\] has dtype float64"),
+    ((np.zeros((4, 3), np.float32), None), TypeError, r"accumulate_into\[1\] must be a NumPy array"),
+    ((np.zeros((4, 3), np.float32), np.zeros(5, np.float32)), ValueError, r"accumulate_into\[1\] must have shape"),
+    ((np.zeros((3, 4), np.float32).T, np.zeros(4, np.float32)), ValueError,
+     r"accumulate_into\[0\] must be C-contiguous and writable"),
+])
+def test_bad_linear_accumulate_targets(into, exc, msg):
+    x, w, g = np.ones((2, 3), np.float32), np.ones((4, 3), np.float32), np.ones((2, 4), np.float32)
+    with pytest.raises(exc, match="linear_backward: " + msg):
+        dnnkit.linear_backward(g, x, w, accumulate_into=into)
+    with pytest.raises(ValueError, match=r"linear_backward: accumulate_into\[1\] must be None when bias is False"):
+        dnnkit.linear_backward(g, x, w, bias=False, accumulate_into=(np.zeros((4, 3), np.float32), np.zeros(4, np.float32)))
+
+
 @pytest.mark.parametrize("activation", ["identity", "relu", "tanh", "sigmoid", "gelu"])
 @pytest.mark.parametrize("n", [0, 1, 37, 2048, 2049, 70001])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

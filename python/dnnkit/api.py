@@ -291,11 +291,14 @@ def _linear_packed(x, pw, bias, activation, return_preactivation, algo):
 
 
 def linear_backward(grad_output, input, weight, *, bias=True, activation=None, output=None,
-                    preactivation=None, algo="auto"):
+                    preactivation=None, algo="auto", accumulate_into=None):
     """Gradients of y = act(input @ weight.T + bias): returns (grad_input, grad_weight, grad_bias).
 
     grad_bias is None when bias is False. With an activation, pass the forward's output (enough for relu,
     tanh and sigmoid) or its preactivation (needed for gelu; see linear(return_preactivation=True)).
+    accumulate_into: (grad_weight, grad_bias) arrays (grad_bias None without a bias; C-contiguous, of the
+    weight's dtype) to which the gradients are added in place and which are returned, as autograd adds
+    into ``.grad``: a layer applied at many steps sums its gradients without a pass of its own.
     """
     op = "linear_backward"
     if isinstance(weight, PackedWeight):
@@ -323,6 +326,7 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
             if arr.shape != expect:
                 raise ValueError(f"{op}: {name} must have shape {expect}, got {arr.shape}")
             saved[name] = arr
+    into_w, into_b = _linear_accumulate_targets(op, accumulate_into, w.shape, bias, dtype)
     m = math.prod(x.shape[:-1])
     x2 = x.reshape(m, in_f)
     gy2 = gy.reshape(m, out_f)
@@ -345,10 +349,36 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
     _choose(op, p_dx, algo).run(p_dx, gz, w, out=grad_x.reshape(m, in_f))
     # grad_weight (N x K) = gz.T (N x M) @ input (M x K)
     p_dw = _gemm_problem(out_f, in_f, m, True, False, dtype)
-    grad_w = _empty(op, (out_f, in_f), dtype)
-    _choose(op, p_dw, algo).run(p_dw, gz.T, x2, out=grad_w)
-    grad_b = _cpu.column_sums(np.ascontiguousarray(gz)) if bias else None
+    grad_w = _empty(op, (out_f, in_f), dtype) if into_w is None else into_w
+    _choose(op, p_dw, algo).run(p_dw, gz.T, x2, out=grad_w, beta=0.0 if into_w is None else 1.0)
+    grad_b = _cpu.column_sums(np.ascontiguousarray(gz), into_b) if bias else None
     return grad_x, grad_w, grad_b
+
+
+def _linear_accumulate_targets(op, into, w_shape, bias, dtype):
+    """(grad_weight, grad_bias) targets of linear_backward's accumulate_into, checked; (None, None) without."""
+    if into is None:
+        return None, None
+    if not isinstance(into, (list, tuple)) or len(into) != 2:
+        raise TypeError(f"{op}: accumulate_into must be a pair (grad_weight, grad_bias), got "
+                        f"{type(into).__name__}{'' if not isinstance(into, (list, tuple)) else f' of {len(into)}'}")
+    out = []
+    for name, a, shape in (("accumulate_into[0]", into[0], w_shape), ("accumulate_into[1]", into[1], w_shape[:1])):
+        if name.endswith("[1]") and not bias:
+            if a is not None:
+                raise ValueError(f"{op}: {name} must be None when bias is False")
+            out.append(None)
+            continue
+        if type(a) is not np.ndarray:
+            raise TypeError(f"{op}: {name} must be a NumPy array of shape {shape}, got {type(a).__name__}")
+        if a.dtype != dtype:
+            raise TypeError(f"{op}: {name} has dtype {a.dtype} but the gradients are {dtype}")
+        if a.shape != tuple(shape):
+            raise ValueError(f"{op}: {name} must have shape {tuple(shape)}, got {a.shape}")
+        if not (a.flags.c_contiguous and a.flags.writeable):
+            raise ValueError(f"{op}: {name} must be C-contiguous and writable (it is added to in place)")
+        out.append(a)
+    return out[0], out[1]
 
 
 # ------------------------------------------------------------------------------------------ convolution
