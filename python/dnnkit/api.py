@@ -369,16 +369,22 @@ def _linear_accumulate_targets(op, into, w_shape, bias, dtype):
                 raise ValueError(f"{op}: {name} must be None when bias is False")
             out.append(None)
             continue
-        if type(a) is not np.ndarray:
-            raise TypeError(f"{op}: {name} must be a NumPy array of shape {shape}, got {type(a).__name__}")
-        if a.dtype != dtype:
-            raise TypeError(f"{op}: {name} has dtype {a.dtype} but the gradients are {dtype}")
-        if a.shape != tuple(shape):
-            raise ValueError(f"{op}: {name} must have shape {tuple(shape)}, got {a.shape}")
-        if not (a.flags.c_contiguous and a.flags.writeable):
-            raise ValueError(f"{op}: {name} must be C-contiguous and writable (it is added to in place)")
-        out.append(a)
+        out.append(_accumulate_target(op, name, a, shape, dtype))
     return out[0], out[1]
+
+
+def _accumulate_target(op, name, a, shape, dtype) -> np.ndarray:
+    """An array a backward adds a gradient of `shape` and `dtype` into (accumulate_into), checked."""
+    shape = tuple(shape)
+    if type(a) is not np.ndarray:
+        raise TypeError(f"{op}: {name} must be a NumPy array of the gradient's shape {shape}, got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise TypeError(f"{op}: {name} has dtype {a.dtype} but the gradients are {dtype}")
+    if a.shape != shape:
+        raise ValueError(f"{op}: {name} must have shape {shape}, got {a.shape}")
+    if not (a.flags.c_contiguous and a.flags.writeable):
+        raise ValueError(f"{op}: {name} must be C-contiguous and writable (it is added to in place)")
+    return a
 
 
 # ------------------------------------------------------------------------------------------ convolution

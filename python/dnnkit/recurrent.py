@@ -50,7 +50,7 @@ import numpy as np
 
 from . import _cpu
 from ._config import get_workspace_limit
-from .api import _DTYPE_NAMES, _array, _choose, _empty, _flag, _FLOAT_DTYPES
+from .api import _DTYPE_NAMES, _accumulate_target, _array, _choose, _empty, _flag, _FLOAT_DTYPES
 from .dispatch import dispatch_state
 from .packed import PackedWeight, unpacked
 from .problem import RnnProblem
@@ -431,19 +431,8 @@ def _accumulate_targets(op, r: RnnReserve, into, returned_names):
         labels = [lb for e, lb in zip(entries, labels) if e is not None]
         entries = [e for e in entries if e is not None]
     targets = [None] * len(r.weights)
-    dtype = r.x.dtype
     for i, e, label in zip(present, entries, labels):
-        w = r.weights[i]
-        if type(e) is not np.ndarray:
-            raise TypeError(f"{op}: {label} must be a NumPy array of the gradient's shape {w.shape}, got "
-                            f"{type(e).__name__}")
-        if e.dtype != dtype:
-            raise TypeError(f"{op}: {label} has dtype {e.dtype} but the forward ran in {dtype}")
-        if e.shape != w.shape:
-            raise ValueError(f"{op}: {label} must have shape {w.shape}, got {e.shape}")
-        if not (e.flags.c_contiguous and e.flags.writeable):
-            raise ValueError(f"{op}: {label} must be C-contiguous and writable (it is added to in place)")
-        targets[i] = e
+        targets[i] = _accumulate_target(op, label, e, r.weights[i].shape, r.x.dtype)
     return targets
 
 
