@@ -990,6 +990,11 @@ PYBIND11_MODULE(_cpu, m) {
         py::arg("shape"), py::arg("itemsize"),
         "Whether rnn_forward pipelines the layers (one thread per layer, chunks of steps) for this shape.");
 
+  m.def("rnn_splits_rows",
+        [](const py::tuple& shape, int itemsize) { return rnn_splits_rows(rnn_shape(shape), itemsize); },
+        py::arg("shape"), py::arg("itemsize"),
+        "Whether the threads of a direction split the time loop by batch rows (no barrier a step) for this shape.");
+
   m.def("rnn_panel_share_test",
         [](int nt, index_t panels, index_t steps, int max_spin) {
           if (nt < 1 || nt > 64 || panels < 0 || steps < 0 || max_spin < 0)

@@ -972,6 +972,82 @@ def test_wavefront_pipeline_matches_layer_by_layer(case, dtype, monkeypatch):
     assert rel_l2(o1, eo) <= tol(dtype, FWD_TOL32)
 
 
+ROW_SPLIT_CASES = [
+    # (mode, T, B, I, H, layers, bidirectional, threads, initial): rows shared evenly and not, layers that
+    # would otherwise run as a wavefront, three threads, two threads a direction, H off the panel width
+    ("lstm", 5, 16, 7, 40, 1, False, 2, True),
+    ("lstm", 3, 17, 5, 33, 2, False, 2, False),
+    ("gru", 4, 37, 6, 70, 1, False, 3, True),
+    ("rnn_tanh", 6, 24, 3, 20, 3, False, 2, True),
+    ("rnn_relu", 2, 16, 4, 9, 1, False, 2, False),
+    ("lstm", 4, 32, 8, 48, 2, True, 4, True),
+    ("gru", 3, 16, 5, 64, 1, True, 4, False),
+]
+
+
+@pytest.mark.parametrize("case", ROW_SPLIT_CASES, ids=lambda c: f"{c[0]}-B{c[2]}-L{c[5]}-nt{c[7]}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_time_loop_split_by_rows_matches_split_by_units(case, dtype, monkeypatch):
+    """Threads that each run their own batch rows through every step (no barrier) give exactly what threads
+    sharing each step's hidden units give: outputs, final states, and every gradient of backward."""
+    mode, T, B, I, H, layers, bidirectional, threads, initial = case
+    c = SeqCase(mode=mode, T=T, B=B, I=I, H=H, layers=layers, bidirectional=bidirectional, bias=True,
+                initial=initial, batch_first=False, unbatched=False, as_dict=False, dtype=dtype, threads=threads,
+                seed=B * 7 + H)
+    x, h0, c0, weights = make_seq(c)
+    shape = (["lstm", "gru", "rnn_tanh", "rnn_relu"].index(mode), T, B, I, H, layers, c.D)
+    previous = dnnkit.get_num_threads()
+    dnnkit.set_num_threads(threads)
+    try:
+        runs = {}
+        for flag in ("0", "1"):
+            monkeypatch.setenv("DNNKIT_RNN_ROW_SPLIT", flag)
+            assert dnnkit._cpu.rnn_splits_rows(shape, np.dtype(dtype).itemsize) == (flag == "1")
+            out, state, reserve = run_forward(c, x, h0, c0, weights, train=True)
+            inference, _ = run_forward(c, x, h0, c0, weights)
+            rng = np.random.default_rng(1)
+            gy = rng.standard_normal(out.shape).astype(dtype)
+            gh = rng.standard_normal(state[0].shape if mode == "lstm" else state.shape).astype(dtype)
+            if mode == "lstm":
+                gc = rng.standard_normal(state[1].shape).astype(dtype)
+                grads = dnnkit.lstm_backward(gy, gh, gc, reserve)
+                state = state[0], state[1]
+            else:
+                grads = dnnkit.gru_backward(gy, gh, reserve) if mode == "gru" else dnnkit.rnn_backward(gy, gh, reserve)
+                state = (state,)
+            runs[flag] = (out, inference, state, grads)
+    finally:
+        dnnkit.set_num_threads(previous)
+    (o0, i0, s0, g0), (o1, i1, s1, g1) = runs["0"], runs["1"]
+    assert np.array_equal(o0, o1) and np.array_equal(i0, i1) and np.array_equal(o1, i1)
+    for a, b in zip(s0, s1):
+        assert np.array_equal(a, b)
+    flat = lambda g: [a for v in g for a in (v if isinstance(v, (list, tuple)) else [v]) if a is not None]
+    assert len(flat(g0)) == len(flat(g1)) > 0
+    for a, b in zip(flat(g0), flat(g1)):
+        assert np.array_equal(a, b)
+    eo, eh, _ = rnn_sequence_ref(mode, x, h0, c0, weights, layers, bidirectional)
+    assert rel_l2(o1, eo) <= tol(dtype, FWD_TOL32)
+
+
+def test_time_loop_split_by_rows_rule():
+    """Rows are split where W_hh fits a core's L2 and every thread of a direction gets 8 rows or more."""
+    previous = dnnkit.get_num_threads()
+    l2 = dnnkit._cpu.l2_cache_bytes()
+    try:
+        dnnkit.set_num_threads(2)
+        H = int(np.sqrt(l2 / 16)) // 2  # an LSTM whose float32 W_hh is a quarter of L2
+        assert dnnkit._cpu.rnn_splits_rows((0, 50, 16, H, H, 1, 1), 4)
+        assert not dnnkit._cpu.rnn_splits_rows((0, 50, 15, H, H, 1, 1), 4)  # 7 rows for one thread
+        assert not dnnkit._cpu.rnn_splits_rows((0, 1, 64, H, H, 1, 1), 4)  # one step: no time loop
+        assert not dnnkit._cpu.rnn_splits_rows((0, 50, 64, 4 * H, 4 * H, 1, 1), 4)  # W_hh 4x L2
+        assert not dnnkit._cpu.rnn_splits_rows((0, 50, 64, H, H, 1, 2), 4)  # a thread a direction already
+        dnnkit.set_num_threads(1)
+        assert not dnnkit._cpu.rnn_splits_rows((0, 50, 64, H, H, 1, 1), 4)
+    finally:
+        dnnkit.set_num_threads(previous)
+
+
 # -------------------------------------------------------------------------------------------- dropout
 def test_backward_reference_with_dropout_masks_matches_finite_differences():
     """The references with dropout masks between layers: the backward is the forward's derivative."""

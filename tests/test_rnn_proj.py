@@ -222,6 +222,34 @@ def test_matches_torch(layers, bidirectional, bias):
         assert rel_l2(gw[name], p.grad.numpy()) <= 1e-12
 
 
+@pytest.mark.parametrize("layers,bidirectional,threads", [(1, False, 2), (2, False, 2), (1, True, 4)])
+def test_time_loop_split_by_rows(monkeypatch, layers, bidirectional, threads):
+    """Split by batch rows (each thread projects its own rows of m_t, no barrier), the forward and backward
+    give exactly what the split by hidden units gives."""
+    c = ProjCase(T=4, B=17 if threads == 2 else 16, I=6, H=40, P=24, layers=layers, bidirectional=bidirectional,
+                 bias=True, batch_first=False, unbatched=False, initial=True, as_dict=False, dtype=np.float32,
+                 threads=threads, seed=5)
+    x, h0, c0, w = make(c)
+    shape = (0, c.T, c.B, c.I, c.H, layers, c.D, c.P)
+    previous = dnnkit.get_num_threads()
+    dnnkit.set_num_threads(threads)
+    try:
+        runs = []
+        for flag in ("0", "1"):
+            monkeypatch.setenv("DNNKIT_RNN_ROW_SPLIT", flag)
+            assert dnnkit._cpu.rnn_splits_rows(shape, 4) == (flag == "1")
+            out, (h_n, c_n), reserve = forward(c, x, h0, c0, w, train=True)
+            go = np.random.default_rng(2).standard_normal(out.shape).astype(np.float32)
+            gx, gh0, gc0, gw = dnnkit.lstm_backward(go, h_n, c_n, reserve)
+            runs.append([out, h_n, c_n, gx, gh0, gc0, *gw])
+    finally:
+        dnnkit.set_num_threads(previous)
+    for a, b in zip(*runs):
+        assert np.array_equal(a, b)
+    eo, _, _ = rnn_sequence_ref("lstm", x, h0, c0, w, layers, bidirectional)
+    assert rel_l2(runs[1][0], eo) <= FWD_TOL32
+
+
 def test_reserve_and_descriptor():
     c = ProjCase(4, 2, 3, 10, 4, 2, True, True, False, False, False, False, np.float32, 1, seed=1)
     x, h0, c0, weights = make(c)

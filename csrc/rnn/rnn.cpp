@@ -416,6 +416,10 @@ constexpr index_t kWaveChunks = 16;  // chunks per sequence: the pipeline fills 
 // where two cores sharing each step's GEMM read half of W_hh each).
 constexpr index_t kWaveMaxWhhBytes = index_t(256) << 10;
 
+// Splitting a step by batch rows: each thread reads all of W_hh every step, which pays where W_hh stays
+// in its L2, and takes at least kRowSplitMinRows rows.
+constexpr index_t kRowSplitMinRows = 8;
+
 template <typename T>
 struct WaveLayer {
   AlignedBuffer<T> xp;     // (C*B, GH) input projections of the chunk in flight
@@ -530,11 +534,21 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
 
 }  // namespace
 
+bool rnn_splits_rows(const RnnShape& s, index_t elem_size) {
+  const int threads = get_num_threads(), group = s.dirs == 2 ? threads / 2 : threads;
+  if (group < 2 || s.seq < 2 || s.batch < kRowSplitMinRows * group) return false;
+  if (const char* e = std::getenv("DNNKIT_RNN_ROW_SPLIT")) return e[0] == '1';
+  return rnn_gates(s.cell) * s.hidden * s.state() * elem_size <= static_cast<index_t>(l2_cache_bytes());
+}
+
 bool rnn_uses_wavefront(const RnnShape& s, index_t elem_size) {
   const bool possible = s.dirs == 1 && s.layers >= 2 && s.seq >= 2 && s.batch > 0 && s.hidden > 0 &&
                         s.proj == 0 && get_num_threads() >= 2;
   if (!possible) return false;
   if (const char* e = std::getenv("DNNKIT_RNN_WAVEFRONT")) return e[0] == '1';
+  // Split by rows, the layers' threads never wait for each other, and every layer uses every thread
+  // (2 threads: the same time as the wavefront at 2 layers, 0.8 of it at 3).
+  if (rnn_splits_rows(s, elem_size)) return false;
   return rnn_gates(s.cell) * s.hidden * s.hidden * elem_size <= kWaveMaxWhhBytes;
 }
 
@@ -664,8 +678,8 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
   const bool lstm = s.cell == RnnCell::lstm, gru = s.cell == RnnCell::gru;
   const bool packed = Tn > 1;  // a single step multiplies W_hh once: plain GEMM, no packing
   const UKernel<T> uk = select_ukernel<T>(active_isa());
-  const int hgt = balanced_height(uk.mr, B);  // the projection products' micro-panel height
-  const int nt = team_size(H, uk.nr, D);
+  const bool by_rows = packed && rnn_splits_rows(s, sizeof(T));
+  const int nt = by_rows ? get_num_threads() : team_size(H, uk.nr, D);
   const index_t per_dir = rnn_reserve_elems_per_dir(s);
   const index_t a_elems = packed_a_elems(uk, B, std::max(H, S));  // h_{t-1} (B x S), m_t (B x H)
 
@@ -676,7 +690,8 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
   // Without a projection, each step's post-GEMM writes h_t packed for the next step: two buffers a
   // direction, step st writing buffer st % 2 while reading the other.
   const bool h_packed = packed && !proj;
-  AlignedBuffer<T> hpack(static_cast<std::size_t>(h_packed ? 2 * D * a_elems : 0));
+  // Split by rows, each thread packs h_t of its own rows: two buffers a thread.
+  AlignedBuffer<T> hpack(static_cast<std::size_t>(h_packed ? 2 * (by_rows ? nt : D) * a_elems : 0));
   for (int d = 0; d < D; ++d) {
     buf[d].xp.resize(static_cast<std::size_t>(Tn * B * GH));
     buf[d].gh.resize(static_cast<std::size_t>(B * GH));
@@ -740,9 +755,13 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     {
       const int tid = thread_id();
       const ThreadGroup tg = thread_group(tid, nt, D);
-      const Columns own = owned_columns(H, uk.nr, tg.tid, tg.nt);
-      const Columns own_s = proj ? owned_columns(S, uk.nr, tg.tid, tg.nt) : own;  // columns of h_t
-      const StepRows step{s.cell, B, H, own.j0, own.j1};
+      // Split by columns, the group's threads share every step (a barrier a step); split by rows, each
+      // runs all hidden units of its own batch rows [r0, r1), and needs no other thread's h_t.
+      const index_t r0 = by_rows ? B * tg.tid / tg.nt : 0, r1 = by_rows ? B * (tg.tid + 1) / tg.nt : B;
+      const Columns own = by_rows ? owned_columns(H, uk.nr, 0, 1) : owned_columns(H, uk.nr, tg.tid, tg.nt);
+      const Columns own_s = !proj ? own : by_rows ? owned_columns(S, uk.nr, 0, 1) : owned_columns(S, uk.nr, tg.tid, tg.nt);
+      const StepRows step{s.cell, r1 - r0, H, own.j0, own.j1};
+      const index_t own_units = r1 > r0 ? ceil_div(H, uk.nr) * step_row_blocks(uk.mr, r1 - r0) : 0;
       T* ap = apack.data() + tid * a_elems;
       index_t seq = 0;  // steps run by this group so far: which set of panel ranges the next one takes
       for (int d = tg.dir_begin; d < tg.dir_end; ++d) {
@@ -754,48 +773,68 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
         const T* bhn = b.bias.data() + GH;
         for (index_t st = 0; st < Tn; ++st) {
           const index_t t = d == 0 ? st : Tn - 1 - st, tp = d == 0 ? t - 1 : t + 1;
-          const T* hprev = st == 0 ? (h0 ? h0 + li * B * S : nullptr) : yl + tp * B * DS + d * S;
+          // Every operand from the thread's first row r0 on (0 unless split by rows).
           const index_t ldh = st == 0 ? S : DS;
-          const T* cprev =
-              st == 0 ? (c0 ? c0 + li * B * H : nullptr) : (aux ? aux + tp * B * H : b.state.data());
-          T* h_t = yl + t * B * DS + d * S;
+          const T* hprev =
+              st == 0 ? (h0 ? h0 + li * B * S + r0 * ldh : nullptr) : yl + tp * B * DS + d * S + r0 * ldh;
+          const T* cprev = st == 0 ? (c0 ? c0 + li * B * H + r0 * H : nullptr)
+                                   : (aux ? aux + tp * B * H : b.state.data()) + r0 * H;
+          T* h_t = yl + t * B * DS + d * S + r0 * DS;
           // With a projection the post-GEMM writes m_t (row stride H), and h_t = m_t W_hr^T follows.
-          T* m_t = proj ? (msave ? msave + t * B * H : b.m.data()) : nullptr;
-          T* xpt = b.xp.data() + t * B * GH;
-          T* ct = aux ? aux + t * B * H : b.state.data();
-          T* sv = save ? save + t * B * GH : nullptr;
-          T* at = aux ? aux + t * B * H : nullptr;
+          T* m_t = proj ? (msave ? msave + t * B * H : b.m.data()) + r0 * H : nullptr;
+          T* xpt = b.xp.data() + t * B * GH + r0 * GH;
+          T* ct = (aux ? aux + t * B * H : b.state.data()) + r0 * H;
+          T* sv = save ? save + t * B * GH + r0 * GH : nullptr;
+          T* at = aux ? aux + t * B * H + r0 * H : nullptr;
+          T* ght = b.gh.data() + r0 * GH;
           // h_t packed for step st + 1, and h_{t-1} as step st - 1 packed it.
-          T* const hnext = h_packed && st + 1 < Tn ? hpack.data() + (2 * d + (st & 1)) * a_elems : nullptr;
-          const T* const hcur = h_packed && st > 0 ? hpack.data() + (2 * d + ((st - 1) & 1)) * a_elems : nullptr;
+          const index_t slot = 2 * (by_rows ? tid : d);
+          T* const hnext = h_packed && st + 1 < Tn ? hpack.data() + (slot + (st & 1)) * a_elems : nullptr;
+          const T* const hcur = h_packed && st > 0 ? hpack.data() + (slot + ((st - 1) & 1)) * a_elems : nullptr;
           if (hprev && packed) {
-            if (!hcur) pack_a_balanced<T>(uk, B, S, hprev, ldh, ap);
+            if (!hcur) pack_a_balanced<T>(uk, step.B, S, hprev, ldh, ap);
             PanelShare& share = shares[tg.group];
             const int set = static_cast<int>(seq & 1);
-            fused_step<T>(step, [&] { return share.next(set, tg.tid, set == 1); }, hcur ? hcur : ap, b.whh, xpt,
-                          b.gh.data(), bhn, hprev, ldh, cprev, ct, proj ? m_t : h_t, proj ? H : DS, sv, at,
-                          zeros.data(), hnext);
+            // Split by rows, the thread's own units, forwards on even steps and backwards on odd ones
+            // (as PanelShare runs them).
+            index_t next = 0;
+            auto own_next = [&]() -> index_t {
+              return next >= own_units ? -1 : set == 1 ? own_units - 1 - next++ : next++;
+            };
+            auto shared_next = [&] { return share.next(set, tg.tid, set == 1); };
+            if (by_rows)
+              fused_step<T>(step, own_next, hcur ? hcur : ap, b.whh, xpt, ght, bhn, hprev, ldh, cprev, ct,
+                            proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data(), hnext);
+            else
+              fused_step<T>(step, shared_next, hcur ? hcur : ap, b.whh, xpt, ght, bhn, hprev, ldh, cprev, ct,
+                            proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data(), hnext);
           } else {
             // A single step (its products by plain GEMM: into gh, or with x's into xp, GRU's gate n
             // into gh) or h_{t-1} = 0.
             const bool summed = one_product;
-            forward_rows<T>(step, xpt, hprev && !one_product ? b.gh.data() : nullptr, summed, bhn, hprev, ldh, cprev,
-                            ct, proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data());
-            if (hnext) pack_a_balanced<T>(uk.mr, B, S, h_t, DS, hnext, 0, B, own.j0, own.j1);
+            forward_rows<T>(step, xpt, hprev && !one_product ? ght : nullptr, summed, bhn, hprev, ldh, cprev, ct,
+                            proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data());
+            if (hnext) pack_a_balanced<T>(uk.mr, step.B, S, h_t, DS, hnext, 0, step.B, own.j0, own.j1);
           }
           if (proj) {
-            barriers[tg.group].wait();  // m_t complete before any thread packs it
-            pack_a_rows<T>(uk, B, H, m_t, H, 1, ap, hgt);
-            gemm_packed_b<T>(B, ap, b.whr, own_s.c0, own_s.c1, T(0), h_t, DS, false, nullptr, hgt);
+            if (!by_rows) barriers[tg.group].wait();  // m_t complete before any thread packs it
+            pack_a_rows<T>(uk, step.B, H, m_t, H, 1, ap, balanced_height(uk.mr, step.B));
+            gemm_packed_b<T>(step.B, ap, b.whr, own_s.c0, own_s.c1, T(0), h_t, DS, false, nullptr,
+                             balanced_height(uk.mr, step.B));
           }
-          if (packed) shares[tg.group].reset(static_cast<int>(++seq & 1), tg.tid);  // see PanelShare
-          barriers[tg.group].wait();  // h_t (and its packing) complete before the next step reads it
+          if (packed) {
+            ++seq;
+            if (!by_rows) shares[tg.group].reset(static_cast<int>(seq & 1), tg.tid);  // see PanelShare
+          }
+          // h_t (and its packing) complete before the next step reads it: other threads' rows of it
+          // unless split by rows.
+          if (!by_rows) barriers[tg.group].wait();
         }
-        // Final states of the owned columns: h_n (S wide) and c_n (H wide).
+        // Final states of the owned rows and columns: h_n (S wide) and c_n (H wide).
         const index_t t_last = d == 0 ? Tn - 1 : 0;
         const T* h_last = yl + t_last * B * DS + d * S;
         const T* c_last = aux ? aux + t_last * B * H : b.state.data();
-        for (index_t r = 0; r < B; ++r) {
+        for (index_t r = r0; r < r1; ++r) {
           if (h_n) std::copy(h_last + r * DS + own_s.j0, h_last + r * DS + own_s.j1, h_n + (li * B + r) * S + own_s.j0);
           if (c_n && lstm)
             std::copy(c_last + r * H + own.j0, c_last + r * H + own.j1, c_n + (li * B + r) * H + own.j0);
@@ -844,8 +883,10 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
   const bool proj = s.proj > 0;
   const bool packed = Tn > 1;
   const UKernel<T> uk = select_ukernel<T>(active_isa());
-  const int nt = team_size(H, uk.nr, D);
-  const int hgt = balanced_height(uk.mr, B);  // the micro-panels' height for B rows
+  // Split by rows (rnn_splits_rows), each thread runs its own batch rows through every step, all hidden
+  // units, with no barrier; split by hidden units, the threads of a direction meet twice a step.
+  const bool by_rows = packed && rnn_splits_rows(s, sizeof(T));
+  const int nt = by_rows ? get_num_threads() : team_size(H, uk.nr, D);
   const index_t per_dir = rnn_reserve_elems_per_dir(s);
   const GateKernels<T>* vk = gate_kernels<T>();  // null: the portable loops above
 
@@ -853,8 +894,10 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
   const index_t zlen = std::max<index_t>(D * std::max(H, S), 1);
   AlignedBuffer<T> zeros(static_cast<std::size_t>(zlen));
   std::fill(zeros.data(), zeros.data() + zlen, T(0));
-  // dG_t packed once a step, each thread of a direction's group packing a share of its panels.
-  AlignedBuffer<T> apack(static_cast<std::size_t>(D * packed_a_elems(uk, B, GH)));
+  // dG_t packed once a step, each thread of a direction's group packing a share of its panels (split
+  // by rows: each thread its own rows, into its own buffer).
+  const index_t a_elems = packed_a_elems(uk, B, GH);
+  AlignedBuffer<T> apack(static_cast<std::size_t>((by_rows ? nt : D) * a_elems));
   // With a projection, each thread packs dh_t (B x P) itself for dm_t = dh_t W_hr.
   const index_t p_elems = proj ? packed_a_elems(uk, B, S) : 0;
   AlignedBuffer<T> ppack(static_cast<std::size_t>(nt * p_elems));
@@ -901,9 +944,13 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
     {
       const int tid = thread_id();
       const ThreadGroup tg = thread_group(tid, nt, D);
-      const Columns own = owned_columns(H, uk.nr, tg.tid, tg.nt);
-      const Columns own_s = proj ? owned_columns(S, uk.nr, tg.tid, tg.nt) : own;  // columns of dh
-      T* ap = apack.data() + tg.group * packed_a_elems(uk, B, GH);
+      // The thread's rows [r0, r1) (all of them unless split by rows) and columns.
+      const index_t r0 = by_rows ? B * tg.tid / tg.nt : 0, r1 = by_rows ? B * (tg.tid + 1) / tg.nt : B;
+      const index_t Bs = r1 - r0;
+      const int hgt = balanced_height(uk.mr, Bs);  // the micro-panels' height for those rows
+      const Columns own = by_rows ? owned_columns(H, uk.nr, 0, 1) : owned_columns(H, uk.nr, tg.tid, tg.nt);
+      const Columns own_s = !proj ? own : by_rows ? owned_columns(S, uk.nr, 0, 1) : owned_columns(S, uk.nr, tg.tid, tg.nt);
+      T* ap = apack.data() + (by_rows ? tid : tg.group) * a_elems;
       T* pp = ppack.data() + tid * p_elems;
       for (int d = tg.dir_begin; d < tg.dir_end; ++d) {
         const int li = l * D + d;
@@ -917,16 +964,16 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
             // dh_t = dy_t + (the gradient from step t+1), owned P columns, kept for dW_hr; then, once all
             // of it is there, dm_t = dh_t W_hr: the gradient the cell's output m_t receives.
             T* dh_t = b.dh.data() + t * B * S;
-            for (index_t r = 0; r < B; ++r) {
+            for (index_t r = r0; r < r1; ++r) {
               const T* dyr = dyl ? dyl + (t * B + r) * DS + d * S : zeros.data();
               const T* dhr = b.state.data() + r * S;
               for (index_t j = own_s.j0; j < own_s.j1; ++j) dh_t[r * S + j] = dyr[j] + dhr[j];
             }
-            barriers[tg.group].wait();  // dh_t complete before any thread packs it
-            pack_a_rows<T>(uk, B, S, dh_t, S, 1, pp, hgt);
-            gemm_packed_b<T>(B, pp, b.whr, own.c0, own.c1, T(0), b.m.data(), H, false, nullptr, hgt);
+            if (!by_rows) barriers[tg.group].wait();  // dh_t complete before any thread packs it
+            pack_a_rows<T>(uk, Bs, S, dh_t + r0 * S, S, 1, pp, hgt);
+            gemm_packed_b<T>(Bs, pp, b.whr, own.c0, own.c1, T(0), b.m.data() + r0 * H, H, false, nullptr, hgt);
           }
-          for (index_t r = 0; r < B; ++r) {
+          for (index_t r = r0; r < r1; ++r) {
             const index_t row = t * B + r;
             // With a projection the cell sees dm_t (in place of dy + dhr, whose sum is already in it).
             const T* dyr = proj ? b.m.data() + r * H : (dyl ? dyl + row * DS + d * S : zeros.data());
@@ -949,6 +996,13 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
             } else {
               rnn_bwd<T>(relu, own.j0, own.j1, dyr, dhr, yl + row * DS + d * H, dg);
             }
+          }
+          if (by_rows) {
+            // The thread's rows of dG_t packed, and its rows of dh_{t-1}.
+            pack_a_rows<T>(uk, Bs, GH, dgh_all + (t * B + r0) * GH, GH, 1, ap, hgt);
+            gemm_packed_b<T>(Bs, ap, b.whh[0], own_s.c0, own_s.c1, gru ? T(1) : T(0), b.state.data() + r0 * S, S,
+                             (st & 1) != 0, nullptr, hgt);  // alternate directions: see gemm_packed_b
+            continue;
           }
           barriers[tg.group].wait();  // dG_t complete before any thread packs it
           if (packed) {

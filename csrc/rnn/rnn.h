@@ -84,6 +84,12 @@ index_t rnn_reserve_elems(const RnnShape& s);
 // multi-layer RNNs whose recurrent weights are small. DNNKIT_RNN_WAVEFRONT=0/1 overrides the rule.
 bool rnn_uses_wavefront(const RnnShape& s, index_t elem_size);
 
+// Whether the threads of one direction split a sequence's time loop by batch rows rather than by hidden
+// units: each thread then runs its own rows through every step with no barrier, reading all of W_hh;
+// chosen where W_hh stays in a core's L2 and each thread gets 8 rows or more. DNNKIT_RNN_ROW_SPLIT=0/1
+// overrides the L2 rule.
+bool rnn_splits_rows(const RnnShape& s, index_t elem_size);
+
 // Forward. x, the y[l] (L arrays; the last is the output) and the reserve are C-contiguous. h0 and c0
 // may be null (zeros); h_n and c_n may be null (not written); reserve null: inference (nothing saved).
 // Runs on get_num_threads() threads; throws std::bad_alloc before any parallel region.
