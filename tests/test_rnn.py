@@ -980,6 +980,7 @@ ROW_SPLIT_CASES = [
     ("gru", 4, 37, 6, 70, 1, False, 3, True),
     ("rnn_tanh", 6, 24, 3, 20, 3, False, 2, True),
     ("rnn_relu", 2, 16, 4, 9, 1, False, 2, False),
+    ("lstm", 3, 9, 4, 30, 1, False, 2, True),  # 4 and 5 rows
     ("lstm", 4, 32, 8, 48, 2, True, 4, True),
     ("gru", 3, 16, 5, 64, 1, True, 4, False),
 ]
@@ -1031,14 +1032,19 @@ def test_time_loop_split_by_rows_matches_split_by_units(case, dtype, monkeypatch
 
 
 def test_time_loop_split_by_rows_rule():
-    """Rows are split where W_hh fits a core's L2 and every thread of a direction gets 8 rows or more."""
+    """Rows are split where W_hh fits a core's L2 and every thread of a direction gets 4 rows or more; a
+    stack of small layers runs as a wavefront below 8 rows a thread."""
     previous = dnnkit.get_num_threads()
     l2 = dnnkit._cpu.l2_cache_bytes()
     try:
         dnnkit.set_num_threads(2)
         H = int(np.sqrt(l2 / 16)) // 2  # an LSTM whose float32 W_hh is a quarter of L2
-        assert dnnkit._cpu.rnn_splits_rows((0, 50, 16, H, H, 1, 1), 4)
-        assert not dnnkit._cpu.rnn_splits_rows((0, 50, 15, H, H, 1, 1), 4)  # 7 rows for one thread
+        assert dnnkit._cpu.rnn_splits_rows((0, 50, 8, H, H, 1, 1), 4)
+        assert not dnnkit._cpu.rnn_splits_rows((0, 50, 7, H, H, 1, 1), 4)  # 3 rows for one thread
+        small = (0, 50, 8, 32, 32, 2, 1)  # two layers of W_hh 16 KiB
+        assert dnnkit._cpu.rnn_splits_rows(small, 4) and dnnkit._cpu.rnn_uses_wavefront(small, 4)
+        small = (0, 50, 16, 32, 32, 2, 1)
+        assert dnnkit._cpu.rnn_splits_rows(small, 4) and not dnnkit._cpu.rnn_uses_wavefront(small, 4)
         assert not dnnkit._cpu.rnn_splits_rows((0, 1, 64, H, H, 1, 1), 4)  # one step: no time loop
         assert not dnnkit._cpu.rnn_splits_rows((0, 50, 64, 4 * H, 4 * H, 1, 1), 4)  # W_hh 4x L2
         assert not dnnkit._cpu.rnn_splits_rows((0, 50, 64, H, H, 1, 2), 4)  # a thread a direction already

@@ -86,7 +86,7 @@ bool rnn_uses_wavefront(const RnnShape& s, index_t elem_size);
 
 // Whether the threads of one direction split a sequence's time loop by batch rows rather than by hidden
 // units: each thread then runs its own rows through every step with no barrier, reading all of W_hh;
-// chosen where W_hh stays in a core's L2 and each thread gets 8 rows or more. DNNKIT_RNN_ROW_SPLIT=0/1
+// chosen where W_hh stays in a core's L2 and each thread gets 4 rows or more. DNNKIT_RNN_ROW_SPLIT=0/1
 // overrides the L2 rule.
 bool rnn_splits_rows(const RnnShape& s, index_t elem_size);
 
