@@ -9,6 +9,12 @@
 //     and one block took 0.99 of the time at 2048^3 on one thread, 1.00 on two and at 1024-4096.
 // A B block larger than L2 streams from L3 instead; on a 1 MiB L2 (AVX-512, KC 336), NC 512 in place of
 // 1024 took 0.93-0.98 of the time at 2048^3 to 3072^3 and 0.91 for a batch-256 4096 x 4096 layer.
+// AVX-512's KC: each k block is a pass over C (a load and a store of every tile), so fewer, deeper
+// blocks pay as long as the A micro-panel (14 x KC) still fits L1 beside the B lines streaming past.
+// On a 2 MiB L2, float32 KC 640 (35 KB micro-panels) in place of 336 ran 1.02-1.04x as fast on one
+// thread (1024^3 to 4096^3) and 1.02-1.07x on two (squares, layers of batch 64 and 256, im2col's
+// shapes); 704 lost 2-3% on two threads at 2048^3 and 4096^3, and 1024 (micro-panels past L1) 3%
+// at 3072^3 and 4096^3. float64 KC 320 in place of 192: 1.02-1.05x, im2col's shapes level.
 #pragma once
 #include <algorithm>
 
@@ -35,7 +41,7 @@ inline Blocking blocking_for(Isa isa) {
   constexpr bool f32 = sizeof(T) == 4;
   switch (isa) {
     //                      MC   KC   NC (the cap)
-    case Isa::avx512: return f32 ? Blocking{4116, 336, 1024} : Blocking{2016, 192, 768};
+    case Isa::avx512: return f32 ? Blocking{4116, 640, 1024} : Blocking{2016, 320, 768};
     case Isa::avx2:   return f32 ? Blocking{2016, 256, 1024} : Blocking{2016, 256, 512};
     default:          return f32 ? Blocking{1024, 256, 512} : Blocking{1024, 256, 256};
   }
