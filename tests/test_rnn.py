@@ -933,43 +933,58 @@ WAVE_CASES = [
 ]
 
 
+def assert_same_under_flag(c, variable, rule):
+    """Runs c's forward (training and inference) and backward with the environment variable `variable` at
+    0 and then 1 on c.threads threads, checks that `rule` (a _cpu predicate of the shape and itemsize)
+    follows the flag, and that both runs give exactly the same outputs, final states and gradients, and
+    outputs near the reference."""
+    x, h0, c0, weights = make_seq(c)
+    shape = (["lstm", "gru", "rnn_tanh", "rnn_relu"].index(c.mode), c.T, c.B, c.I, c.H, c.layers, c.D)
+    previous = dnnkit.get_num_threads()
+    dnnkit.set_num_threads(c.threads)
+    runs = {}
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for flag in ("0", "1"):
+                mp.setenv(variable, flag)
+                assert rule(shape, np.dtype(c.dtype).itemsize) == (flag == "1")
+                out, state, reserve = run_forward(c, x, h0, c0, weights, train=True)
+                inference, _ = run_forward(c, x, h0, c0, weights)
+                rng = np.random.default_rng(1)
+                gy = rng.standard_normal(out.shape).astype(c.dtype)
+                if c.mode == "lstm":
+                    gh, gc = (rng.standard_normal(a.shape).astype(c.dtype) for a in state)
+                    grads = dnnkit.lstm_backward(gy, gh, gc, reserve)
+                    state = state[0], state[1]
+                else:
+                    gh = rng.standard_normal(state.shape).astype(c.dtype)
+                    backward = dnnkit.gru_backward if c.mode == "gru" else dnnkit.rnn_backward
+                    grads = backward(gy, gh, reserve)
+                    state = (state,)
+                runs[flag] = (out, inference, state, grads)
+    finally:
+        dnnkit.set_num_threads(previous)
+    (o0, i0, s0, g0), (o1, i1, s1, g1) = runs["0"], runs["1"]
+    assert np.array_equal(o0, o1) and np.array_equal(i0, i1) and np.array_equal(o1, i1)
+    for a, b in zip(s0, s1):
+        assert np.array_equal(a, b)
+    flat = lambda g: [a for v in g for a in (v if isinstance(v, (list, tuple)) else [v]) if a is not None]
+    assert len(flat(g0)) == len(flat(g1)) > 0
+    for a, b in zip(flat(g0), flat(g1)):
+        assert np.array_equal(a, b)
+    eo, _, _ = rnn_sequence_ref(c.mode, x, h0, c0, weights, c.layers, c.bidirectional)
+    assert rel_l2(o1, eo) <= tol(c.dtype, FWD_TOL32)
+
+
 @pytest.mark.parametrize("case", WAVE_CASES, ids=lambda c: f"{c[0]}-T{c[1]}-L{c[5]}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_wavefront_pipeline_matches_layer_by_layer(case, dtype, monkeypatch):
+def test_wavefront_pipeline_matches_layer_by_layer(case, dtype):
     """The pipelined multi-layer forward (one thread per layer, chunks of steps) gives exactly the
     layer-by-layer driver's outputs, states and saved activations, so backward agrees too."""
     mode, T, B, I, H, layers, initial = case
     c = SeqCase(mode=mode, T=T, B=B, I=I, H=H, layers=layers, bidirectional=False, bias=True, initial=initial,
                 batch_first=False, unbatched=False, as_dict=False, dtype=dtype, threads=2, seed=T * 31 + H)
-    x, h0, c0, weights = make_seq(c)
-    shape = (["lstm", "gru", "rnn_tanh", "rnn_relu"].index(mode), T, B, I, H, layers, 1)
-    previous = dnnkit.get_num_threads()
-    dnnkit.set_num_threads(2)
-    try:
-        runs = {}
-        for flag in ("0", "1"):
-            monkeypatch.setenv("DNNKIT_RNN_WAVEFRONT", flag)
-            assert dnnkit._cpu.rnn_uses_wavefront(shape, np.dtype(dtype).itemsize) == (flag == "1")
-            out, state, reserve = run_forward(c, x, h0, c0, weights, train=True)
-            gy = np.random.default_rng(1).standard_normal(out.shape).astype(dtype)
-            if mode == "lstm":
-                grads = dnnkit.lstm_backward(gy, None, None, reserve)
-                state = state[0], state[1]
-            else:
-                grads = dnnkit.gru_backward(gy, None, reserve) if mode == "gru" else dnnkit.rnn_backward(gy, None, reserve)
-                state = (state,)
-            runs[flag] = (out, state, grads)
-    finally:
-        dnnkit.set_num_threads(previous)
-    (o0, s0, g0), (o1, s1, g1) = runs["0"], runs["1"]
-    assert np.array_equal(o0, o1)
-    for a, b in zip(s0, s1):
-        assert np.array_equal(a, b)
-    flat = lambda g: [a for v in g for a in (v if isinstance(v, (list, tuple)) else [v]) if a is not None]
-    for a, b in zip(flat(g0), flat(g1)):
-        assert np.array_equal(a, b)
-    eo, eh, _ = rnn_sequence_ref(mode, x, h0, c0, weights, layers, False)
-    assert rel_l2(o1, eo) <= tol(dtype, FWD_TOL32)
+    assert_same_under_flag(c, "DNNKIT_RNN_WAVEFRONT", dnnkit._cpu.rnn_uses_wavefront)
 
 
 ROW_SPLIT_CASES = [
@@ -988,47 +1003,14 @@ ROW_SPLIT_CASES = [
 
 @pytest.mark.parametrize("case", ROW_SPLIT_CASES, ids=lambda c: f"{c[0]}-B{c[2]}-L{c[5]}-nt{c[7]}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_time_loop_split_by_rows_matches_split_by_units(case, dtype, monkeypatch):
+def test_time_loop_split_by_rows_matches_split_by_units(case, dtype):
     """Threads that each run their own batch rows through every step (no barrier) give exactly what threads
     sharing each step's hidden units give: outputs, final states, and every gradient of backward."""
     mode, T, B, I, H, layers, bidirectional, threads, initial = case
     c = SeqCase(mode=mode, T=T, B=B, I=I, H=H, layers=layers, bidirectional=bidirectional, bias=True,
                 initial=initial, batch_first=False, unbatched=False, as_dict=False, dtype=dtype, threads=threads,
                 seed=B * 7 + H)
-    x, h0, c0, weights = make_seq(c)
-    shape = (["lstm", "gru", "rnn_tanh", "rnn_relu"].index(mode), T, B, I, H, layers, c.D)
-    previous = dnnkit.get_num_threads()
-    dnnkit.set_num_threads(threads)
-    try:
-        runs = {}
-        for flag in ("0", "1"):
-            monkeypatch.setenv("DNNKIT_RNN_ROW_SPLIT", flag)
-            assert dnnkit._cpu.rnn_splits_rows(shape, np.dtype(dtype).itemsize) == (flag == "1")
-            out, state, reserve = run_forward(c, x, h0, c0, weights, train=True)
-            inference, _ = run_forward(c, x, h0, c0, weights)
-            rng = np.random.default_rng(1)
-            gy = rng.standard_normal(out.shape).astype(dtype)
-            gh = rng.standard_normal(state[0].shape if mode == "lstm" else state.shape).astype(dtype)
-            if mode == "lstm":
-                gc = rng.standard_normal(state[1].shape).astype(dtype)
-                grads = dnnkit.lstm_backward(gy, gh, gc, reserve)
-                state = state[0], state[1]
-            else:
-                grads = dnnkit.gru_backward(gy, gh, reserve) if mode == "gru" else dnnkit.rnn_backward(gy, gh, reserve)
-                state = (state,)
-            runs[flag] = (out, inference, state, grads)
-    finally:
-        dnnkit.set_num_threads(previous)
-    (o0, i0, s0, g0), (o1, i1, s1, g1) = runs["0"], runs["1"]
-    assert np.array_equal(o0, o1) and np.array_equal(i0, i1) and np.array_equal(o1, i1)
-    for a, b in zip(s0, s1):
-        assert np.array_equal(a, b)
-    flat = lambda g: [a for v in g for a in (v if isinstance(v, (list, tuple)) else [v]) if a is not None]
-    assert len(flat(g0)) == len(flat(g1)) > 0
-    for a, b in zip(flat(g0), flat(g1)):
-        assert np.array_equal(a, b)
-    eo, eh, _ = rnn_sequence_ref(mode, x, h0, c0, weights, layers, bidirectional)
-    assert rel_l2(o1, eo) <= tol(dtype, FWD_TOL32)
+    assert_same_under_flag(c, "DNNKIT_RNN_ROW_SPLIT", dnnkit._cpu.rnn_splits_rows)
 
 
 def test_time_loop_split_by_rows_rule():
