@@ -295,6 +295,41 @@ DNNKIT_VINLINE void vtanh_n(typename V::reg (&x)[N]) {
   if constexpr (std::is_same_v<typename V::T, double>) vtanh_d_n<V, N>(x);
   else vtanh_f_n<V, N>(x);
 }
+// vsigmoid_n of NS vectors s and vtanh_n of NT vectors t, the same values: for float, one exp pass over all
+// NS + NT vectors, whose chains then run side by side (an LSTM step's tanh of g alone has only NT).
+template <class V, int NS, int NT>
+DNNKIT_VINLINE void vsigmoid_tanh_n(typename V::reg (&s)[NS], typename V::reg (&t)[NT]) {
+  if constexpr (std::is_same_v<typename V::T, double>) {
+    vsigmoid_n<V, NS>(s);
+    vtanh_n<V, NT>(t);
+  } else {
+    using R = typename V::reg;
+    constexpr float kLo = -87.33654f;
+    R e[NS + NT], ax[NT], small[NT];
+    for (int u = 0; u < NS; ++u) e[u] = V::max_nan(V::set1(kLo), V::sub(V::set1(0.0f), V::abs(s[u])));
+    for (int u = 0; u < NT; ++u) {
+      ax[u] = V::abs(t[u]);
+      const R z = V::mul(ax[u], ax[u]);
+      R p = V::fma(z, V::set1(-5.704987415e-03f), V::set1(2.063908765e-02f));
+      p = V::fma(p, z, V::set1(-5.373971522e-02f));
+      p = V::fma(p, z, V::set1(1.333144220e-01f));
+      p = V::fma(p, z, V::set1(-3.333328194e-01f));
+      small[u] = V::fma(V::mul(ax[u], z), p, ax[u]);
+      e[NS + u] = V::mul(V::min_nan(V::set1(10.0f), ax[u]), V::set1(-2.0f));
+    }
+    vexp_f_n<V, NS + NT, true>(e);
+    for (int u = 0; u < NS; ++u) {
+      const R q = V::recip(V::add(V::set1(1.0f), e[u]));
+      const R r = V::blend(V::ge(s[u], V::set1(0.0f)), V::mul(e[u], q), q);
+      s[u] = V::blend(V::lt(s[u], V::set1(kLo)), r, V::set1(0.0f));
+    }
+    for (int u = 0; u < NT; ++u) {
+      const R en = e[NS + u];
+      const R large = V::mul(V::sub(V::set1(1.0f), en), V::recip(V::add(V::set1(1.0f), en)));
+      t[u] = V::copysign(V::blend(V::lt(ax[u], V::set1(0.625f)), large, small[u]), t[u]);
+    }
+  }
+}
 template <class V>
 DNNKIT_VINLINE typename V::reg vtanh(typename V::reg x) {
   typename V::reg a[1] = {x};
@@ -340,8 +375,7 @@ void lstm_fwd(index_t H, index_t j0, index_t j1, const F* xp, const F* gh, const
       s[2 * U + u] = preact<V>(xp, gh, 3 * H + k, m, full);
       g[u] = preact<V>(xp, gh, 2 * H + k, m, full);
     }
-    vsigmoid_n<V, 3 * U>(s);
-    vtanh_n<V, U>(g);
+    vsigmoid_tanh_n<V, 3 * U, U>(s, g);
     for (int u = 0; u < U; ++u) {
       const index_t k = j + u * W;
       cn[u] = V::fma(s[U + u], ld<V>(cp + k, m, full), V::mul(s[u], g[u]));  // cp may alias c: read first
