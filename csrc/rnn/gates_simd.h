@@ -47,26 +47,33 @@ DNNKIT_VINLINE void vexp_f_n(typename V::reg (&x)[N]) {
 }
 
 // tanh: the odd polynomial of fastmath::tanh below |x| = 0.625, (1 - e)/(1 + e) with e = exp(-2 min(|x|, 10))
-// above (past |x| = 44 exp(-2|x|) is denormal, and denormal operands cost microcode assists).
+// above (past |x| = 44 exp(-2|x|) is denormal, and denormal operands cost microcode assists). In two
+// halves around the exp pass, so that other functions' exps can share it (vsigmoid_tanh_n): before it,
+// |x|, the polynomial's value and exp's argument; after it, the result from e = exp(that argument).
+template <class V>
+DNNKIT_VINLINE void vtanh_f_before(typename V::reg x, typename V::reg& ax, typename V::reg& small, typename V::reg& e) {
+  using R = typename V::reg;
+  ax = V::abs(x);
+  const R z = V::mul(ax, ax);
+  R p = V::fma(z, V::set1(-5.704987415e-03f), V::set1(2.063908765e-02f));
+  p = V::fma(p, z, V::set1(-5.373971522e-02f));
+  p = V::fma(p, z, V::set1(1.333144220e-01f));
+  p = V::fma(p, z, V::set1(-3.333328194e-01f));
+  small = V::fma(V::mul(ax, z), p, ax);
+  e = V::mul(V::min_nan(V::set1(10.0f), ax), V::set1(-2.0f));  // |x| >= 10: e = 2e-9 gives 1 as
+}                                                               // exp(-2|x|) would, never denormal
+template <class V>
+DNNKIT_VINLINE typename V::reg vtanh_f_after(typename V::reg x, typename V::reg ax, typename V::reg small,
+                                             typename V::reg e) {
+  const typename V::reg large = V::mul(V::sub(V::set1(1.0f), e), V::recip(V::add(V::set1(1.0f), e)));
+  return V::copysign(V::blend(V::lt(ax, V::set1(0.625f)), large, small), x);
+}
 template <class V, int N>
 DNNKIT_VINLINE void vtanh_f_n(typename V::reg (&x)[N]) {
-  using R = typename V::reg;
-  R ax[N], small[N], e[N];
-  for (int u = 0; u < N; ++u) {
-    ax[u] = V::abs(x[u]);
-    const R z = V::mul(ax[u], ax[u]);
-    R p = V::fma(z, V::set1(-5.704987415e-03f), V::set1(2.063908765e-02f));
-    p = V::fma(p, z, V::set1(-5.373971522e-02f));
-    p = V::fma(p, z, V::set1(1.333144220e-01f));
-    p = V::fma(p, z, V::set1(-3.333328194e-01f));
-    small[u] = V::fma(V::mul(ax[u], z), p, ax[u]);
-    e[u] = V::mul(V::min_nan(V::set1(10.0f), ax[u]), V::set1(-2.0f));  // |x| >= 10: e = 2e-9 gives 1 as
-  }                                                                     // exp(-2|x|) would, never denormal
+  typename V::reg ax[N], small[N], e[N];
+  for (int u = 0; u < N; ++u) vtanh_f_before<V>(x[u], ax[u], small[u], e[u]);
   vexp_f_n<V, N, true>(e);
-  for (int u = 0; u < N; ++u) {
-    const R large = V::mul(V::sub(V::set1(1.0f), e[u]), V::recip(V::add(V::set1(1.0f), e[u])));
-    x[u] = V::copysign(V::blend(V::lt(ax[u], V::set1(0.625f)), large, small[u]), x[u]);
-  }
+  for (int u = 0; u < N; ++u) x[u] = vtanh_f_after<V>(x[u], ax[u], small[u], e[u]);
 }
 
 
@@ -276,19 +283,27 @@ DNNKIT_VINLINE void vexp_n(typename V::reg (&x)[N]) {
 // kLo = ln of the smallest normal value (float -87.34, double -708.4), where sigmoid(x) is under it, the
 // result is 0 (as with flush to zero) and e is held at that normal value: denormal operands and results
 // cost microcode assists (12x the time on float inputs of standard deviation 60).
+// In two halves around the exp pass, as tanh's: exp's argument, then the result from e.
+template <class V>
+constexpr typename V::T kSigmoidLo = std::is_same_v<typename V::T, double> ? -708.39641853226410622 : -87.33654f;
+template <class V>
+DNNKIT_VINLINE typename V::reg vsigmoid_before(typename V::reg x) {
+  using T = typename V::T;
+  return V::max_nan(V::set1(kSigmoidLo<V>), V::sub(V::set1(T(0)), V::abs(x)));
+}
+template <class V>
+DNNKIT_VINLINE typename V::reg vsigmoid_after(typename V::reg x, typename V::reg e) {
+  using T = typename V::T;
+  const typename V::reg q = V::recip(V::add(V::set1(T(1)), e));
+  const typename V::reg r = V::blend(V::ge(x, V::set1(T(0))), V::mul(e, q), q);
+  return V::blend(V::lt(x, V::set1(kSigmoidLo<V>)), r, V::set1(T(0)));
+}
 template <class V, int N>
 DNNKIT_VINLINE void vsigmoid_n(typename V::reg (&x)[N]) {
-  using R = typename V::reg;
-  using T = typename V::T;
-  constexpr T kLo = std::is_same_v<T, double> ? T(-708.39641853226410622) : T(-87.33654f);
-  R e[N];
-  for (int u = 0; u < N; ++u) e[u] = V::max_nan(V::set1(kLo), V::sub(V::set1(T(0)), V::abs(x[u])));
+  typename V::reg e[N];
+  for (int u = 0; u < N; ++u) e[u] = vsigmoid_before<V>(x[u]);
   vexp_n<V, N, true>(e);
-  for (int u = 0; u < N; ++u) {
-    const R q = V::recip(V::add(V::set1(T(1)), e[u]));
-    const R r = V::blend(V::ge(x[u], V::set1(T(0))), V::mul(e[u], q), q);
-    x[u] = V::blend(V::lt(x[u], V::set1(kLo)), r, V::set1(T(0)));
-  }
+  for (int u = 0; u < N; ++u) x[u] = vsigmoid_after<V>(x[u], e[u]);
 }
 template <class V, int N>
 DNNKIT_VINLINE void vtanh_n(typename V::reg (&x)[N]) {
@@ -303,31 +318,12 @@ DNNKIT_VINLINE void vsigmoid_tanh_n(typename V::reg (&s)[NS], typename V::reg (&
     vsigmoid_n<V, NS>(s);
     vtanh_n<V, NT>(t);
   } else {
-    using R = typename V::reg;
-    constexpr float kLo = -87.33654f;
-    R e[NS + NT], ax[NT], small[NT];
-    for (int u = 0; u < NS; ++u) e[u] = V::max_nan(V::set1(kLo), V::sub(V::set1(0.0f), V::abs(s[u])));
-    for (int u = 0; u < NT; ++u) {
-      ax[u] = V::abs(t[u]);
-      const R z = V::mul(ax[u], ax[u]);
-      R p = V::fma(z, V::set1(-5.704987415e-03f), V::set1(2.063908765e-02f));
-      p = V::fma(p, z, V::set1(-5.373971522e-02f));
-      p = V::fma(p, z, V::set1(1.333144220e-01f));
-      p = V::fma(p, z, V::set1(-3.333328194e-01f));
-      small[u] = V::fma(V::mul(ax[u], z), p, ax[u]);
-      e[NS + u] = V::mul(V::min_nan(V::set1(10.0f), ax[u]), V::set1(-2.0f));
-    }
+    typename V::reg e[NS + NT], ax[NT], small[NT];
+    for (int u = 0; u < NS; ++u) e[u] = vsigmoid_before<V>(s[u]);
+    for (int u = 0; u < NT; ++u) vtanh_f_before<V>(t[u], ax[u], small[u], e[NS + u]);
     vexp_f_n<V, NS + NT, true>(e);
-    for (int u = 0; u < NS; ++u) {
-      const R q = V::recip(V::add(V::set1(1.0f), e[u]));
-      const R r = V::blend(V::ge(s[u], V::set1(0.0f)), V::mul(e[u], q), q);
-      s[u] = V::blend(V::lt(s[u], V::set1(kLo)), r, V::set1(0.0f));
-    }
-    for (int u = 0; u < NT; ++u) {
-      const R en = e[NS + u];
-      const R large = V::mul(V::sub(V::set1(1.0f), en), V::recip(V::add(V::set1(1.0f), en)));
-      t[u] = V::copysign(V::blend(V::lt(ax[u], V::set1(0.625f)), large, small[u]), t[u]);
-    }
+    for (int u = 0; u < NS; ++u) s[u] = vsigmoid_after<V>(s[u], e[u]);
+    for (int u = 0; u < NT; ++u) t[u] = vtanh_f_after<V>(t[u], ax[u], small[u], e[NS + u]);
   }
 }
 template <class V>
