@@ -386,6 +386,20 @@ int team_size(index_t H, int nr, int dirs) {
   return static_cast<int>(std::max<index_t>(1, std::min<index_t>(nt, blocks * dirs)));
 }
 
+// A time-loop thread's share of a step: its batch rows [r0, r1) and its hidden units (own, H wide; own_s,
+// the state's S columns). Split by rows: its own rows, all units; split by units: every row, its blocks.
+struct StepShare {
+  index_t r0, r1;
+  Columns own, own_s;
+};
+
+StepShare step_share(bool by_rows, index_t B, index_t H, index_t S, bool proj, int nr, const ThreadGroup& tg) {
+  const int part = by_rows ? 0 : tg.tid, parts = by_rows ? 1 : tg.nt;
+  const Columns own = owned_columns(H, nr, part, parts);
+  return {by_rows ? B * tg.tid / tg.nt : 0, by_rows ? B * (tg.tid + 1) / tg.nt : B, own,
+          proj ? owned_columns(S, nr, part, parts) : own};
+}
+
 }  // namespace
 
 index_t rnn_reserve_elems_per_dir(const RnnShape& s) {
@@ -762,11 +776,12 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
       const ThreadGroup tg = thread_group(tid, nt, D);
       // Split by columns, the group's threads share every step (a barrier a step); split by rows, each
       // runs all hidden units of its own batch rows [r0, r1), and needs no other thread's h_t.
-      const index_t r0 = by_rows ? B * tg.tid / tg.nt : 0, r1 = by_rows ? B * (tg.tid + 1) / tg.nt : B;
-      const Columns own = by_rows ? owned_columns(H, uk.nr, 0, 1) : owned_columns(H, uk.nr, tg.tid, tg.nt);
-      const Columns own_s = !proj ? own : by_rows ? owned_columns(S, uk.nr, 0, 1) : owned_columns(S, uk.nr, tg.tid, tg.nt);
+      const StepShare sh = step_share(by_rows, B, H, S, proj, uk.nr, tg);
+      const index_t r0 = sh.r0, r1 = sh.r1;
+      const Columns own = sh.own, own_s = sh.own_s;
       const StepRows step{s.cell, r1 - r0, H, own.j0, own.j1};
       const index_t own_units = r1 > r0 ? ceil_div(H, uk.nr) * step_row_blocks(uk.mr, r1 - r0) : 0;
+      const int hgt = balanced_height(uk.mr, r1 - r0);  // the projection products' micro-panel height
       T* ap = apack.data() + tid * a_elems;
       index_t seq = 0;  // steps run by this group so far: which set of panel ranges the next one takes
       for (int d = tg.dir_begin; d < tg.dir_end; ++d) {
@@ -803,16 +818,12 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
             // Split by rows, the thread's own units, forwards on even steps and backwards on odd ones
             // (as PanelShare runs them).
             index_t next = 0;
-            auto own_next = [&]() -> index_t {
+            auto next_unit = [&]() -> index_t {
+              if (!by_rows) return share.next(set, tg.tid, set == 1);
               return next >= own_units ? -1 : set == 1 ? own_units - 1 - next++ : next++;
             };
-            auto shared_next = [&] { return share.next(set, tg.tid, set == 1); };
-            if (by_rows)
-              fused_step<T>(step, own_next, hcur ? hcur : ap, b.whh, xpt, ght, bhn, hprev, ldh, cprev, ct,
-                            proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data(), hnext);
-            else
-              fused_step<T>(step, shared_next, hcur ? hcur : ap, b.whh, xpt, ght, bhn, hprev, ldh, cprev, ct,
-                            proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data(), hnext);
+            fused_step<T>(step, next_unit, hcur ? hcur : ap, b.whh, xpt, ght, bhn, hprev, ldh, cprev, ct,
+                          proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data(), hnext);
           } else {
             // A single step (its products by plain GEMM: into gh, or with x's into xp, GRU's gate n
             // into gh) or h_{t-1} = 0.
@@ -823,9 +834,8 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
           }
           if (proj) {
             if (!by_rows) barriers[tg.group].wait();  // m_t complete before any thread packs it
-            pack_a_rows<T>(uk, step.B, H, m_t, H, 1, ap, balanced_height(uk.mr, step.B));
-            gemm_packed_b<T>(step.B, ap, b.whr, own_s.c0, own_s.c1, T(0), h_t, DS, false, nullptr,
-                             balanced_height(uk.mr, step.B));
+            pack_a_rows<T>(uk, step.B, H, m_t, H, 1, ap, hgt);
+            gemm_packed_b<T>(step.B, ap, b.whr, own_s.c0, own_s.c1, T(0), h_t, DS, false, nullptr, hgt);
           }
           if (packed) {
             ++seq;
@@ -950,11 +960,10 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
       const int tid = thread_id();
       const ThreadGroup tg = thread_group(tid, nt, D);
       // The thread's rows [r0, r1) (all of them unless split by rows) and columns.
-      const index_t r0 = by_rows ? B * tg.tid / tg.nt : 0, r1 = by_rows ? B * (tg.tid + 1) / tg.nt : B;
-      const index_t Bs = r1 - r0;
+      const StepShare sh = step_share(by_rows, B, H, S, proj, uk.nr, tg);
+      const index_t r0 = sh.r0, r1 = sh.r1, Bs = r1 - r0;
+      const Columns own = sh.own, own_s = sh.own_s;
       const int hgt = balanced_height(uk.mr, Bs);  // the micro-panels' height for those rows
-      const Columns own = by_rows ? owned_columns(H, uk.nr, 0, 1) : owned_columns(H, uk.nr, tg.tid, tg.nt);
-      const Columns own_s = !proj ? own : by_rows ? owned_columns(S, uk.nr, 0, 1) : owned_columns(S, uk.nr, tg.tid, tg.nt);
       T* ap = apack.data() + (by_rows ? tid : tg.group) * a_elems;
       T* pp = ppack.data() + tid * p_elems;
       for (int d = tg.dir_begin; d < tg.dir_end; ++d) {
