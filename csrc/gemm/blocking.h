@@ -15,6 +15,14 @@
 // thread (1024^3 to 4096^3) and 1.02-1.07x on two (squares, layers of batch 64 and 256, im2col's
 // shapes); 704 lost 2-3% on two threads at 2048^3 and 4096^3, and 1024 (micro-panels past L1) 3%
 // at 3072^3 and 4096^3. float64 KC 320 in place of 192: 1.02-1.05x, im2col's shapes level.
+// A deeper KC (the table's kc_alone) where the product runs alone, on one thread with dnnkit set to one
+// thread, and C outgrows L2 (deep_k_blocks). What stops KC on two threads is L3, not L1: a deeper block means a narrower B block (NC from
+// L2) and so more passes over the shared A block, which both threads stream from L3 at once. One thread
+// alone streams it at half that rate and keeps the saving, one pass over C per k block fewer: float32
+// KC 1024 on AVX-512 ran 1.00-1.02x as fast as 640 on squares 1024 to 4096 (2048^3: 83.7% -> 85.3%
+// of the FMA peak), 1.02x on 4096 x 1024 x 1024 (two threads at 4096^3: 0.95x); float64 512 in place
+// of 320, 1.03-1.04x. A product on A blocks packed
+// ahead of time (pack_a_blocks) keeps the table's KC: its layout cannot depend on the thread count.
 #pragma once
 #include <algorithm>
 
@@ -27,6 +35,7 @@ struct Blocking {
   index_t mc;
   index_t kc;
   index_t nc;
+  index_t kc_alone;  // KC for a product that runs alone on a large C (deep_k_blocks)
 };
 
 // The largest NC up to the table's, a multiple of 32 columns (of every micro-kernel's NR), whose kc x NC
@@ -40,11 +49,29 @@ template <typename T>
 inline Blocking blocking_for(Isa isa) {
   constexpr bool f32 = sizeof(T) == 4;
   switch (isa) {
-    //                      MC   KC   NC (the cap)
-    case Isa::avx512: return f32 ? Blocking{4116, 640, 1024} : Blocking{2016, 320, 768};
-    case Isa::avx2:   return f32 ? Blocking{2016, 256, 1024} : Blocking{2016, 256, 512};
-    default:          return f32 ? Blocking{1024, 256, 512} : Blocking{1024, 256, 256};
+    //                      MC   KC   NC (the cap), KC alone
+    case Isa::avx512: return f32 ? Blocking{4116, 640, 1024, 1024} : Blocking{2016, 320, 768, 512};
+    case Isa::avx2:   return f32 ? Blocking{2016, 256, 1024, 256} : Blocking{2016, 256, 512, 256};
+    default:          return f32 ? Blocking{1024, 256, 512, 256} : Blocking{1024, 256, 256, 256};
   }
+}
+
+// Whether an m x n product of `elem`-byte values on `nthreads` threads takes kc_alone: it runs alone (on
+// one thread, with dnnkit set to one thread, so no other dnnkit thread shares L3 with it) and its C
+// outgrows L2, so that every k block is a pass over C in memory. (A C that stays in L2 gains nothing from
+// fewer passes and loses the A micro-panel from L1: 196 x 256 x 2304 ran 0.98x as fast on KC 768.)
+inline bool deep_k_blocks(index_t m, index_t n, index_t elem, int nthreads) {
+  return nthreads == 1 && get_num_threads() == 1 &&
+         double(m) * double(n) * double(elem) > double(l2_cache_bytes());
+}
+
+// KC for depth k: equal blocks of at most the table's KC (kc_alone where deep_k_blocks), each
+// a multiple of 8, rather than full blocks and a sliver.
+template <typename T>
+index_t k_block(index_t k, bool alone) {
+  const Blocking b = blocking_for<T>(active_isa());
+  const index_t nkb = ceil_div(std::max<index_t>(k, 1), alone ? b.kc_alone : b.kc);
+  return round_up(ceil_div(std::max<index_t>(k, 1), nkb), 8);
 }
 
 }  // namespace dnnkit

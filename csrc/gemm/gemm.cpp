@@ -33,8 +33,7 @@ struct Plan {
 template <typename T>
 void a_blocking(index_t m, index_t k, const UKernel<T>& uk, index_t* mc, index_t* kc) {
   const Blocking blk = blocking_for<T>(active_isa());
-  const index_t nkb = ceil_div(std::max<index_t>(k, 1), blk.kc);
-  *kc = round_up(ceil_div(std::max<index_t>(k, 1), nkb), 8);
+  *kc = k_block<T>(k, false);
   const index_t nmb = ceil_div(std::max<index_t>(m, 1), blk.mc);
   *mc = round_up(ceil_div(std::max<index_t>(m, 1), nmb), uk.mr);
 }
@@ -46,8 +45,9 @@ inline index_t a_block_offset(index_t ic, index_t pc, index_t mc, index_t kc, in
   return ((ic / mc) * ceil_div(k, kc) + pc / kc) * per_block;
 }
 
+// own_a: the plan packs A itself (no GemmArgs::a_packed), so its KC is free to follow the thread count.
 template <typename T>
-Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& uk) {
+Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& uk, bool own_a) {
   const Blocking blk = blocking_for<T>(active_isa());
   Plan p;
   p.mr = uk.mr;
@@ -59,6 +59,7 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   nt = static_cast<int>(std::min<index_t>(nt, std::max<index_t>(panels_m * panels_n, 1)));
   if (double(m) * double(n) * double(k) < min_parallel_work()) nt = 1;
   p.nthreads = nt;
+  if (own_a && deep_k_blocks(m, n, static_cast<index_t>(sizeof(T)), nt)) p.kc = k_block<T>(k, true);
   // Splitting n keeps each B block in one core's L2 and reuses each A micro-panel over all of it; it
   // needs 8 or more panels per thread (measured, 2 threads: n = 512 gains 15% from splitting n, n = 256
   // 6% from splitting m). Below that, splitting m reuses each A micro-panel over all columns.
@@ -244,7 +245,7 @@ index_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
   if (m == 0 || n == 0 || k == 0) return 0;
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   if (transposing_helps<T>(m, n, uk)) return gemm_workspace_bytes<T>(n, m, k, nthreads);
-  const Plan p = make_plan<T>(m, n, k, nthreads > 0 ? nthreads : get_num_threads(), uk);
+  const Plan p = make_plan<T>(m, n, k, nthreads > 0 ? nthreads : get_num_threads(), uk, true);
   const index_t a_elems = round_up(p.mc, p.mr) * p.kc;
   const index_t b_elems = p.nc * p.kc * (p.split_n ? p.nthreads : 1);
   return (a_elems + b_elems) * static_cast<index_t>(sizeof(T));
@@ -260,7 +261,7 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   if (g.b_group_cols == 0 && !g.pack_b && !g.a_packed && !g.b_panels && transposing_helps<T>(g.m, g.n, uk))
     return gemm<T>(transposed(g), nthreads);
-  const Plan p = make_plan<T>(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), uk);
+  const Plan p = make_plan<T>(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), uk, !g.a_packed);
   const index_t b_block = p.nc * p.kc;
   // Allocated before the parallel region: an exception must not cross it.
   AlignedBuffer<T> abuf(g.a_packed ? 0 : static_cast<std::size_t>(round_up(p.mc, p.mr) * p.kc));

@@ -69,10 +69,9 @@ void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, ind
   }
   const index_t m_full = m / mr * mr;
   const int m_tail = static_cast<int>(m - m_full);
-  // k blocks as gemm() cuts them (equal blocks of at most KC, multiples of 8), so that both sum every
+  // k blocks as gemm() cuts them for this product (k_block, deep_k_blocks), so that both sum every
   // element in the same order.
-  const index_t kc_table = blocking_for<T>(active_isa()).kc;
-  const index_t kc_max = round_up(ceil_div(k, ceil_div(k, kc_table)), 8);
+  const index_t kc_max = k_block<T>(k, deep_k_blocks(m, n, static_cast<index_t>(sizeof(T)), thread_count()));
   for (index_t q = jp0; q < jp1; ++q) {
     const index_t jp = reverse ? jp0 + jp1 - 1 - q : q;
     const index_t j = jp * nr;
