@@ -73,25 +73,21 @@ def test_linear_on_a_packed_weight_at_larger_sizes(num_threads, m, n, k):
         assert rel_l2(dnnkit.linear(x, pw, b, activation=act), linear_ref(x, w, b, act)) <= 1e-5
 
 
+@pytest.mark.parametrize("num_threads", [1], indirect=True)
 @pytest.mark.parametrize("m", [200, 300])
-def test_one_thread_on_an_output_past_l2_packed_and_unpacked_agree_exactly(isa, m):
+def test_one_thread_on_an_output_past_l2_packed_and_unpacked_agree_exactly(isa, num_threads, m):
     """On one thread, with an output larger than L2, the GEMM cuts k into deeper blocks (1000 in one
     block on AVX-512 float32, not two of 504); a packed weight's product cuts it the same way, through
-    its own driver on a block of rows (252 or fewer) and the blocked GEMM over more: the same bits, and the reference's values."""
+    its own driver on a block of rows (252 or fewer) and the blocked GEMM over more: the same bits, and
+    the reference's values."""
     n = dnnkit._cpu.l2_cache_bytes() // (4 * m) + 96
     k = 1000
     rng = np.random.default_rng(m)
     x = rng.standard_normal((m, k)).astype(np.float32)
     w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
-    previous = dnnkit.get_num_threads()
-    dnnkit.set_num_threads(1)
-    try:
-        pw = dnnkit.pack_weight(w)
-        y = dnnkit.linear(x, w, b, algo="blocked_gemm")
-        assert np.array_equal(dnnkit.linear(x, pw, b), y)
-    finally:
-        dnnkit.set_num_threads(previous)
+    y = dnnkit.linear(x, w, b, algo="blocked_gemm")
+    assert np.array_equal(dnnkit.linear(x, dnnkit.pack_weight(w), b), y)
     assert rel_l2(y, linear_ref(x, w, b)) <= 1e-5
 
 

@@ -16,13 +16,13 @@
 // shapes); 704 lost 2-3% on two threads at 2048^3 and 4096^3, and 1024 (micro-panels past L1) 3%
 // at 3072^3 and 4096^3. float64 KC 320 in place of 192: 1.02-1.05x, im2col's shapes level.
 // A deeper KC (the table's kc_alone) where the product runs alone, on one thread with dnnkit set to one
-// thread, and C outgrows L2 (deep_k_blocks). What stops KC on two threads is L3, not L1: a deeper block means a narrower B block (NC from
-// L2) and so more passes over the shared A block, which both threads stream from L3 at once. One thread
-// alone streams it at half that rate and keeps the saving, one pass over C per k block fewer: float32
-// KC 1024 on AVX-512 ran 1.00-1.02x as fast as 640 on squares 1024 to 4096 (2048^3: 83.7% -> 85.3%
-// of the FMA peak), 1.02x on 4096 x 1024 x 1024 (two threads at 4096^3: 0.95x); float64 512 in place
-// of 320, 1.03-1.04x. A product on A blocks packed
-// ahead of time (pack_a_blocks) keeps the table's KC: its layout cannot depend on the thread count.
+// thread, and C outgrows L2 (deep_k_blocks). What stops KC on two threads is L3, not L1: a deeper block
+// means a narrower B block (NC from L2) and so more passes over the shared A block, which both threads
+// stream from L3 at once. One thread alone streams it at half that rate and keeps the saving, one pass
+// over C per k block fewer: float32 KC 1024 on AVX-512 ran 1.00-1.02x as fast as 640 on squares 1024 to
+// 4096 (2048^3: 83.7% -> 85.3% of the FMA peak), 1.02x on 4096 x 1024 x 1024 (two threads at 4096^3:
+// 0.95x); float64 512 in place of 320, 1.03-1.04x. A product on A blocks packed ahead of time
+// (pack_a_blocks) keeps the table's KC: its layout cannot depend on the thread count.
 #pragma once
 #include <algorithm>
 
