@@ -19,6 +19,7 @@
 #include "conv/winograd.h"
 #include "eltwise/eltwise.h"
 #include "gemm/blocking.h"
+#include "gemm/amx.h"
 #include "gemm/gemm.h"
 #include "gemm/ukernel.h"
 #include "rnn/rnn.h"
@@ -785,6 +786,45 @@ PYBIND11_MODULE(_cpu, m) {
   }, py::arg("x"), py::arg("into") = py::none(),
         "Column sums of a 2-D array (accumulated in double); with `into`, added to that array and returned.");
 
+  m.def("amx_tile_test",
+        [](const py::array& a, const py::array& b, py::array& c, double alpha, double beta, const py::object& bias_obj,
+           bool bias_rows) {
+          if (!amx::enabled()) throw py::value_error("amx_tile_test: AMX tiles are not enabled");
+          const View2D va = view2d<float>(a, "amx_tile_test", "a"), vb = view2d<float>(b, "amx_tile_test", "b");
+          const View2D vc = view2d<float>(c, "amx_tile_test", "c");
+          if (va.cols != vb.rows || va.rows != vc.rows || vb.cols != vc.cols || vc.rows > 32 || vc.cols > 32)
+            throw py::value_error("amx_tile_test: need a (m x k), b (k x n), c (m x n), m and n <= 32");
+          if (!c.writeable()) throw py::value_error("amx_tile_test: c is read-only");
+          std::vector<float> bias;
+          if (!bias_obj.is_none()) {
+            auto bv = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(bias_obj);
+            if (!bv || bv.ndim() != 1 || bv.size() != (bias_rows ? vc.rows : vc.cols))
+              throw py::value_error("amx_tile_test: bias must have m values (bias_rows) or n");
+            bias.assign(bv.data(), bv.data() + bv.size());
+          }
+          const index_t k = va.cols;
+          AlignedBuffer<amx::bf16> ap(static_cast<std::size_t>(amx::panel_elems(k))),
+              bp(static_cast<std::size_t>(amx::panel_elems(k)));
+          const float* pa = static_cast<const float*>(a.data());
+          const float* pb = static_cast<const float*>(b.data());
+          float* pc = static_cast<float*>(c.mutable_data());
+          py::gil_scoped_release nogil;
+          const amx::TileScope tiles;
+          amx::pack_a_panel(static_cast<int>(va.rows), k, pa, va.rs, va.cs, ap.data());
+          amx::pack_b_panel(k, static_cast<int>(vb.cols), pb, vb.rs, vb.cs, bp.data());
+          amx::tile(amx::steps(k), ap.data(), bp.data(), pc, vc.rs, vc.cs, static_cast<int>(vc.rows),
+                    static_cast<int>(vc.cols), static_cast<float>(alpha), static_cast<float>(beta),
+                    bias.empty() ? nullptr : bias.data(), bias_rows);
+        },
+        py::arg("a"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
+        py::arg("bias") = py::none(), py::arg("bias_rows") = false,
+        "Test-only: C := alpha*A@B + beta*C (+ bias) for float32 views of at most 32 rows and columns, by\n"
+        "the AMX tile kernel on panels packed from the views' strides (amx.h).");
+  m.def("amx_splittable", [](const py::array& x) {
+    const View2D v = view2d<float>(x, "amx_splittable", "x");
+    return amx::splittable(v.rows, v.cols, static_cast<const float*>(x.data()), v.rs, v.cs);
+  }, "Test-only: whether every value of a float32 2-D view splits exactly into AMX's bfloat16 parts.");
+
   m.def("ukernel_test",
         [](const std::string& isa, const py::array& ap, const py::array& bp, py::array& c, double alpha, double beta,
            int mm, int n, const py::object& bias, bool bias_rows) {
@@ -1033,6 +1073,16 @@ PYBIND11_MODULE(_cpu, m) {
       throw py::value_error(e.what());
     }
   });
+  m.def("amx_available", &amx::available,
+        "Whether this CPU and OS run AMX-BF16 tiles (float32 products split into bfloat16 parts, amx.h).");
+  m.def("amx_enabled", &amx::enabled, "Whether float32 products run on AMX tiles where they can.");
+  m.def("set_amx", [](bool on) {
+    try {
+      amx::set_enabled(on);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  }, py::arg("on"));
   m.def("cpu_model_name", &cpu_model_name);
   m.def("l2_cache_bytes", &l2_cache_bytes, "Bytes of L2 cache per core, as the GEMM's blocking sees it.");
   m.def("get_num_threads", &get_num_threads);

@@ -52,6 +52,18 @@ def isa(request):
         dnnkit._cpu.set_isa(previous)
 
 
+@pytest.fixture
+def no_amx():
+    """The FMA kernels only (float32 products that would run on AMX tiles do not): for tests of bitwise
+    agreement between two FMA drivers, where one of them would otherwise take the tiles."""
+    previous = dnnkit.get_amx()
+    dnnkit.set_amx(False)
+    try:
+        yield
+    finally:
+        dnnkit.set_amx(previous)
+
+
 @pytest.fixture(params=THREAD_COUNTS, ids=lambda n: f"threads{n}")
 def num_threads(request):
     previous = dnnkit.get_num_threads()

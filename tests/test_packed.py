@@ -75,8 +75,9 @@ def test_linear_on_a_packed_weight_at_larger_sizes(num_threads, m, n, k):
 
 @pytest.mark.parametrize("num_threads", [1], indirect=True)
 @pytest.mark.parametrize("m", [200, 300])
-def test_one_thread_on_an_output_past_l2_packed_and_unpacked_agree_exactly(isa, num_threads, m):
-    """On one thread, with an output larger than L2, the GEMM cuts k into deeper blocks (1000 in one
+def test_one_thread_on_an_output_past_l2_packed_and_unpacked_agree_exactly(isa, num_threads, m, no_amx):
+    """(The FMA kernels: with AMX tiles on, the unpacked product of 200 rows takes them and the packed
+    weight's own driver does not.) On one thread, with an output larger than L2, the GEMM cuts k into deeper blocks (1000 in one
     block on AVX-512 float32, not two of 504); a packed weight's product cuts it the same way, through
     its own driver on a block of rows (252 or fewer) and the blocked GEMM over more: the same bits, and
     the reference's values."""

@@ -1,8 +1,10 @@
 #include "gemm.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "blocking.h"
 #include "pack.h"
 #include "ukernel.h"
@@ -248,7 +250,12 @@ index_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
   const Plan p = make_plan<T>(m, n, k, nthreads > 0 ? nthreads : get_num_threads(), uk, true);
   const index_t a_elems = round_up(p.mc, p.mr) * p.kc;
   const index_t b_elems = p.nc * p.kc * (p.split_n ? p.nthreads : 1);
-  return (a_elems + b_elems) * static_cast<index_t>(sizeof(T));
+  const index_t bytes = (a_elems + b_elems) * static_cast<index_t>(sizeof(T));
+  // The tiles' plan where they may take the product (the FMA kernels' where an operand turns out not to
+  // split): the larger of the two.
+  if (std::is_same_v<T, float> && active_isa() == Isa::avx512)
+    return std::max(bytes, amx::workspace_bytes(m, n, k, nthreads));
+  return bytes;
 }
 
 template <typename T>
@@ -257,6 +264,10 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
   if (g.k == 0) {
     scale_c(g);
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    // float32 on AMX tiles where the CPU has them and the operands split exactly (amx.h).
+    if (active_isa() == Isa::avx512 && amx::gemm(g, nthreads)) return;
   }
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   if (g.b_group_cols == 0 && !g.pack_b && !g.a_packed && !g.b_panels && transposing_helps<T>(g.m, g.n, uk))

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../eltwise/eltwise.h"
+#include "../gemm/amx.h"
 #include "../gemm/gemm.h"
 #include "../gemm/pack.h"
 #include "../gemm/ukernel.h"
@@ -292,6 +293,43 @@ void fused_step(const StepRows& s, NextUnit&& next_unit, const T* ap, const Pack
   }
 }
 
+// fused_step on AMX tiles (float32, gemm/amx.h): a unit is 32 rows of h_{t-1} (one A panel of ap, panels
+// amx::panel_elems(K) apart) against 32 hidden units, every gate's 32 x 32 tile accumulated into xp (GRU's
+// gate n into gh) over the whole depth, then the post-GEMM of those rows and units. The 32 units of h_t
+// it writes are one depth step of step t + 1's A panels, packed into hnext while in L1.
+template <class NextUnit>
+void fused_step_amx(const StepRows& s, NextUnit&& next_unit, const amx::bf16* ap, amx::bf16* const* whh, index_t K,
+                    float* xp, float* gh, const float* bhn, const float* hprev, index_t ldh, const float* cprev,
+                    float* c, float* h, index_t ldy, float* save, float* aux, const float* zeros,
+                    amx::bf16* hnext = nullptr) {
+  const int G = rnn_gates(s.cell);
+  const index_t GH = G * s.H, pe = amx::panel_elems(K), ns = amx::steps(K), hpe = amx::panel_elems(s.H);
+  const bool gru = s.cell == RnnCell::gru;
+  const index_t nrb = ceil_div(s.B, index_t(amx::kBlock));
+  for (index_t u = next_unit(); u >= 0; u = next_unit()) {
+    const index_t jp = u / nrb, j = jp * amx::kBlock, ip = u % nrb, i = ip * amx::kBlock;
+    const int n_t = static_cast<int>(std::min<index_t>(amx::kBlock, s.H - j));
+    const int m_t = static_cast<int>(std::min<index_t>(amx::kBlock, s.B - i));
+    for (int q = 0; q < G; ++q) {
+      const bool apart = gru && q == 2;
+      amx::tile(ns, ap + ip * pe, whh[q] + jp * pe, (apart ? gh : xp) + i * GH + q * s.H + j, GH, 1, m_t, n_t, 1.f,
+                apart ? 0.f : 1.f, nullptr, false);
+    }
+    const StepRows part{s.cell, m_t, s.H, j, j + n_t};
+    forward_rows<float>(part, xp + i * GH, gh ? gh + i * GH : nullptr, true, bhn, hprev ? hprev + i * ldh : nullptr,
+                        ldh, cprev ? cprev + i * s.H : nullptr, c + i * s.H, h + i * ldy, ldy,
+                        save ? save + i * GH : nullptr, aux ? aux + i * s.H : nullptr, zeros);
+    if (hnext) amx::pack_a_step(m_t, n_t, h + i * ldy + j, ldy, hnext + ip * hpe + jp * amx::kStepElems);
+  }
+}
+
+// h_{t-1} (m rows, row stride lda, depth k) as fused_step_amx's A panels.
+inline void pack_h_amx(index_t m, index_t k, const float* a, index_t lda, amx::bf16* ap) {
+  for (index_t i = 0; i < m; i += amx::kBlock)
+    amx::pack_a_panel(static_cast<int>(std::min<index_t>(amx::kBlock, m - i)), k, a + i * lda, lda, 1,
+                      ap + i / amx::kBlock * amx::panel_elems(k));
+}
+
 // ----------------------------------------------------------------------------------- post-GEMM (backward)
 // dh = dy + dhr is the gradient reaching h_t (from the output and from step t+1). Each kernel writes
 // dg, the gradient of the gates' pre-activations (G blocks of H).
@@ -361,6 +399,7 @@ struct DirBuffers {
   AlignedBuffer<T> dstate;   // (B, H) dc (LSTM, backward)
   AlignedBuffer<T> dg, dgh;  // (T*B, GH) gate gradients (backward; dgh for GRU only)
   PackedB<T> whh[4];         // W_hh packed: per gate W_hh_q^T (forward), W_hh whole (backward)
+  AlignedBuffer<amx::bf16> whh_amx[4];  // per gate W_hh_q^T as AMX B panels (float32 forward on tiles)
   // LSTM projection: W_hr packed (W_hr^T forward, W_hr backward); m_t in inference, dm_t in backward
   // (B, H); backward's dh_t of every step (T*B, P), which dW_hr reads.
   PackedB<T> whr;
@@ -684,6 +723,38 @@ void fused_packed_cell_step(const RnnShape& s, const RnnWeights<T>& w, const T* 
   }
 }
 
+// Whether a float32 sequence's recurrent products run on AMX tiles (fused_step_amx): the tiles are
+// enabled, every thread's share of the batch fills at least 3/4 of a 32-row tile, h_t is bounded (LSTM,
+// GRU or tanh RNN without projection: |h| <= 1, so the only values the tiles would not split exactly
+// are NaN, which propagates, and |h| < 2^-100, whose lost low parts are below float32's resolution of
+// the pre-activation they join), and every W_hh and h0 split exactly (amx::splittable).
+template <typename T>
+bool rnn_amx_fits(const RnnShape& s, const RnnWeights<T>& w, const T* h0) {
+  if constexpr (!std::is_same_v<T, float>) {
+    return false;
+  } else {
+    if (!amx::enabled() || active_isa() != Isa::avx512 || s.proj > 0 || s.cell == RnnCell::rnn_relu) return false;
+    // The batch rows a thread of a direction gets split by rows, whichever way the time loop splits:
+    // both ways then take the same kernels, and give the same bits.
+    const int threads = get_num_threads(), group = s.dirs == 2 && threads >= 2 ? threads / 2 : threads;
+    if (4 * (s.batch / group) < 3 * amx::kBlock) return false;
+    if (const char* e = std::getenv("DNNKIT_RNN_AMX"); e && e[0] == '0') return false;
+    const index_t GH = rnn_gates(s.cell) * s.hidden, S = s.state();
+    for (const float* whh : w.w_hh)
+      if (!amx::splittable(GH, S, whh, S, 1)) return false;
+    return !h0 || amx::splittable(index_t(s.layers) * s.dirs * s.batch, S, h0, S, 1);
+  }
+}
+
+// The columns [j0, j1) (whole blocks of 32) of h_t's m rows as steps of fused_step_amx's A panels.
+inline void pack_h_amx_cols(index_t m, index_t H, const float* h, index_t ldh, amx::bf16* ap, index_t j0, index_t j1) {
+  const index_t hpe = amx::panel_elems(H);
+  for (index_t i = 0; i < m; i += amx::kBlock)
+    for (index_t j = j0; j < j1; j += amx::kBlock)
+      amx::pack_a_step(static_cast<int>(std::min<index_t>(amx::kBlock, m - i)), std::min<index_t>(amx::kBlock, H - j),
+                       h + i * ldh + j, ldh, ap + i / amx::kBlock * hpe + j / amx::kBlock * amx::kStepElems);
+}
+
 template <typename T>
 void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0, T* const* y,
                  T* h_n, T* c_n, T* reserve) {
@@ -701,6 +772,11 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
   const int nt = by_rows ? get_num_threads() : team_size(H, uk.nr, D);
   const index_t per_dir = rnn_reserve_elems_per_dir(s);
   const index_t a_elems = packed_a_elems(uk, B, std::max(H, S));  // h_{t-1} (B x S), m_t (B x H)
+  const bool amx_step = packed && rnn_amx_fits<T>(s, w, h0);
+  // h_{t-1} as fused_step_amx's A panels (no projection: S == H).
+  const index_t amx_elems = amx_step ? ceil_div(B, index_t(amx::kBlock)) * amx::panel_elems(S) : 0;
+  AlignedBuffer<amx::bf16> apack_amx(static_cast<std::size_t>(nt * amx_elems));
+  AlignedBuffer<amx::bf16> hpack_amx(static_cast<std::size_t>(2 * (by_rows ? nt : D) * amx_elems));
 
   DirBuffers<T> buf[2];
   AlignedBuffer<T> zeros(static_cast<std::size_t>(GH));  // a zero row: h_{-1}, c_{-1} or W_hh h_{-1}
@@ -708,7 +784,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
   AlignedBuffer<T> apack(static_cast<std::size_t>(nt * a_elems));
   // Without a projection, each step's post-GEMM writes h_t packed for the next step: two buffers a
   // direction, step st writing buffer st % 2 while reading the other.
-  const bool h_packed = packed && !proj;
+  const bool h_packed = packed && !proj && !amx_step;  // (fused_step_amx packs its own)
   // Split by rows, each thread packs h_t of its own rows: two buffers a thread.
   AlignedBuffer<T> hpack(static_cast<std::size_t>(h_packed ? 2 * (by_rows ? nt : D) * a_elems : 0));
   for (int d = 0; d < D; ++d) {
@@ -756,7 +832,14 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
       } else {
         gemm_a_wt<T>(Tn * B, GH, Il, xl, Il, w.w_ih[li], b.xp.data(), GH, bias, T(0));
       }
-      if (packed) {
+      if (packed && amx_step) {
+        if constexpr (std::is_same_v<T, float>) {
+          for (int q = 0; q < G; ++q) {
+            b.whh_amx[q].resize(static_cast<std::size_t>(ceil_div(H, index_t(amx::kBlock)) * amx::panel_elems(S)));
+            amx::pack_b_panels(S, H, w.w_hh[li] + q * H * S, 1, S, b.whh_amx[q].data(), amx::panel_elems(S));
+          }
+        }
+      } else if (packed) {
         // Gate q's B operand: B_q(p, j) = W_hh[q*H + j, p] (S x H, read down the columns of W_hh).
         for (int q = 0; q < G; ++q) b.whh[q].pack(S, H, w.w_hh[li] + q * H * S, 1, S);
       } else if (h0 && !prepacked && !fused_cell) {
@@ -768,7 +851,9 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     if (fused_cell || fused_packed) continue;  // the layer's step, final states included, is done
 
     SpinBarrier barriers[2] = {SpinBarrier(thread_group(0, nt, D).nt), SpinBarrier(thread_group(nt - 1, nt, D).nt)};
-    const index_t units = ceil_div(H, uk.nr) * step_row_blocks(uk.mr, B);  // fused_step's
+    // fused_step's units (fused_step_amx's: 32 x 32)
+    const index_t units = amx_step ? ceil_div(H, index_t(amx::kBlock)) * ceil_div(B, index_t(amx::kBlock))
+                                   : ceil_div(H, uk.nr) * step_row_blocks(uk.mr, B);
     PanelShare shares[2] = {PanelShare(thread_group(0, nt, D).nt, units), PanelShare(thread_group(nt - 1, nt, D).nt, units)};
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -780,7 +865,12 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
       const index_t r0 = sh.r0, r1 = sh.r1;
       const Columns own = sh.own, own_s = sh.own_s;
       const StepRows step{s.cell, r1 - r0, H, own.j0, own.j1};
-      const index_t own_units = r1 > r0 ? ceil_div(H, uk.nr) * step_row_blocks(uk.mr, r1 - r0) : 0;
+      const index_t own_units =
+          r1 <= r0   ? 0
+          : amx_step ? ceil_div(H, index_t(amx::kBlock)) * ceil_div(r1 - r0, index_t(amx::kBlock))
+                     : ceil_div(H, uk.nr) * step_row_blocks(uk.mr, r1 - r0);
+      std::optional<amx::TileScope> tiles;  // this thread's tile configuration
+      if (amx_step) tiles.emplace();
       const int hgt = balanced_height(uk.mr, r1 - r0);  // the projection products' micro-panel height
       T* ap = apack.data() + tid * a_elems;
       index_t seq = 0;  // steps run by this group so far: which set of panel ranges the next one takes
@@ -811,7 +901,27 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
           const index_t slot = 2 * (by_rows ? tid : d);
           T* const hnext = h_packed && st + 1 < Tn ? hpack.data() + (slot + (st & 1)) * a_elems : nullptr;
           const T* const hcur = h_packed && st > 0 ? hpack.data() + (slot + ((st - 1) & 1)) * a_elems : nullptr;
-          if (hprev && packed) {
+          amx::bf16* const hnext_amx =
+              amx_step && st + 1 < Tn ? hpack_amx.data() + (slot + (st & 1)) * amx_elems : nullptr;
+          const amx::bf16* const hcur_amx =
+              amx_step && st > 0 ? hpack_amx.data() + (slot + ((st - 1) & 1)) * amx_elems : nullptr;
+          if (hprev && packed && amx_step) {
+            if constexpr (std::is_same_v<T, float>) {
+              amx::bf16* const ax = apack_amx.data() + tid * amx_elems;
+              if (!hcur_amx) pack_h_amx(step.B, S, hprev, ldh, ax);
+              PanelShare& share = shares[tg.group];
+              const int set = static_cast<int>(seq & 1);
+              index_t next = 0;
+              auto next_unit = [&]() -> index_t {
+                if (!by_rows) return share.next(set, tg.tid, set == 1);
+                return next >= own_units ? -1 : set == 1 ? own_units - 1 - next++ : next++;
+              };
+              amx::bf16* const whq[4] = {b.whh_amx[0].data(), b.whh_amx[1].data(), b.whh_amx[2].data(),
+                                         b.whh_amx[3].data()};
+              fused_step_amx(step, next_unit, hcur_amx ? hcur_amx : ax, whq, S, xpt, ght, bhn, hprev, ldh, cprev, ct,
+                             h_t, DS, sv, at, zeros.data(), hnext_amx);
+            }
+          } else if (hprev && packed) {
             if (!hcur) pack_a_balanced<T>(uk, step.B, S, hprev, ldh, ap);
             PanelShare& share = shares[tg.group];
             const int set = static_cast<int>(seq & 1);
@@ -831,6 +941,10 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
             forward_rows<T>(step, xpt, hprev && !one_product ? ght : nullptr, summed, bhn, hprev, ldh, cprev, ct,
                             proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data());
             if (hnext) pack_a_balanced<T>(uk.mr, step.B, S, h_t, DS, hnext, 0, step.B, own.j0, own.j1);
+            if constexpr (std::is_same_v<T, float>) {
+              // own.j0 and own.j1 are multiples of NR, 32 on AVX-512 (float32): whole depth steps.
+              if (hnext_amx) pack_h_amx_cols(step.B, S, h_t, DS, hnext_amx, own.j0, own.j1);
+            }
           }
           if (proj) {
             if (!by_rows) barriers[tg.group].wait();  // m_t complete before any thread packs it

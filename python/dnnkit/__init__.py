@@ -8,7 +8,8 @@ __version__ = "0.2.0"
 
 from . import _cpu
 from ._config import (
-    empty_cache, get_num_threads, get_tuning, get_workspace_limit, set_num_threads, set_tuning, set_workspace_limit,
+    empty_cache, get_amx, get_num_threads, get_tuning, get_workspace_limit, set_amx, set_num_threads, set_tuning,
+    set_workspace_limit,
 )
 from .api import (
     conv2d, conv2d_backward_bias, conv2d_backward_data, conv2d_backward_filter, explain, gemm, linear,
@@ -31,6 +32,8 @@ def info() -> dict:
         "cpu": _cpu.cpu_model_name(),
         "isa_detected": _cpu.detected_isa(),
         "isa_active": _cpu.active_isa(),
+        "amx_available": _cpu.amx_available(),  # AMX-BF16 tiles: float32 products split into bfloat16 parts
+        "amx": get_amx(),
         "l2_cache_bytes": _cpu.l2_cache_bytes(),  # per core; sizes the GEMM's NC
         "openmp": _cpu.has_openmp(),
         "threads": get_num_threads(),
@@ -50,5 +53,5 @@ __all__ = [
     "set_num_threads", "get_num_threads", "set_tuning", "get_tuning", "set_workspace_limit",
     "get_workspace_limit", "lstm", "gru", "rnn", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
     "lstm_backward", "gru_backward", "rnn_backward", "lstm_cell_backward", "gru_cell_backward", "rnn_cell_backward",
-    "RnnReserve", "empty_cache", "pack_weight", "PackedWeight",
+    "RnnReserve", "empty_cache", "pack_weight", "PackedWeight", "set_amx", "get_amx",
 ]

@@ -431,7 +431,7 @@ _SCRATCH_MIN_BYTES = 128 << 10  # csrc/common.h kRecycleBytes: the block cache's
 def _workspace(algorithm, p, dtype):
     """The workspace array algorithm needs for p (None for none); its size is remembered per problem, thread
     count and ISA (packed filters follow the micro-kernel's shape)."""
-    key = (algorithm, p, get_workspace_limit(), get_num_threads(), _cpu.active_isa())
+    key = (algorithm, p, get_workspace_limit(), get_num_threads(), _cpu.active_isa(), _cpu.amx_enabled())
     nbytes = _workspace_bytes.get(key)
     if nbytes is None:
         if len(_workspace_bytes) > 4096:

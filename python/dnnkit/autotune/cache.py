@@ -71,7 +71,9 @@ def device_fingerprint(device: str = "cpu") -> str:
             return f"cuda|{name}|sm{cc}|driver{'.'.join(map(str, drv))}"
         except Exception:  # noqa: BLE001 - no usable GPU: a key that matches no CPU record
             return "cuda|unavailable"
-    return f"cpu|{_cpu.cpu_model_name()}|{_cpu.active_isa()}|{get_num_threads()}t"
+    # float32 products on AMX tiles time differently from the FMA kernels: a device of its own.
+    amx = "+amx" if _cpu.amx_enabled() and _cpu.active_isa() == "avx512" else ""
+    return f"cpu|{_cpu.cpu_model_name()}|{_cpu.active_isa()}{amx}|{get_num_threads()}t"
 
 
 def _version() -> str:

@@ -1,0 +1,634 @@
+// float32 products on AMX tiles: the split into bfloat16 parts, the packing, the 32 x 32 tile kernel and
+// the blocked driver (amx.h says what is computed and why it is accurate).
+#include "amx.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "epilogue.h"
+#include "ukernel.h"
+
+#if defined(__x86_64__) && defined(__linux__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 11))
+#define DNNKIT_AMX 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define DNNKIT_AMX 0
+#endif
+
+namespace dnnkit {
+namespace amx {
+
+#if DNNKIT_AMX
+
+namespace {
+
+bool detect() {
+  unsigned a, b, c, d;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1, avx512f = (b >> 16) & 1;
+  __cpuid_count(7, 1, a, b, c, d);
+  const bool avx512_bf16 = (a >> 5) & 1;
+  if (!(amx_bf16 && amx_tile && avx512f && avx512_bf16)) return false;
+  __cpuid_count(1, 0, a, b, c, d);
+  if (!((c >> 27) & 1)) return false;  // OSXSAVE
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  // XCR0: AVX-512 state (bits 5-7, with 1-2) and tile configuration and data (bits 17, 18).
+  if ((lo & 0x600e6u) != 0x600e6u) return false;
+  // Linux hands out tile data on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), once a process.
+  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+
+std::atomic<int> g_enabled{-1};  // -1: not yet decided
+
+}  // namespace
+
+bool available() {
+  static const bool yes = detect();
+  return yes;
+}
+
+bool enabled() {
+  int e = g_enabled.load(std::memory_order_relaxed);
+  if (e < 0) {
+    const char* env = std::getenv("DNNKIT_AMX");
+    e = available() && !(env && env[0] == '0') ? 1 : 0;
+    g_enabled.store(e, std::memory_order_relaxed);
+  }
+  return e == 1;
+}
+
+void set_enabled(bool on) {
+  if (on && !available()) throw std::invalid_argument("set_amx: this CPU or OS does not run AMX-BF16 tiles");
+  g_enabled.store(on ? 1 : 0);
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")
+// GCC's headers build some conversions on _mm512_undefined_*: not a use of anything uninitialized.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace {
+
+// |x|'s bits in [2^-100, 0x1.fefp127) or zero: a - lo >= hi - lo (unsigned) marks the others.
+constexpr unsigned kLo = 0x0D800000u, kSpan = 0x7F7F8000u - 0x0D800000u;
+
+inline __mmask16 unsplittable(__m512i bits, __mmask16 valid) {
+  const __m512i u = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 nonzero = _mm512_mask_test_epi32_mask(valid, u, u);
+  return _mm512_mask_cmpge_epu32_mask(nonzero, _mm512_sub_epi32(u, _mm512_set1_epi32(int(kLo))),
+                                      _mm512_set1_epi32(int(kSpan)));
+}
+
+inline bool unsplittable(float x) {
+  unsigned u;
+  std::memcpy(&u, &x, 4);
+  u &= 0x7fffffffu;
+  return u != 0 && u - kLo >= kSpan;
+}
+
+inline __mmask16 first(index_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1u); }
+
+// A run of n contiguous values.
+bool run_splittable(const float* x, index_t n) {
+  __mmask16 bad = 0;
+  index_t i = 0;
+  for (; i + 16 <= n; i += 16) bad |= unsplittable(_mm512_loadu_si512(x + i), 0xffff);
+  if (i < n) {
+    const __mmask16 m = first(n - i);
+    bad |= unsplittable(_mm512_maskz_loadu_epi32(m, x + i), m);
+  }
+  return bad == 0;
+}
+
+inline __m512 widen(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+
+// x = p0 + p1 + p2, each part bfloat16 (nearest); exact for splittable x.
+inline void split(__m512 x, __m256i& p0, __m256i& p1, __m256i& p2) {
+  p0 = (__m256i)_mm512_cvtneps_pbh(x);
+  const __m512 r1 = _mm512_sub_ps(x, widen(p0));
+  p1 = (__m256i)_mm512_cvtneps_pbh(r1);
+  p2 = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(r1, widen(p1)));
+}
+
+// Two vectors of 16 bfloat16 as 16 dwords: lo in the low halves (the even element of each pair).
+inline __m512i pairs(__m256i lo, __m256i hi) {
+  return _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+}
+// 32 consecutive bfloat16 (two halves of 16) as 16 dwords.
+inline __m512i concat(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+}
+
+// r[i] := column i of the 16 x 16 dword matrix whose rows are r[0..15].
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  // r[4i + j] now holds, in 128-bit lane L, rows 4i..4i+3 of column 4L + j.
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+
+inline bf16* part_tile(bf16* step, int part, int half) { return step + (part * 2 + half) * 512; }
+
+// One step of an A panel from rows contiguous in depth (cs == 1): kk <= 32 values of each of `rows` rows.
+void a_step_rows(int rows, index_t kk, const float* a, index_t rs, bf16* step) {
+  const __mmask16 lo = first(kk), hi = kk > 16 ? first(kk - 16) : 0;
+  for (int r = 0; r < 32; ++r) {
+    __m512i v[3];
+    if (r < rows) {
+      __m256i l[3], h[3];
+      split(_mm512_maskz_loadu_ps(lo, a + r * rs), l[0], l[1], l[2]);
+      split(_mm512_maskz_loadu_ps(hi, a + r * rs + 16), h[0], h[1], h[2]);
+      for (int q = 0; q < 3; ++q) v[q] = concat(l[q], h[q]);
+    } else {
+      v[0] = v[1] = v[2] = _mm512_setzero_si512();
+    }
+    for (int q = 0; q < 3; ++q) _mm512_store_si512(part_tile(step, q, r / 16) + (r % 16) * 32, v[q]);
+  }
+}
+
+// One step of an A panel from columns contiguous in rows (rs == 1): depth values 2p, 2p + 1 of 16 rows
+// at a time, paired, then transposed into rows.
+void a_step_cols(int rows, index_t kk, const float* a, index_t cs, bf16* step) {
+  for (int half = 0; half < 2; ++half) {
+    const int rh = std::clamp(rows - half * 16, 0, 16);
+    const __mmask16 m = first(rh);
+    __m512i v[3][16];
+    for (int p = 0; p < 16; ++p) {
+      const index_t d = 2 * p;
+      __m256i e[3], o[3];
+      split(d < kk ? _mm512_maskz_loadu_ps(m, a + half * 16 + d * cs) : _mm512_setzero_ps(), e[0], e[1], e[2]);
+      split(d + 1 < kk ? _mm512_maskz_loadu_ps(m, a + half * 16 + (d + 1) * cs) : _mm512_setzero_ps(), o[0], o[1],
+            o[2]);
+      for (int q = 0; q < 3; ++q) v[q][p] = pairs(e[q], o[q]);
+    }
+    for (int q = 0; q < 3; ++q) {
+      transpose16(v[q]);
+      bf16* t = part_tile(step, q, half);
+      for (int r = 0; r < 16; ++r) _mm512_store_si512(t + r * 32, v[q][r]);
+    }
+  }
+}
+
+// One step of a B panel from rows contiguous in columns (cs == 1): rows 2p and 2p + 1 paired.
+void b_step_rows(int cols, index_t kk, const float* b, index_t rs, bf16* step) {
+  for (int half = 0; half < 2; ++half) {
+    const __mmask16 m = first(std::clamp(cols - half * 16, 0, 16));
+    for (int p = 0; p < 16; ++p) {
+      const index_t d = 2 * p;
+      __m256i e[3], o[3];
+      split(d < kk ? _mm512_maskz_loadu_ps(m, b + d * rs + half * 16) : _mm512_setzero_ps(), e[0], e[1], e[2]);
+      split(d + 1 < kk ? _mm512_maskz_loadu_ps(m, b + (d + 1) * rs + half * 16) : _mm512_setzero_ps(), o[0], o[1],
+            o[2]);
+      for (int q = 0; q < 3; ++q) _mm512_store_si512(part_tile(step, q, half) + p * 32, pairs(e[q], o[q]));
+    }
+  }
+}
+
+// Steps of several B panels from rows contiguous in columns (cs == 1, a row-major B): rows outermost,
+// each pair of rows walked along all n columns, so that B streams in its own order (panel by panel,
+// the 32 rows of a step, 4 KiB apart at n = 1024, evict each other from L1 before the next panel reads
+// them: 2.6 cycles a value against about 0.5).
+void b_steps_rows(index_t k, index_t n, const float* b, index_t rs, bf16* dst, index_t panel_stride) {
+  for (index_t s = 0; s < steps(k); ++s) {
+    const index_t p0 = s * kStep, kk = std::min<index_t>(kStep, k - p0);
+    for (int p = 0; p < 16; ++p) {
+      const index_t d = 2 * p;
+      const float* r0 = b + (p0 + d) * rs;
+      const float* r1 = r0 + rs;
+      for (index_t j = 0; j < n; j += 16) {
+        const __mmask16 m = first(n - j);
+        __m256i e[3], o[3];
+        split(d < kk ? _mm512_maskz_loadu_ps(m, r0 + j) : _mm512_setzero_ps(), e[0], e[1], e[2]);
+        split(d + 1 < kk ? _mm512_maskz_loadu_ps(m, r1 + j) : _mm512_setzero_ps(), o[0], o[1], o[2]);
+        bf16* step = dst + (j / 32) * panel_stride + s * kStepElems;
+        const int half = static_cast<int>((j / 16) % 2);
+        for (int q = 0; q < 3; ++q) _mm512_store_si512(part_tile(step, q, half) + p * 32, pairs(e[q], o[q]));
+      }
+      if (n % 32 != 0 && n % 32 <= 16) {  // the last panel's second half: zero columns
+        bf16* step = dst + (n / 32) * panel_stride + s * kStepElems;
+        for (int q = 0; q < 3; ++q) _mm512_store_si512(part_tile(step, q, 1) + p * 32, _mm512_setzero_si512());
+      }
+    }
+  }
+}
+
+// One step of a B panel from columns contiguous in depth (rs == 1, B = W^T): each column's 32 values
+// are its 16 pairs already; 16 columns transposed into pair rows.
+void b_step_cols(int cols, index_t kk, const float* b, index_t cs, bf16* step) {
+  const __mmask16 lo = first(kk), hi = kk > 16 ? first(kk - 16) : 0;
+  for (int half = 0; half < 2; ++half) {
+    __m512i v[3][16];
+    for (int j = 0; j < 16; ++j) {
+      const int col = half * 16 + j;
+      if (col < cols) {
+        __m256i l[3], h[3];
+        split(_mm512_maskz_loadu_ps(lo, b + col * cs), l[0], l[1], l[2]);
+        split(_mm512_maskz_loadu_ps(hi, b + col * cs + 16), h[0], h[1], h[2]);
+        for (int q = 0; q < 3; ++q) v[q][j] = concat(l[q], h[q]);
+      } else {
+        v[0][j] = v[1][j] = v[2][j] = _mm512_setzero_si512();
+      }
+    }
+    for (int q = 0; q < 3; ++q) {
+      transpose16(v[q]);
+      bf16* t = part_tile(step, q, half);
+      for (int p = 0; p < 16; ++p) _mm512_store_si512(t + p * 32, v[q][p]);
+    }
+  }
+}
+
+// Any other strides: the step's block gathered into a row-major buffer first.
+void gather(int lines, index_t kk, const float* x, index_t ls, index_t ds, float* buf) {
+  for (int r = 0; r < 32; ++r)
+    for (int p = 0; p < 32; ++p) buf[r * 32 + p] = r < lines && p < kk ? x[r * ls + p * ds] : 0.f;
+}
+
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+// Tiles 0-3 hold C (0: rows 0-15 x columns 0-15, 1: rows 0-15 x 16-31, 2: rows 16-31 x 0-15, 3: rows
+// 16-31 x 16-31); 4 and 5 A's two row tiles of one part, 6 and 7 B's two column tiles of one part. The
+// six part products of a step run smallest first, (2,0), (1,0), (1,1), (0,1), (0,0), (0,2), so that each
+// part of A is loaded once and each of B once or twice: 14 tile loads for 24 products.
+#define DNNKIT_LA(q)                                \
+  _tile_loadd(4, sa + ((q) * 2 + 0) * 512, 64); \
+  _tile_loadd(5, sa + ((q) * 2 + 1) * 512, 64)
+#define DNNKIT_LB(q)                                \
+  _tile_loadd(6, sb + ((q) * 2 + 0) * 512, 64); \
+  _tile_loadd(7, sb + ((q) * 2 + 1) * 512, 64)
+#define DNNKIT_T4            \
+  _tile_dpbf16ps(0, 4, 6); \
+  _tile_dpbf16ps(1, 4, 7); \
+  _tile_dpbf16ps(2, 5, 6); \
+  _tile_dpbf16ps(3, 5, 7)
+
+inline void run_steps(index_t nsteps, const bf16* a, const bf16* b) {
+  for (index_t s = 0; s < nsteps; ++s) {
+    const bf16* sa = a + s * kStepElems;
+    const bf16* sb = b + s * kStepElems;
+    DNNKIT_LA(2);
+    DNNKIT_LB(0);
+    DNNKIT_T4;
+    DNNKIT_LA(1);
+    DNNKIT_T4;
+    DNNKIT_LB(1);
+    DNNKIT_T4;
+    DNNKIT_LA(0);
+    DNNKIT_T4;
+    DNNKIT_LB(0);
+    DNNKIT_T4;
+    DNNKIT_LB(2);
+    DNNKIT_T4;
+  }
+}
+
+}  // namespace
+
+namespace {
+thread_local int t_scopes = 0;  // TileScopes alive on this thread: the outermost loads and releases
+}
+
+TileScope::TileScope() {
+  if (t_scopes++ > 0) return;
+  // Tiles 0-7: 16 rows of 64 bytes. A constant in memory, loaded by an asm whose operand is the whole
+  // 64 bytes: GCC 12's _tile_loadconfig names only the first 8, and the stores that fill a stack copy
+  // can be dropped as dead.
+  static const TileConfig config = [] {
+    TileConfig c;
+    for (int i = 0; i < 8; ++i) {
+      c.rows[i] = 16;
+      c.colsb[i] = 64;
+    }
+    return c;
+  }();
+  __asm__ volatile("ldtilecfg %0" : : "m"(config));
+}
+
+TileScope::~TileScope() {
+  if (--t_scopes == 0) _tile_release();
+}
+
+bool splittable(index_t m, index_t n, const float* x, index_t rs, index_t cs) {
+  if (m <= 0 || n <= 0) return true;
+  if (cs == 1 || rs == 1) {
+    const index_t lines = cs == 1 ? m : n, len = cs == 1 ? n : m, ls = cs == 1 ? rs : cs;
+    if (ls == len) return run_splittable(x, lines * len);  // one contiguous block
+    for (index_t i = 0; i < lines; ++i)
+      if (!run_splittable(x + i * ls, len)) return false;
+    return true;
+  }
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j)
+      if (unsplittable(x[i * rs + j * cs])) return false;
+  return true;
+}
+
+void pack_a_step(int rows, index_t kk, const float* a, index_t rs, bf16* step) { a_step_rows(rows, kk, a, rs, step); }
+
+void pack_a_panel(int rows, index_t k, const float* a, index_t rs, index_t cs, bf16* dst) {
+  alignas(64) float buf[32 * 32];
+  for (index_t s = 0; s < steps(k); ++s) {
+    const index_t p0 = s * kStep, kk = std::min<index_t>(kStep, k - p0);
+    bf16* step = dst + s * kStepElems;
+    if (cs == 1) {
+      a_step_rows(rows, kk, a + p0, rs, step);
+    } else if (rs == 1) {
+      a_step_cols(rows, kk, a + p0 * cs, cs, step);
+    } else {
+      gather(rows, kk, a + p0 * cs, rs, cs, buf);
+      a_step_rows(rows, kk, buf, 32, step);
+    }
+  }
+}
+
+void pack_b_panel(index_t k, int cols, const float* b, index_t rs, index_t cs, bf16* dst) {
+  alignas(64) float buf[32 * 32];
+  for (index_t s = 0; s < steps(k); ++s) {
+    const index_t p0 = s * kStep, kk = std::min<index_t>(kStep, k - p0);
+    bf16* step = dst + s * kStepElems;
+    if (rs == 1) {
+      b_step_cols(cols, kk, b + p0, cs, step);
+    } else if (cs == 1) {
+      b_step_rows(cols, kk, b + p0 * rs, rs, step);
+    } else {
+      gather(cols, kk, b + p0 * rs, cs, rs, buf);  // buf[j*32 + p] = B(p0 + p, j): columns contiguous
+      b_step_cols(cols, kk, buf, 32, step);
+    }
+  }
+}
+
+void pack_b_panels(index_t k, index_t n, const float* b, index_t rs, index_t cs, bf16* dst, index_t panel_stride) {
+  if (cs == 1 && rs != 1 && n > 32) return b_steps_rows(k, n, b, rs, dst, panel_stride);
+  for (index_t j = 0; j < n; j += 32)
+    pack_b_panel(k, static_cast<int>(std::min<index_t>(32, n - j)), b + j * cs, rs, cs, dst + (j / 32) * panel_stride);
+}
+
+void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, index_t cs_c, int m, int n,
+          float alpha, float beta, const float* bias, bool bias_rows) {
+  const bool in_tiles = m == 32 && n == 32 && cs_c == 1 && alpha == 1.f &&
+                        (beta == 1.f ? !bias : beta == 0.f && (!bias || !bias_rows));
+  if (in_tiles) {
+    const index_t ld = rs_c * index_t(sizeof(float));
+    if (beta == 1.f) {
+      _tile_loadd(0, c, ld);
+      _tile_loadd(1, c + 16, ld);
+      _tile_loadd(2, c + 16 * rs_c, ld);
+      _tile_loadd(3, c + 16 * rs_c + 16, ld);
+    } else if (bias) {  // every row of the tile starts as the bias: a row stride of 0
+      _tile_loadd(0, bias, 0);
+      _tile_loadd(1, bias + 16, 0);
+      _tile_loadd(2, bias, 0);
+      _tile_loadd(3, bias + 16, 0);
+    } else {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    run_steps(nsteps, a, b);
+    _tile_stored(0, c, ld);
+    _tile_stored(1, c + 16, ld);
+    _tile_stored(2, c + 16 * rs_c, ld);
+    _tile_stored(3, c + 16 * rs_c + 16, ld);
+    return;
+  }
+  // Through a buffer. With alpha 1 the tiles start from beta * C + bias, as they start from C or the
+  // bias above, so that an element's sum does not depend on where the tile's edges fall (an RNN's time
+  // loop split by batch rows gives the bits it gives split by hidden units).
+  alignas(64) float acc[32 * 32];
+  const bool start_c = alpha == 1.f;
+  for (int i = 0; i < 32; ++i)
+    for (int j = 0; j < 32; ++j) {
+      float v = 0.f;
+      if (start_c && i < m && j < n) {
+        if (beta != 0.f) v = beta * c[i * rs_c + j * cs_c];
+        if (bias) v += bias_rows ? bias[i] : bias[j];
+      }
+      acc[i * 32 + j] = v;
+    }
+  _tile_loadd(0, acc, 128);
+  _tile_loadd(1, acc + 16, 128);
+  _tile_loadd(2, acc + 16 * 32, 128);
+  _tile_loadd(3, acc + 16 * 32 + 16, 128);
+  run_steps(nsteps, a, b);
+  _tile_stored(0, acc, 128);
+  _tile_stored(1, acc + 16, 128);
+  _tile_stored(2, acc + 16 * 32, 128);
+  _tile_stored(3, acc + 16 * 32 + 16, 128);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      float* y = c + i * rs_c + j * cs_c;
+      float v = acc[i * 32 + j];
+      if (!start_c) {
+        v *= alpha;
+        if (beta != 0.f) v += beta * *y;
+        if (bias) v += bias_rows ? bias[i] : bias[j];
+      }
+      *y = v;
+    }
+}
+
+#undef DNNKIT_LA
+#undef DNNKIT_LB
+#undef DNNKIT_T4
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+namespace {
+
+struct Plan {
+  index_t kc;      // depth of a block, a multiple of kStep
+  index_t mc, nc;  // rows of an A block, columns of a B block: multiples of 32
+  int nthreads;
+  bool split_n;    // each thread packs and runs its own B blocks (else the threads share one, split A)
+};
+
+Plan make_plan(index_t m, index_t n, index_t k, int nthreads) {
+  Plan p;
+  // Depth blocks of at most 1024 (each block is one load and store of C's tiles, a pause of the tile
+  // unit's pipeline: the fewer the better), equal, in whole steps.
+  const index_t nsteps = steps(k), nkb = ceil_div(nsteps, 32);
+  p.kc = ceil_div(nsteps, nkb) * kStep;
+  const index_t panel_bytes = p.kc / kStep * kStepElems * index_t(sizeof(bf16));  // one 32-wide panel
+  // B block: half of L2 (its panels stream from there past each A panel); A block: 8 MiB of L3.
+  const index_t nc_cap = std::max<index_t>(1, static_cast<index_t>(l2_cache_bytes()) / 2 / panel_bytes) * 32;
+  const index_t mc_cap = std::max<index_t>(1, (index_t(8) << 20) / panel_bytes) * 32;
+  p.mc = round_up(ceil_div(m, ceil_div(m, mc_cap)), 32);
+  const index_t panels_m = ceil_div(m, 32), panels_n = ceil_div(n, 32);
+  int nt = std::max(1, nthreads);
+  nt = static_cast<int>(std::min<index_t>(nt, panels_m * panels_n));
+  if (double(m) * double(n) * double(k) < 4 * min_parallel_work()) nt = 1;
+  p.nthreads = nt;
+  p.split_n = nt == 1 || panels_n >= 2 * nt || panels_n >= panels_m;
+  index_t njb = ceil_div(n, nc_cap);
+  if (p.split_n) njb = round_up(njb, nt);
+  p.nc = round_up(ceil_div(n, njb), 32);
+  return p;
+}
+
+// Few rows or columns: packing the other operand into three parts costs more than the tiles save
+// (measured on two threads, depth 1024: 1024 x 128 0.8 of the FMA kernels' speed, 192 x 1024 1.06-1.19,
+// 256^3 a tie; one thread gains from 128 up).
+bool shape_fits(index_t m, index_t n, index_t k) { return std::min(m, n) >= 192 && k >= 64; }
+
+}  // namespace
+
+index_t workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
+  if (!enabled() || !shape_fits(m, n, k)) return 0;
+  const Plan p = make_plan(m, n, k, nthreads > 0 ? nthreads : get_num_threads());
+  const index_t panel = p.kc / kStep * kStepElems;
+  return (p.mc / 32 + p.nc / 32 * (p.split_n ? p.nthreads : 1)) * panel * index_t(sizeof(bf16));
+}
+
+bool gemm(const GemmArgs<float>& g, int nthreads) {
+  if (!enabled() || g.a_packed || g.pack_b || g.b_group_cols != 0 || !shape_fits(g.m, g.n, g.k)) return false;
+  // B packed ahead for the FMA kernels (PackedB, NR-wide panels of full depth) is read as a strided B
+  // where its panels are 32 wide: panel jp's element (p, j) at b_panels + jp*32*k + p*32 + j.
+  const bool panels = g.b_panels != nullptr;
+  if (panels && select_ukernel<float>(active_isa()).nr != kBlock) return false;
+  if (!splittable(g.m, g.k, g.a, g.rs_a, g.cs_a)) return false;
+  if (panels ? !splittable(1, ceil_div(g.n, index_t(kBlock)) * kBlock * g.k, g.b_panels, 0, 1)
+             : !splittable(g.k, g.n, g.b, g.rs_b, g.cs_b))
+    return false;
+  const Plan p = make_plan(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads());
+  const index_t kc_steps = p.kc / kStep, panel = kc_steps * kStepElems;
+  const index_t b_block = p.nc / 32 * panel;
+  AlignedBuffer<bf16> abuf(static_cast<std::size_t>(p.mc / 32 * panel));
+  AlignedBuffer<bf16> bbuf(static_cast<std::size_t>(b_block * (p.split_n ? p.nthreads : 1)));
+  // The bias starts the tiles on the first depth block where C is not read, else joins the last.
+  const bool bias_first = g.beta == 0.f && !g.bias_per_row;
+
+#pragma omp parallel num_threads(p.nthreads) if (p.nthreads > 1)
+  {
+    const int tid = thread_id(), nt = thread_count();
+    const TileScope tiles;
+    for (index_t ic = 0; ic < g.m; ic += p.mc) {
+      const index_t mc = std::min(p.mc, g.m - ic), n_ir = ceil_div(mc, 32);
+      for (index_t pc = 0; pc < g.k; pc += p.kc) {
+        const index_t kc = std::min(p.kc, g.k - pc), ns = steps(kc);
+        const bool first_k = pc == 0, last_k = pc + kc >= g.k;
+        const float beta = first_k ? g.beta : 1.f;
+        const float alpha = g.alpha;
+        const float* bias = g.bias && (bias_first ? first_k : last_k) ? g.bias : nullptr;
+        const bool act = last_k && g.act != Activation::identity;
+        auto pack_a = [&](index_t ir) {
+          const index_t i = ic + ir * 32;
+          pack_a_panel(static_cast<int>(std::min<index_t>(32, g.m - i)), kc, g.a + i * g.rs_a + pc * g.cs_a, g.rs_a,
+                       g.cs_a, abuf.data() + ir * panel);
+        };
+        auto pack_b = [&](index_t jc, index_t jr, bf16* bp) {
+          const index_t j = jc + jr * 32;
+          const int cols = static_cast<int>(std::min<index_t>(32, g.n - j));
+          if (panels)
+            pack_b_panel(kc, cols, g.b_panels + j * g.k + pc * 32, 32, 1, bp + jr * panel);
+          else
+            pack_b_panel(kc, cols, g.b + pc * g.rs_b + j * g.cs_b, g.rs_b, g.cs_b, bp + jr * panel);
+        };
+        auto run = [&](index_t ir, index_t jc, index_t jr, const bf16* bp) {
+          const index_t i = ic + ir * 32, j = jc + jr * 32;
+          const int m_t = static_cast<int>(std::min<index_t>(32, g.m - i));
+          const int n_t = static_cast<int>(std::min<index_t>(32, g.n - j));
+          float* c = g.c + i * g.rs_c + j * g.cs_c;
+          // A bias per row (the transposed problem's) goes through tile()'s buffer.
+          const float* bb = bias ? bias + (g.bias_per_row ? i : j) : nullptr;
+          tile(ns, abuf.data() + ir * panel, bp + jr * panel, c, g.rs_c, g.cs_c, m_t, n_t, alpha, beta, bb,
+               g.bias_per_row);
+          if (act) apply_epilogue<float>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
+        };
+        if (p.split_n) {
+          for (index_t ir = tid; ir < n_ir; ir += nt) pack_a(ir);
+#pragma omp barrier
+          bf16* own = bbuf.data() + tid * b_block;
+          for (index_t jb = tid; jb * p.nc < g.n; jb += nt) {
+            const index_t jc = jb * p.nc, n_jr = ceil_div(std::min(p.nc, g.n - jc), 32);
+            const index_t nc = std::min(p.nc, g.n - jc);
+            if (panels) {
+              for (index_t jr = 0; jr < n_jr; ++jr) pack_b(jc, jr, own);
+            } else {
+              pack_b_panels(kc, nc, g.b + pc * g.rs_b + jc * g.cs_b, g.rs_b, g.cs_b, own, panel);
+            }
+            for (index_t ir = 0; ir < n_ir; ++ir)
+              for (index_t jr = 0; jr < n_jr; ++jr) run(ir, jc, jr, own);
+          }
+#pragma omp barrier
+        } else {
+          const index_t chunk = ceil_div(n_ir, nt), ir0 = std::min(n_ir, tid * chunk), ir1 = std::min(n_ir, ir0 + chunk);
+          for (index_t ir = ir0; ir < ir1; ++ir) pack_a(ir);
+          for (index_t jc = 0; jc < g.n; jc += p.nc) {
+            const index_t n_jr = ceil_div(std::min(p.nc, g.n - jc), 32);
+#pragma omp for schedule(static)
+            for (index_t jr = 0; jr < n_jr; ++jr) pack_b(jc, jr, bbuf.data());
+            for (index_t ir = ir0; ir < ir1; ++ir)
+              for (index_t jr = 0; jr < n_jr; ++jr) run(ir, jc, jr, bbuf.data());
+#pragma omp barrier
+          }
+        }
+      }
+    }
+  }
+  return true;
+}
+
+#else  // no AMX in this build
+
+bool available() { return false; }
+bool enabled() { return false; }
+void set_enabled(bool on) {
+  if (on) throw std::invalid_argument("set_amx: this build of dnnkit has no AMX kernels");
+}
+bool splittable(index_t, index_t, const float*, index_t, index_t) { return false; }
+void pack_a_step(int, index_t, const float*, index_t, bf16*) {
+  throw std::logic_error("amx::pack_a_step: no AMX kernels in this build");
+}
+void pack_b_panels(index_t, index_t, const float*, index_t, index_t, bf16*, index_t) {
+  throw std::logic_error("amx::pack_b_panels: no AMX kernels in this build");
+}
+void pack_a_panel(int, index_t, const float*, index_t, index_t, bf16*) {
+  throw std::logic_error("amx::pack_a_panel: no AMX kernels in this build");
+}
+void pack_b_panel(index_t, int, const float*, index_t, index_t, bf16*) {
+  throw std::logic_error("amx::pack_b_panel: no AMX kernels in this build");
+}
+TileScope::TileScope() {}
+TileScope::~TileScope() {}
+void tile(index_t, const bf16*, const bf16*, float*, index_t, index_t, int, int, float, float, const float*, bool) {
+  throw std::logic_error("amx::tile: no AMX kernels in this build");
+}
+bool gemm(const GemmArgs<float>&, int) { return false; }
+index_t workspace_bytes(index_t, index_t, index_t, int) { return 0; }
+
+#endif
+
+}  // namespace amx
+}  // namespace dnnkit

@@ -1,0 +1,99 @@
+// float32 products on Intel AMX tiles, to float32 accuracy ("bf16x6").
+//
+// Each float32 x is split into three bfloat16 parts, x = x0 + x1 + x2 exactly: x0 = bf16(x) (nearest),
+// x1 = bf16(x - x0), x2 = bf16(x - x0 - x1); |x1| <= 2^-8 |x| and |x2| <= 2^-16 |x|. A product a*b is
+// summed as the six part products whose order is 2^-16 or larger,
+//   a0 b0 + a0 b1 + a1 b0 + a0 b2 + a1 b1 + a2 b0,
+// each exact in float32 (8 x 8 significant bits), accumulated by the tile unit in float32 with round to
+// nearest even. What is left out, a1 b2 + a2 b1 + a2 b2, is at most about 2^-23 |a b|: the order of the
+// rounding of the product in a float32 FMA, and far below the k-term sum's rounding. So the results
+// carry float32's error, not bfloat16's (tests/test_amx.py checks it against float64 with the float32
+// tolerances of the FMA kernels).
+//
+// What the tile unit does not do, and how it is kept out: it treats subnormal inputs as zero and
+// flushes subnormal results, and an infinity's parts (inf, NaN, ...) would turn inf * 1 into NaN. So a
+// product runs here only when every value of both operands is zero or has 2^-100 <= |x| < 3.39e38
+// (splittable; all three parts are then normal and the split is exact); any other value (Inf, NaN,
+// a subnormal or tiny value, one that would round past bfloat16's largest) sends the whole product to
+// the FMA kernels. Results of magnitude below 2^-126 are flushed to zero.
+//
+// The tile unit runs 16 x 16 x 32 bfloat16 products per instruction at 16 cycles: 1024 FLOPs a cycle,
+// 16 times the AVX-512 FMA peak. Six products per float32 product leave 2.7 times that peak (measured:
+// 3.0 TFLOP/s of bfloat16 on one core, about 500 GFLOP/s of float32 products in L1, against 248 for
+// the FMA probe).
+//
+// Layout (tile_step_elems bfloat16 per step of 32 in depth, steps k-major, the depth padded with zeros):
+//   A panel, 32 rows:    [step][part 0..2][row tile 0..1][16 rows][32 depth]
+//   B panel, 32 columns: [step][part 0..2][column tile 0..1][16 depth pairs][16 columns][2]
+// (B in the tile unit's pair-interleaved layout: element (2p + e, j) at pair row p, position 2j + e.)
+// Rows and columns past the operand's are zero. Every part of a step is 1 KiB, a tile.
+#pragma once
+#include <cstdint>
+
+#include "../common.h"
+#include "gemm.h"
+
+namespace dnnkit {
+namespace amx {
+
+using bf16 = std::uint16_t;
+constexpr int kBlock = 32;                    // rows of an A panel, columns of a B panel
+constexpr int kStep = 32;                     // depth of a step
+constexpr index_t kStepElems = 3 * 32 * 32;  // bfloat16 per step of a panel
+
+// Whether this CPU and OS run AMX-BF16 tiles and AVX512-BF16 (CPUID, XCR0, and the kernel's grant of
+// tile data to this process).
+bool available();
+// available(), unless turned off: DNNKIT_AMX=0 in the environment at first use, or set_enabled(false).
+bool enabled();
+// Turns the tile path on or off; on where !available() throws std::invalid_argument.
+void set_enabled(bool on);
+
+inline index_t steps(index_t k) { return ceil_div(k, index_t(kStep)); }
+inline index_t panel_elems(index_t k) { return steps(k) * kStepElems; }
+
+// Whether every value of the m x n view (element (r, c) at x[r*rs + c*cs]) is zero or has
+// 2^-100 <= |x| < 0x1.fefp127 (see above).
+bool splittable(index_t m, index_t n, const float* x, index_t rs, index_t cs);
+
+// rows <= 32 rows of A (element (r, p) at a[r*rs + p*cs]), depth k, into one A panel.
+void pack_a_panel(int rows, index_t k, const float* a, index_t rs, index_t cs, bf16* dst);
+// One step of an A panel: rows <= 32 rows of kk <= 32 values, row r at a + r*rs (contiguous); the rest
+// of the step zero. (An RNN's post-GEMM writes h_t a block of 32 hidden units at a time, one step of
+// the next product's A panels.)
+void pack_a_step(int rows, index_t kk, const float* a, index_t rs, bf16* step);
+// cols <= 32 columns of B (element (p, j) at b[p*rs + j*cs]), depth k, into one B panel.
+void pack_b_panel(index_t k, int cols, const float* b, index_t rs, index_t cs, bf16* dst);
+
+// n columns of B as ceil(n/32) panels, panel jp at dst + jp*panel_stride (a row-major B is walked by rows).
+void pack_b_panels(index_t k, index_t n, const float* b, index_t rs, index_t cs, bf16* dst, index_t panel_stride);
+
+// The tile configuration of this thread, for its lifetime: construct one on every thread that calls
+// tile(), before the calls. The outermost scope of a thread loads the configuration and releases the
+// tiles at its end; scopes within it (a GEMM called from a loop already on tiles) change nothing.
+class TileScope {
+ public:
+  TileScope();
+  ~TileScope();
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+// For 0 <= i < m <= 32, 0 <= j < n <= 32, over `nsteps` steps of the panels a and b:
+//   C(i, j) := alpha * sum A(i, p) B(p, j) + beta * C(i, j) [+ bias[j], or bias[i] with bias_rows]
+// C(i, j) at c[i*rs_c + j*cs_c]; beta == 0: C is not read. A full tile (32 x 32, cs_c == 1, alpha 1, beta
+// 0 or 1) runs in the tiles from load to store; any other goes through a 4 KiB buffer.
+void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, index_t cs_c, int m, int n,
+          float alpha, float beta, const float* bias, bool bias_rows);
+
+// The blocked GEMM on tiles, for gemm<float>: returns false, having done nothing, where the tile path
+// does not take the product (not enabled, A packed ahead, B computed or grouped, fewer than 192 rows or
+// columns, or an operand not splittable); the caller then runs the FMA kernels. B packed ahead
+// (GemmArgs::b_panels) is read from its panels. Throws std::bad_alloc before its parallel region.
+bool gemm(const GemmArgs<float>& g, int nthreads);
+// Bytes of packing buffers gemm() allocates for an m x n x k product it would take (shapes only: the
+// operands' values are not looked at), else 0.
+index_t workspace_bytes(index_t m, index_t n, index_t k, int nthreads);
+
+}  // namespace amx
+}  // namespace dnnkit

@@ -1,0 +1,203 @@
+"""float32 products on AMX tiles (csrc/gemm/amx.h): each operand split into three bfloat16 parts, six part
+products summed in float32. The split must be exact, the results must carry float32's error (not
+bfloat16's), values the tiles cannot split must send the product to the FMA kernels, and the GEMM and
+the RNN time loop must agree with float64 references as the FMA kernels do. Skipped where the CPU or OS
+has no AMX-BF16."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import dnnkit
+from dnnkit.reference import gemm_ref, linear_ref, rel_l2, rnn_sequence_ref
+
+pytestmark = pytest.mark.skipif(not dnnkit._cpu.amx_available(), reason="no AMX-BF16 tiles on this CPU or OS")
+
+
+@pytest.fixture
+def amx():
+    previous = dnnkit.get_amx()
+    dnnkit.set_amx(True)
+    try:
+        yield
+    finally:
+        dnnkit.set_amx(previous)
+
+
+def fma_and_amx(fn):
+    """fn() with the tiles off, then on."""
+    previous = dnnkit.get_amx()
+    try:
+        dnnkit.set_amx(False)
+        off = fn()
+        dnnkit.set_amx(True)
+        return off, fn()
+    finally:
+        dnnkit.set_amx(previous)
+
+
+def scaled_error(c, a, b, ref):
+    """max |C - ref| / (|A| |B|): each element's error against the size of its terms (float32's own
+    rounding of a k-term sum is a few times 2^-24 k^0.5 of it)."""
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
+    return float(np.max(np.abs(c - ref) / np.maximum(scale, 1e-300)))
+
+
+# The smallest float32 that bfloat16's nearest rounding takes to infinity.
+ROUNDS_TO_INF = float(np.array(0x7F7F8000, np.uint32).view(np.float32))
+
+
+def wide_values(rng, shape):
+    """Signs, 24-bit significands and exponents over the whole range the tiles split exactly."""
+    return (rng.choice([-1.0, 1.0], shape) * rng.uniform(1, 2, shape) * 2.0 ** rng.integers(-99, 126, shape)).astype(
+        np.float32)
+
+
+def test_switch(amx):
+    assert dnnkit.get_amx() and dnnkit.info()["amx"] and dnnkit.info()["amx_available"]
+    dnnkit.set_amx(False)
+    assert not dnnkit.get_amx()
+    with pytest.raises(TypeError, match="set_amx"):
+        dnnkit.set_amx(1)
+
+
+def test_split_is_exact(amx):
+    """A (32 x 1) times [1]: the tile sums x's three parts, x2 + x1 + x0, which must give x back, over
+    the whole exponent range the tiles take."""
+    rng = np.random.default_rng(0)
+    x = wide_values(rng, (32, 64))
+    x[0, :4] = [0.0, -0.0, np.float32(2.0 ** -100), np.nextafter(np.float32(ROUNDS_TO_INF), np.float32(0))]
+    for col in range(x.shape[1]):
+        a = np.ascontiguousarray(x[:, col:col + 1])
+        c = np.full((32, 1), np.nan, np.float32)
+        dnnkit._cpu.amx_tile_test(a, np.ones((1, 1), np.float32), c)
+        np.testing.assert_array_equal(c[:, 0], a[:, 0])
+
+
+def test_values_the_tiles_do_not_split_are_recognized():
+    ok = np.array([[0.0, -0.0, 1.0, 2.0 ** -100, -np.nextafter(np.float32(ROUNDS_TO_INF), np.float32(0))]], np.float32)
+    assert dnnkit._cpu.amx_splittable(ok)
+    for bad in (np.inf, -np.inf, np.nan, 2.0 ** -101, 1e-45, ROUNDS_TO_INF, np.finfo(np.float32).max):
+        x = np.ones((3, 37), np.float32)
+        x[2, 36] = bad
+        assert not dnnkit._cpu.amx_splittable(x), bad
+        assert not dnnkit._cpu.amx_splittable(x.T), bad  # columns contiguous
+        y = np.zeros((6, 74), np.float32)
+        y[::2, ::2] = x
+        assert not dnnkit._cpu.amx_splittable(y[::2, ::2]), bad  # neither contiguous
+        assert dnnkit._cpu.amx_splittable(y[1::2, ::2])
+
+
+@given(m=st.integers(1, 32), n=st.integers(1, 32), k=st.integers(1, 100), layout=st.integers(0, 7),
+       alpha=st.sampled_from([1.0, -0.5]), beta=st.sampled_from([0.0, 1.0, 2.0]),
+       bias=st.sampled_from([None, "cols", "rows"]), seed=st.integers(0, 2**31))
+def test_tile_kernel_matches_float64(amx, m, n, k, layout, alpha, beta, bias, seed):
+    """One tile of any size up to 32 x 32 on operands of every stride pattern (rows or columns contiguous,
+    neither; a transposed C), alpha, beta and a bias per column or row: within float32's error."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    if layout & 1:
+        a = np.asfortranarray(a)
+    if layout & 2:
+        b = np.asfortranarray(b)
+    if layout & 4:  # neither contiguous: every other element of a larger array
+        a = np.repeat(np.repeat(a, 2, 0), 2, 1)[::2, ::2]
+        b = np.repeat(np.repeat(b, 2, 0), 2, 1)[::2, ::2]
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    c = np.array(c0, order="C" if seed % 2 else "F")  # a copy either way
+    bv = None if bias is None else rng.standard_normal(m if bias == "rows" else n).astype(np.float32)
+    dnnkit._cpu.amx_tile_test(a, b, c, alpha, beta, bv, bias == "rows")
+    ref = gemm_ref(a, b, c0, alpha=alpha, beta=beta)
+    if bv is not None:
+        ref = ref + (bv[:, None] if bias == "rows" else bv[None, :])
+    scale = abs(alpha) * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))) + abs(beta) * np.abs(c0) + (
+        0 if bv is None else np.abs(bv[:, None] if bias == "rows" else bv[None, :]))
+    assert np.max(np.abs(c - ref) / scale) <= 2 ** -22 * np.sqrt(k + 2)
+
+
+@given(m=st.integers(192, 330), n=st.integers(192, 330), k=st.integers(64, 1100), trans_a=st.booleans(),
+       trans_b=st.booleans(), beta=st.sampled_from([0.0, 1.0, 0.5]), seed=st.integers(0, 2**31))
+def test_gemm_on_tiles_carries_float32_error(num_threads, m, n, k, trans_a, trans_b, beta, seed):
+    """The blocked GEMM on tiles against float64: the error per element is float32's, within 2x (plus a
+    rounding) of the FMA kernels' on the same operands, far from bfloat16's 2^-8."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    A, B = (a.T if trans_a else a), (b.T if trans_b else b)
+    ref = gemm_ref(A, B, c0, beta=beta)
+    fma, tiles = fma_and_amx(lambda: dnnkit.gemm(a, b, c0.copy(), beta=beta, trans_a=trans_a, trans_b=trans_b))
+    e_fma, e_amx = scaled_error(fma, A, B, ref), scaled_error(tiles, A, B, ref)
+    assert e_amx <= 2 * e_fma + 2 ** -24, (e_amx, e_fma)
+    assert not np.array_equal(fma, tiles)  # the tiles did run
+
+
+def test_linear_layer_with_bias_and_activation_on_tiles(num_threads):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((400, 300)).astype(np.float32)
+    w = (rng.standard_normal((500, 300)) / np.sqrt(300)).astype(np.float32)
+    b = rng.standard_normal(500).astype(np.float32)
+    for act in (None, "relu", "gelu"):
+        fma, tiles = fma_and_amx(lambda: dnnkit.linear(x, w, b, activation=act, algo="blocked_gemm"))
+        ref = linear_ref(x, w, b, act)
+        assert rel_l2(tiles, ref) <= 2 * rel_l2(fma, ref) + 1e-7
+        # A packed weight's panels, read in place by the tiles: the same bits as the unpacked product.
+        dnnkit.set_amx(True)
+        assert np.array_equal(dnnkit.linear(x, dnnkit.pack_weight(w), b, activation=act), tiles)
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan, 1e-35, 1e-40, ROUNDS_TO_INF])
+@pytest.mark.parametrize("where", ["a", "b"])
+def test_values_the_tiles_cannot_split_fall_back_to_the_fma_kernels(num_threads, bad, where):
+    """Inf, NaN, subnormal and tiny values, and values bfloat16 rounds past its largest, in either operand:
+    the product runs on the FMA kernels (IEEE propagation, subnormals as such), the same bits as with the
+    tiles off."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((256, 200)).astype(np.float32)
+    b = rng.standard_normal((200, 256)).astype(np.float32)
+    (a if where == "a" else b)[7, 9] = bad
+    fma, tiles = fma_and_amx(lambda: dnnkit.gemm(a, b))
+    np.testing.assert_array_equal(tiles, fma)
+    if np.isinf(bad):
+        assert np.isinf(tiles[7] if where == "a" else tiles[:, 9]).all()
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh"])
+@pytest.mark.parametrize("B,threads", [(64, 2), (37, 1), (32, 1)])
+def test_rnn_time_loop_on_tiles_matches_float64(mode, B, threads):
+    """A sequence whose recurrent products run on the tiles (float32, batch rows filling a 32-row tile per
+    thread): outputs and final states against float64 within the float32 tolerance of the FMA kernels'
+    tests, and within 2x (plus a rounding) of their error on the same problem."""
+    T, I, H, L = 6, 40, 70, 2
+    G = {"lstm": 4, "gru": 3, "rnn_tanh": 1}[mode]
+    rng = np.random.default_rng(B + H)
+    weights = []
+    for layer in range(L):
+        weights += [rng.standard_normal((G * H, I if layer == 0 else H)) / np.sqrt(H),
+                    rng.standard_normal((G * H, H)) / np.sqrt(H), 0.5 * rng.standard_normal(G * H),
+                    0.5 * rng.standard_normal(G * H)]
+    weights = [w.astype(np.float32) for w in weights]
+    x = rng.standard_normal((T, B, I)).astype(np.float32)
+    h0 = rng.standard_normal((L, B, H)).astype(np.float32)
+    c0 = rng.standard_normal((L, B, H)).astype(np.float32) if mode == "lstm" else None
+    previous = dnnkit.get_num_threads()
+    dnnkit.set_num_threads(threads)
+    try:
+        def run():
+            if mode == "lstm":
+                return dnnkit.lstm(x, h0, c0, weights, num_layers=L)
+            if mode == "gru":
+                return dnnkit.gru(x, h0, weights, num_layers=L)
+            return dnnkit.rnn(x, h0, weights, num_layers=L)
+        fma, tiles = fma_and_amx(run)
+    finally:
+        dnnkit.set_num_threads(previous)
+    out_ref, h_ref, _ = rnn_sequence_ref(mode, x, h0, c0, weights, num_layers=L)
+    e_fma, e_amx = rel_l2(fma[0], out_ref), rel_l2(tiles[0], out_ref)
+    assert e_amx <= 2e-5 and e_amx <= 2 * e_fma + 1e-7, (e_amx, e_fma)
+    h_n = tiles[1][0] if mode == "lstm" else tiles[1]
+    assert rel_l2(h_n, h_ref) <= 2e-5
+    assert not np.array_equal(fma[0], tiles[0])  # the tiles did run
