@@ -5,7 +5,8 @@
 
 For each problem: the median time of dnnkit and of NumPy (runs interleaved, so both see the same
 machine state), GFLOP/s, the ratio dnnkit/NumPy (> 1: dnnkit faster) and the fraction of the measured
-float32 FMA peak (probed at the start of each pass). Fully-connected problems ('tb') run as dnnkit.linear(x, W) against x @ W.T,
+float32 FMA peak (probed at the start of each pass; with AMX tiles on, products of 192 rows and
+columns and more go past it, and the header gives the tiles' ceiling). Fully-connected problems ('tb') run as dnnkit.linear(x, W) against x @ W.T,
 then again on W packed once before timing (dnnkit.pack_weight; rows "fc-packed:").
 Then one thread at 2048^3 against the one-core peak, measured just before it. Then (when torch is
 installed; rows "act:") linear with a fused activation, forward and a training step (forward and
@@ -199,6 +200,12 @@ def main(argv=None):
     print(f"# {info['cpu']} | {platform.machine()} | ISA {info['isa_active']} | "
           f"{info['ukernels']['float32']['ukernel']} | threads {nt}")
     print(f"# measured fp32 peak: {peak:.1f} GFLOP/s on {nt} threads, {peak1:.1f} on one | numpy {np.__version__}")
+    if info["amx"]:
+        # float32 products of 192 rows and columns and more run on AMX tiles, six bfloat16 part products
+        # each: their ceiling is the tiles' peak / 6, past the FMA peak "% peak" is taken of.
+        tiles = dnnkit._cpu.measure_amx_peak_gflops(nt, 0.5)
+        print(f"# AMX tiles on: bfloat16 tile peak {tiles:.0f} GFLOP/s on {nt} threads; float32 through them "
+              f"at most {tiles / 6:.0f} ({tiles / 6 / peak:.2f}x the FMA peak)")
     def probe(threads):
         # A fresh measurement (dnnkit.machine.peak_gflops keeps its first one for the process).
         return dnnkit._cpu.measure_peak_gflops(info["isa_active"], threads, 0.5)

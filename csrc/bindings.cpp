@@ -1076,6 +1076,13 @@ PYBIND11_MODULE(_cpu, m) {
   m.def("amx_available", &amx::available,
         "Whether this CPU and OS run AMX-BF16 tiles (float32 products split into bfloat16 parts, amx.h).");
   m.def("amx_enabled", &amx::enabled, "Whether float32 products run on AMX tiles where they can.");
+  m.def("measure_amx_peak_gflops", [](int nthreads, double seconds) {
+    if (nthreads < 1) throw py::value_error("measure_amx_peak_gflops: nthreads must be >= 1");
+    if (!amx::available()) return 0.0;
+    py::gil_scoped_release nogil;
+    return amx::measure_peak_gflops(nthreads, seconds);
+  }, py::arg("nthreads"), py::arg("seconds") = 0.2,
+     "GFLOP/s of bfloat16 tile products on nthreads threads (0 without AMX); a float32 product costs six.");
   m.def("set_amx", [](bool on) {
     try {
       amx::set_enabled(on);

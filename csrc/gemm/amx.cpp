@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include "epilogue.h"
@@ -458,6 +460,51 @@ void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, 
     }
 }
 
+double measure_peak_gflops(int nthreads, double seconds) {
+  // bfloat16 ones in A and B (the tile unit runs faster on zeros), C in tiles 0-3, four independent
+  // products per iteration.
+  alignas(64) static bf16 ones[512];
+  for (bf16& v : ones) v = 0x3f80;
+  auto run = [](index_t iters) {
+    const TileScope tiles;
+    _tile_loadd(4, ones, 64);
+    _tile_loadd(5, ones, 64);
+    _tile_loadd(6, ones, 64);
+    _tile_loadd(7, ones, 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (index_t i = 0; i < iters; ++i) {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    alignas(64) float c[256];
+    _tile_stored(0, c, 64);
+    return double(c[0]);
+  };
+  index_t iters = 1 << 12;
+  for (;;) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run(iters);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (dt > seconds / 4 || iters > (index_t(1) << 36)) {
+      iters = std::max<index_t>(1, static_cast<index_t>(iters * (seconds / dt)));
+      break;
+    }
+    iters *= 4;
+  }
+  double sink = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(nthreads) reduction(+ : sink)
+  sink += run(iters);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double flops = double(nthreads) * double(iters) * 4 * 16 * 16 * 32 * 2;
+  return sink < 0 ? 0.0 : flops / dt / 1e9;
+}
+
 #undef DNNKIT_LA
 #undef DNNKIT_LB
 #undef DNNKIT_T4
@@ -517,10 +564,6 @@ bool gemm(const GemmArgs<float>& g, int nthreads) {
   // where its panels are 32 wide: panel jp's element (p, j) at b_panels + jp*32*k + p*32 + j.
   const bool panels = g.b_panels != nullptr;
   if (panels && select_ukernel<float>(active_isa()).nr != kBlock) return false;
-  if (!splittable(g.m, g.k, g.a, g.rs_a, g.cs_a)) return false;
-  if (panels ? !splittable(1, ceil_div(g.n, index_t(kBlock)) * kBlock * g.k, g.b_panels, 0, 1)
-             : !splittable(g.k, g.n, g.b, g.rs_b, g.cs_b))
-    return false;
   const Plan p = make_plan(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads());
   const index_t kc_steps = p.kc / kStep, panel = kc_steps * kStepElems;
   const index_t b_block = p.nc / 32 * panel;
@@ -529,11 +572,30 @@ bool gemm(const GemmArgs<float>& g, int nthreads) {
   // The bias starts the tiles on the first depth block where C is not read, else joins the last.
   const bool bias_first = g.beta == 0.f && !g.bias_per_row;
 
+  std::atomic<bool> unsplit{false};
+
 #pragma omp parallel num_threads(p.nthreads) if (p.nthreads > 1)
   {
     const int tid = thread_id(), nt = thread_count();
-    const TileScope tiles;
-    for (index_t ic = 0; ic < g.m; ic += p.mc) {
+    // Every value of A and B looked at first, a share of each per thread: a product with one the tiles
+    // cannot split leaves before C is touched, for the FMA kernels.
+    {
+      const index_t a0 = g.m * tid / nt, a1 = g.m * (tid + 1) / nt;
+      bool ok = splittable(a1 - a0, g.k, g.a + a0 * g.rs_a, g.rs_a, g.cs_a);
+      if (ok && panels) {
+        const index_t len = ceil_div(g.n, index_t(kBlock)) * kBlock * g.k, b0 = len * tid / nt;
+        ok = splittable(1, len * (tid + 1) / nt - b0, g.b_panels + b0, 0, 1);
+      } else if (ok) {
+        const index_t b0 = g.k * tid / nt, b1 = g.k * (tid + 1) / nt;
+        ok = splittable(b1 - b0, g.n, g.b + b0 * g.rs_b, g.rs_b, g.cs_b);
+      }
+      if (!ok) unsplit.store(true, std::memory_order_relaxed);
+    }
+#pragma omp barrier
+    const bool run_tiles = !unsplit.load(std::memory_order_relaxed);
+    std::optional<TileScope> tiles;
+    if (run_tiles) tiles.emplace();
+    for (index_t ic = 0; run_tiles && ic < g.m; ic += p.mc) {
       const index_t mc = std::min(p.mc, g.m - ic), n_ir = ceil_div(mc, 32);
       for (index_t pc = 0; pc < g.k; pc += p.kc) {
         const index_t kc = std::min(p.kc, g.k - pc), ns = steps(kc);
@@ -597,7 +659,7 @@ bool gemm(const GemmArgs<float>& g, int nthreads) {
       }
     }
   }
-  return true;
+  return !unsplit.load();
 }
 
 #else  // no AMX in this build
@@ -627,6 +689,7 @@ void tile(index_t, const bf16*, const bf16*, float*, index_t, index_t, int, int,
 }
 bool gemm(const GemmArgs<float>&, int) { return false; }
 index_t workspace_bytes(index_t, index_t, index_t, int) { return 0; }
+double measure_peak_gflops(int, double) { return 0.0; }
 
 #endif
 

@@ -91,6 +91,9 @@ void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, 
 // columns, or an operand not splittable); the caller then runs the FMA kernels. B packed ahead
 // (GemmArgs::b_panels) is read from its panels. Throws std::bad_alloc before its parallel region.
 bool gemm(const GemmArgs<float>& g, int nthreads);
+// GFLOP/s of bfloat16 products on `nthreads` threads' tile units, each running a loop of independent
+// products for about `seconds` (0 where there are no tiles). A float32 product costs six of them.
+double measure_peak_gflops(int nthreads, double seconds);
 // Bytes of packing buffers gemm() allocates for an m x n x k product it would take (shapes only: the
 // operands' values are not looked at), else 0.
 index_t workspace_bytes(index_t m, index_t n, index_t k, int nthreads);
