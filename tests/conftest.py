@@ -18,6 +18,7 @@ os.environ["DNNKIT_CACHE_DIR"] = _CACHE_DIR
 atexit.register(shutil.rmtree, _CACHE_DIR, True)
 
 import dnnkit  # noqa: E402
+from helpers import amx_set  # noqa: E402
 
 # "ci": reproducible (derandomized, no example database) and small enough for a 2-core machine.
 # "dev": more and random examples, for hunting bugs locally (HYPOTHESIS_PROFILE=dev).
@@ -56,12 +57,7 @@ def isa(request):
 def no_amx():
     """The FMA kernels only (float32 products that would run on AMX tiles do not): for tests of bitwise
     agreement between two FMA drivers, where one of them would otherwise take the tiles."""
-    previous = dnnkit.get_amx()
-    dnnkit.set_amx(False)
-    try:
-        yield
-    finally:
-        dnnkit.set_amx(previous)
+    yield from amx_set(False)
 
 
 @pytest.fixture(params=THREAD_COUNTS, ids=lambda n: f"threads{n}")

@@ -96,3 +96,13 @@ def rnn_user_layout(c, x, h0, c0, weights, names):
     elif c.batch_first:
         x = x.transpose(1, 0, 2)
     return x, h0, c0, (dict(zip(names, weights)) if c.as_dict else weights)
+
+
+def amx_set(on: bool):
+    """A fixture's body: set_amx(on) for the test, then the previous setting back."""
+    previous = dnnkit.get_amx()
+    dnnkit.set_amx(on)
+    try:
+        yield
+    finally:
+        dnnkit.set_amx(previous)

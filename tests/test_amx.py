@@ -12,18 +12,14 @@ from hypothesis import strategies as st
 
 import dnnkit
 from dnnkit.reference import gemm_ref, linear_ref, rel_l2, rnn_sequence_ref
+from helpers import amx_set
 
 pytestmark = pytest.mark.skipif(not dnnkit._cpu.amx_available(), reason="no AMX-BF16 tiles on this CPU or OS")
 
 
 @pytest.fixture
 def amx():
-    previous = dnnkit.get_amx()
-    dnnkit.set_amx(True)
-    try:
-        yield
-    finally:
-        dnnkit.set_amx(previous)
+    yield from amx_set(True)
 
 
 def fma_and_amx(fn):

@@ -357,36 +357,30 @@ bool splittable(index_t m, index_t n, const float* x, index_t rs, index_t cs) {
 
 void pack_a_step(int rows, index_t kk, const float* a, index_t rs, bf16* step) { a_step_rows(rows, kk, a, rs, step); }
 
+// step(p0, kk, dst) for each step of 32 in depth of a panel: depth [p0, p0 + kk), written at dst.
+template <class Step>
+void for_each_step(index_t k, bf16* dst, Step&& step) {
+  for (index_t s = 0; s < steps(k); ++s) step(s * kStep, std::min<index_t>(kStep, k - s * kStep), dst + s * kStepElems);
+}
+
 void pack_a_panel(int rows, index_t k, const float* a, index_t rs, index_t cs, bf16* dst) {
   alignas(64) float buf[32 * 32];
-  for (index_t s = 0; s < steps(k); ++s) {
-    const index_t p0 = s * kStep, kk = std::min<index_t>(kStep, k - p0);
-    bf16* step = dst + s * kStepElems;
-    if (cs == 1) {
-      a_step_rows(rows, kk, a + p0, rs, step);
-    } else if (rs == 1) {
-      a_step_cols(rows, kk, a + p0 * cs, cs, step);
-    } else {
-      gather(rows, kk, a + p0 * cs, rs, cs, buf);
-      a_step_rows(rows, kk, buf, 32, step);
-    }
-  }
+  for_each_step(k, dst, [&](index_t p0, index_t kk, bf16* step) {
+    if (cs == 1) return a_step_rows(rows, kk, a + p0, rs, step);
+    if (rs == 1) return a_step_cols(rows, kk, a + p0 * cs, cs, step);
+    gather(rows, kk, a + p0 * cs, rs, cs, buf);
+    a_step_rows(rows, kk, buf, 32, step);
+  });
 }
 
 void pack_b_panel(index_t k, int cols, const float* b, index_t rs, index_t cs, bf16* dst) {
   alignas(64) float buf[32 * 32];
-  for (index_t s = 0; s < steps(k); ++s) {
-    const index_t p0 = s * kStep, kk = std::min<index_t>(kStep, k - p0);
-    bf16* step = dst + s * kStepElems;
-    if (rs == 1) {
-      b_step_cols(cols, kk, b + p0, cs, step);
-    } else if (cs == 1) {
-      b_step_rows(cols, kk, b + p0 * rs, rs, step);
-    } else {
-      gather(cols, kk, b + p0 * rs, cs, rs, buf);  // buf[j*32 + p] = B(p0 + p, j): columns contiguous
-      b_step_cols(cols, kk, buf, 32, step);
-    }
-  }
+  for_each_step(k, dst, [&](index_t p0, index_t kk, bf16* step) {
+    if (rs == 1) return b_step_cols(cols, kk, b + p0, cs, step);
+    if (cs == 1) return b_step_rows(cols, kk, b + p0 * rs, rs, step);
+    gather(cols, kk, b + p0 * rs, cs, rs, buf);  // buf[j*32 + p] = B(p0 + p, j): columns contiguous
+    b_step_cols(cols, kk, buf, 32, step);
+  });
 }
 
 void pack_b_panels(index_t k, index_t n, const float* b, index_t rs, index_t cs, bf16* dst, index_t panel_stride) {

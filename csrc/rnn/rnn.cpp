@@ -905,24 +905,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
               amx_step && st + 1 < Tn ? hpack_amx.data() + (slot + (st & 1)) * amx_elems : nullptr;
           const amx::bf16* const hcur_amx =
               amx_step && st > 0 ? hpack_amx.data() + (slot + ((st - 1) & 1)) * amx_elems : nullptr;
-          if (hprev && packed && amx_step) {
-            if constexpr (std::is_same_v<T, float>) {
-              amx::bf16* const ax = apack_amx.data() + tid * amx_elems;
-              if (!hcur_amx) pack_h_amx(step.B, S, hprev, ldh, ax);
-              PanelShare& share = shares[tg.group];
-              const int set = static_cast<int>(seq & 1);
-              index_t next = 0;
-              auto next_unit = [&]() -> index_t {
-                if (!by_rows) return share.next(set, tg.tid, set == 1);
-                return next >= own_units ? -1 : set == 1 ? own_units - 1 - next++ : next++;
-              };
-              amx::bf16* const whq[4] = {b.whh_amx[0].data(), b.whh_amx[1].data(), b.whh_amx[2].data(),
-                                         b.whh_amx[3].data()};
-              fused_step_amx(step, next_unit, hcur_amx ? hcur_amx : ax, whq, S, xpt, ght, bhn, hprev, ldh, cprev, ct,
-                             h_t, DS, sv, at, zeros.data(), hnext_amx);
-            }
-          } else if (hprev && packed) {
-            if (!hcur) pack_a_balanced<T>(uk, step.B, S, hprev, ldh, ap);
+          if (hprev && packed) {
             PanelShare& share = shares[tg.group];
             const int set = static_cast<int>(seq & 1);
             // Split by rows, the thread's own units, forwards on even steps and backwards on odd ones
@@ -932,8 +915,20 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
               if (!by_rows) return share.next(set, tg.tid, set == 1);
               return next >= own_units ? -1 : set == 1 ? own_units - 1 - next++ : next++;
             };
-            fused_step<T>(step, next_unit, hcur ? hcur : ap, b.whh, xpt, ght, bhn, hprev, ldh, cprev, ct,
-                          proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data(), hnext);
+            if (amx_step) {
+              if constexpr (std::is_same_v<T, float>) {
+                amx::bf16* const ax = apack_amx.data() + tid * amx_elems;
+                if (!hcur_amx) pack_h_amx(step.B, S, hprev, ldh, ax);
+                amx::bf16* const whq[4] = {b.whh_amx[0].data(), b.whh_amx[1].data(), b.whh_amx[2].data(),
+                                           b.whh_amx[3].data()};
+                fused_step_amx(step, next_unit, hcur_amx ? hcur_amx : ax, whq, S, xpt, ght, bhn, hprev, ldh, cprev,
+                               ct, h_t, DS, sv, at, zeros.data(), hnext_amx);
+              }
+            } else {
+              if (!hcur) pack_a_balanced<T>(uk, step.B, S, hprev, ldh, ap);
+              fused_step<T>(step, next_unit, hcur ? hcur : ap, b.whh, xpt, ght, bhn, hprev, ldh, cprev, ct,
+                            proj ? m_t : h_t, proj ? H : DS, sv, at, zeros.data(), hnext);
+            }
           } else {
             // A single step (its products by plain GEMM: into gh, or with x's into xp, GRU's gate n
             // into gh) or h_{t-1} = 0.
