@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dnnkit
-from dnnkit.reference import gemm_ref, linear_ref, rel_l2, rnn_sequence_ref
+from dnnkit.reference import gemm_ref, linear_ref, rel_l2, rnn_sequence_backward_ref, rnn_sequence_ref
 from helpers import amx_set
 
 pytestmark = pytest.mark.skipif(not dnnkit._cpu.amx_available(), reason="no AMX-BF16 tiles on this CPU or OS")
@@ -197,3 +197,42 @@ def test_rnn_time_loop_on_tiles_matches_float64(mode, B, threads):
     h_n = tiles[1][0] if mode == "lstm" else tiles[1]
     assert rel_l2(h_n, h_ref) <= 2e-5
     assert not np.array_equal(fma[0], tiles[0])  # the tiles did run
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_rnn_training_on_tiles_matches_float64(mode, bidirectional):
+    """Training (train=True, then backward through time) where the forward's recurrent products run on the
+    tiles, with no h0: outputs and every gradient against the float64 reference, as the FMA kernels'
+    tests hold them."""
+    T, B, I, H = 5, 48, 24, 40
+    D, G = (2 if bidirectional else 1), {"lstm": 4, "gru": 3}[mode]
+    rng = np.random.default_rng(3 + bidirectional)
+    weights = []
+    for _ in range(D):
+        weights += [rng.standard_normal((G * H, I)) / np.sqrt(H), rng.standard_normal((G * H, H)) / np.sqrt(H),
+                    0.5 * rng.standard_normal(G * H), 0.5 * rng.standard_normal(G * H)]
+    weights = [w.astype(np.float32) for w in weights]
+    x = rng.standard_normal((T, B, I)).astype(np.float32)
+    go = rng.standard_normal((T, B, D * H)).astype(np.float32)
+    previous = dnnkit.get_num_threads()
+    dnnkit.set_num_threads(1)  # one thread a direction: 48 rows each
+    try:
+        def run():
+            if mode == "lstm":
+                out, _, reserve = dnnkit.lstm(x, None, None, weights, bidirectional=bidirectional, train=True)
+                gx, _, _, gw = dnnkit.lstm_backward(go, None, None, reserve)
+            else:
+                out, _, reserve = dnnkit.gru(x, None, weights, bidirectional=bidirectional, train=True)
+                gx, _, gw = dnnkit.gru_backward(go, None, reserve)
+            return out, gx, gw
+        fma, tiles = fma_and_amx(run)
+    finally:
+        dnnkit.set_num_threads(previous)
+    out_ref = rnn_sequence_ref(mode, x, None, None, weights, bidirectional=bidirectional)[0]
+    gx_ref, _, _, gw_ref = rnn_sequence_backward_ref(mode, x, None, None, weights, go, bidirectional=bidirectional)
+    assert not np.array_equal(fma[0], tiles[0])  # the tiles did run
+    assert rel_l2(tiles[0], out_ref) <= 2e-5
+    assert rel_l2(tiles[1], gx_ref) <= 1e-4
+    for g, r in zip(tiles[2], gw_ref):
+        assert rel_l2(g, r) <= 1e-4
