@@ -236,6 +236,7 @@ struct PackedWeight {
     const T* data = static_cast<const T*>(w.data());
     py::gil_scoped_release nogil;
     p->pack(v.cols, v.rows, data, v.cs, v.rs);  // B = W^T: B(q, j) = W(j, q)
+    p->pack_amx(data, v.cs, v.rs);               // float32 on AMX tiles: a second packing, where they run
     return p;
   }
 };
@@ -654,7 +655,11 @@ PYBIND11_MODULE(_cpu, m) {
       .def_readonly("itemsize", &PackedWeight::itemsize)
       .def_property_readonly("nbytes", [](const PackedWeight& p) -> index_t {
         const index_t nr = p.itemsize == 4 ? p.f32->ukernel().nr : p.f64->ukernel().nr;
-        return ceil_div(p.n, nr) * nr * p.k * p.itemsize;
+        // With the AMX tiles' second packing (float32): three bfloat16 parts, depth in steps of 32.
+        const index_t tiles = p.itemsize == 4 && p.f32->amx_panel(0)
+                                  ? p.f32->panels() * amx::panel_elems(p.k) * index_t(sizeof(amx::bf16))
+                                  : 0;
+        return ceil_div(p.n, nr) * nr * p.k * p.itemsize + tiles;
       });
   m.def("linear_prepacked",
         [](const py::array& x, const PackedWeight& w, const py::object& bias, int act) -> py::array {

@@ -11,7 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dnnkit
-from dnnkit.reference import gemm_ref, linear_ref, rel_l2, rnn_sequence_backward_ref, rnn_sequence_ref
+from dnnkit.reference import (
+    gemm_ref, gru_cell_ref, linear_ref, lstm_cell_ref, rel_l2, rnn_cell_ref, rnn_sequence_backward_ref, rnn_sequence_ref,
+)
 from helpers import amx_set
 
 pytestmark = pytest.mark.skipif(not dnnkit._cpu.amx_available(), reason="no AMX-BF16 tiles on this CPU or OS")
@@ -236,3 +238,58 @@ def test_rnn_training_on_tiles_matches_float64(mode, bidirectional):
     assert rel_l2(tiles[1], gx_ref) <= 1e-4
     for g, r in zip(tiles[2], gw_ref):
         assert rel_l2(g, r) <= 1e-4
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh"])
+@pytest.mark.parametrize("B", [24, 64, 70])
+def test_cells_on_packed_weights_on_tiles_match_float64(num_threads, mode, B):
+    """A cell on weights packed once (pack_weight keeps a second packing in bfloat16 parts): its products on
+    the tiles, x W_ih^T and h W_hh^T summed in one tile pass, against float64, within 2x (plus a rounding)
+    of the FMA kernels' error."""
+    I, H = 48, 96
+    G = {"lstm": 4, "gru": 3, "rnn_tanh": 1}[mode]
+    rng = np.random.default_rng(B)
+    w_ih = (rng.standard_normal((G * H, I)) / np.sqrt(H)).astype(np.float32)
+    w_hh = (rng.standard_normal((G * H, H)) / np.sqrt(H)).astype(np.float32)
+    b_ih, b_hh = (0.5 * rng.standard_normal((2, G * H))).astype(np.float32)
+    x = rng.standard_normal((B, I)).astype(np.float32)
+    h = rng.standard_normal((B, H)).astype(np.float32)
+    c = rng.standard_normal((B, H)).astype(np.float32)
+
+    def run():
+        pih, phh = dnnkit.pack_weight(w_ih), dnnkit.pack_weight(w_hh)  # packed with the tiles on or off
+        if mode == "lstm":
+            return dnnkit.lstm_cell(x, (h, c), pih, phh, b_ih, b_hh)
+        if mode == "gru":
+            return dnnkit.gru_cell(x, h, pih, phh, b_ih, b_hh)
+        return dnnkit.rnn_tanh_cell(x, h, pih, phh, b_ih, b_hh)
+
+    fma, tiles = fma_and_amx(run)
+    if mode == "lstm":
+        ref = lstm_cell_ref(x, h, c, w_ih, w_hh, b_ih, b_hh)
+        pairs = [(tiles[0], fma[0], ref[0]), (tiles[1], fma[1], ref[1])]
+    else:
+        ref = (gru_cell_ref if mode == "gru" else rnn_cell_ref)(x, h, w_ih, w_hh, b_ih, b_hh)
+        pairs = [(tiles, fma, ref)]
+    for t, f, r in pairs:
+        assert rel_l2(t, r) <= 2 * rel_l2(f, r) + 1e-7
+    assert not np.array_equal(pairs[0][0], pairs[0][1])  # the tiles did run
+
+
+def test_a_cell_packed_with_the_tiles_on_runs_on_the_fma_kernels_once_they_are_off():
+    rng = np.random.default_rng(9)
+    w_ih = rng.standard_normal((96, 32)).astype(np.float32)
+    w_hh = rng.standard_normal((96, 32)).astype(np.float32)
+    x, h = rng.standard_normal((2, 64, 32)).astype(np.float32)
+    previous = dnnkit.get_amx()
+    try:
+        dnnkit.set_amx(True)
+        pih, phh = dnnkit.pack_weight(w_ih), dnnkit.pack_weight(w_hh)
+        assert pih.nbytes == 96 * 32 * 4 + 3 * (96 * 32 * 2)  # float32 panels, then three bfloat16 parts
+        tiles = dnnkit.gru_cell(x, h, pih, phh)
+        dnnkit.set_amx(False)
+        fma = dnnkit.gru_cell(x, h, pih, phh)
+        assert np.array_equal(fma, dnnkit.gru_cell(x, h, dnnkit.pack_weight(w_ih), dnnkit.pack_weight(w_hh)))
+        assert not np.array_equal(fma, tiles)
+    finally:
+        dnnkit.set_amx(previous)

@@ -390,7 +390,8 @@ void pack_b_panels(index_t k, index_t n, const float* b, index_t rs, index_t cs,
 }
 
 void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, index_t cs_c, int m, int n,
-          float alpha, float beta, const float* bias, bool bias_rows) {
+          float alpha, float beta, const float* bias, bool bias_rows, index_t nsteps2, const bf16* a2,
+          const bf16* b2) {
   const bool in_tiles = m == 32 && n == 32 && cs_c == 1 && alpha == 1.f &&
                         (beta == 1.f ? !bias : beta == 0.f && (!bias || !bias_rows));
   if (in_tiles) {
@@ -412,6 +413,7 @@ void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, 
       _tile_zero(3);
     }
     run_steps(nsteps, a, b);
+    if (nsteps2 > 0) run_steps(nsteps2, a2, b2);
     _tile_stored(0, c, ld);
     _tile_stored(1, c + 16, ld);
     _tile_stored(2, c + 16 * rs_c, ld);
@@ -437,6 +439,7 @@ void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, 
   _tile_loadd(2, acc + 16 * 32, 128);
   _tile_loadd(3, acc + 16 * 32 + 16, 128);
   run_steps(nsteps, a, b);
+  if (nsteps2 > 0) run_steps(nsteps2, a2, b2);
   _tile_stored(0, acc, 128);
   _tile_stored(1, acc + 16, 128);
   _tile_stored(2, acc + 16 * 32, 128);
@@ -678,7 +681,8 @@ void pack_b_panel(index_t, int, const float*, index_t, index_t, bf16*) {
 }
 TileScope::TileScope() {}
 TileScope::~TileScope() {}
-void tile(index_t, const bf16*, const bf16*, float*, index_t, index_t, int, int, float, float, const float*, bool) {
+void tile(index_t, const bf16*, const bf16*, float*, index_t, index_t, int, int, float, float, const float*, bool,
+          index_t, const bf16*, const bf16*) {
   throw std::logic_error("amx::tile: no AMX kernels in this build");
 }
 bool gemm(const GemmArgs<float>&, int) { return false; }

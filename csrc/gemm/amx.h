@@ -83,8 +83,11 @@ class TileScope {
 //   C(i, j) := alpha * sum A(i, p) B(p, j) + beta * C(i, j) [+ bias[j], or bias[i] with bias_rows]
 // C(i, j) at c[i*rs_c + j*cs_c]; beta == 0: C is not read. A full tile (32 x 32, cs_c == 1, alpha 1, beta
 // 0 or 1) runs in the tiles from load to store; any other goes through a 4 KiB buffer.
+// With nsteps2 > 0, the sum goes on over a second pair of panels (a2, b2) before C is stored: [A | A2]
+// times [B; B2] (an RNN cell's x W_ih^T + h W_hh^T) with one load and store of the tiles.
 void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, index_t cs_c, int m, int n,
-          float alpha, float beta, const float* bias, bool bias_rows);
+          float alpha, float beta, const float* bias, bool bias_rows, index_t nsteps2 = 0, const bf16* a2 = nullptr,
+          const bf16* b2 = nullptr);
 
 // The blocked GEMM on tiles, for gemm<float>: returns false, having done nothing, where the tile path
 // does not take the product (not enabled, A packed ahead, B computed or grouped, fewer than 192 rows or

@@ -3,6 +3,7 @@
 // A is m x k, B is k x n, C is m x n; element (r, c) of X is x[r*rs + c*cs] (any strides, so transposes
 // and non-contiguous views need no copy). When beta == 0, C is never read. bias (length n) may be null.
 #pragma once
+#include <cstdint>
 #include "../common.h"
 #include "../cpu_info.h"
 #include "epilogue.h"
@@ -133,11 +134,19 @@ class PackedB {
   index_t panels() const { return ceil_div(n_, uk_.nr); }
   const UKernel<T>& ukernel() const { return uk_; }
   const T* panel(index_t jp) const { return buf_.data() + jp * uk_.nr * k_; }
+  // float32 only: B packed a second time, as AMX tile panels of three bfloat16 parts (amx.h), 32 columns
+  // a panel (NR on AVX-512: the same panel jp), where the tiles are enabled and every value of B splits
+  // exactly; pack() drops it. amx_panel(jp) is null without it. (A cell stepped on weights packed once
+  // multiplies them on the tiles.)
+  void pack_amx(const T* b, index_t rs, index_t cs);
+  const std::uint16_t* amx_panel(index_t jp) const;
 
  private:
   index_t k_ = 0, n_ = 0;
   UKernel<T> uk_{};
   AlignedBuffer<T> buf_;
+  AlignedBuffer<std::uint16_t> amx_;
+  bool has_amx_ = false;
 };
 
 // A (m x k) packed for gemm_packed_b: floor(m/h) micro-panels of h rows (stride h) and, when h does not

@@ -4,6 +4,10 @@
 
 #include "blocking.h"
 #include "gemm.h"
+
+#include <type_traits>
+
+#include "amx.h"
 #include "pack.h"
 #include "../work_share.h"
 
@@ -12,6 +16,7 @@ namespace dnnkit {
 template <typename T>
 void PackedB<T>::pack(index_t k, index_t n, const T* b, index_t rs, index_t cs, int nthreads) {
   uk_ = select_ukernel<T>(active_isa());
+  has_amx_ = false;
   k_ = k;
   n_ = n;
   const int nr = uk_.nr;
@@ -25,6 +30,27 @@ void PackedB<T>::pack(index_t k, index_t n, const T* b, index_t rs, index_t cs, 
     const index_t j = jp * nr;
     pack_b_panel<T>(k, std::min<index_t>(nr, n - j), b + j * cs, rs, cs, nr, dst + jp * nr * k);
   }
+}
+
+template <typename T>
+void PackedB<T>::pack_amx(const T* b, index_t rs, index_t cs) {
+  has_amx_ = false;
+  if constexpr (std::is_same_v<T, float>) {
+    if (!amx::enabled() || active_isa() != Isa::avx512 || uk_.nr != amx::kBlock || k_ == 0 || n_ == 0 ||
+        !amx::splittable(k_, n_, b, rs, cs))
+      return;
+    amx_.resize(static_cast<std::size_t>(panels() * amx::panel_elems(k_)));
+    amx::pack_b_panels(k_, n_, b, rs, cs, amx_.data(), amx::panel_elems(k_));
+    has_amx_ = true;
+  }
+}
+
+template <typename T>
+const std::uint16_t* PackedB<T>::amx_panel(index_t jp) const {
+  if constexpr (std::is_same_v<T, float>) {
+    if (has_amx_) return amx_.data() + jp * amx::panel_elems(k_);
+  }
+  return nullptr;
 }
 
 template <typename T>

@@ -675,9 +675,91 @@ bool fused_packed_cell_fits(const RnnShape& s, const RnnWeights<T>& w) {
          w.packed_hh->ukernel().fn == uk.fn;
 }
 
+// fused_packed_cell_step on AMX tiles (float32): both weights packed a second time into bfloat16 parts
+// (PackedB::pack_amx), a batch that fills 3/4 of a 32-row tile or more, x and h0 split exactly. x and h0
+// packed once as tile panels; for each 32-unit panel of hidden units, every row panel's gate tiles sum x
+// W_ih^T and h W_hh^T (GRU's gate n: the two apart, h's into gh) with the bias, one load and store of
+// the tiles each, then the post-GEMM.
+bool packed_cell_on_tiles(const RnnShape& s, const RnnWeights<float>& w, const float* x, const float* h0) {
+  if (!amx::enabled() || active_isa() != Isa::avx512 || !w.packed_ih->amx_panel(0) || !w.packed_hh->amx_panel(0) ||
+      !h0 || 4 * s.batch < 3 * amx::kBlock)
+    return false;
+  if (const char* e = std::getenv("DNNKIT_RNN_AMX"); e && e[0] == '0') return false;
+  return amx::splittable(s.batch, s.input, x, s.input, 1) && amx::splittable(s.batch, s.hidden, h0, s.hidden, 1);
+}
+
+void fused_packed_cell_step_amx(const RnnShape& s, const RnnWeights<float>& w, const float* x, const float* h0,
+                                const float* c0, float* const* y, float* h_n, float* c_n, float* reserve,
+                                DirBuffers<float>& b, const float* zeros) {
+  const index_t B = s.batch, H = s.hidden, I = s.input;
+  const int G = rnn_gates(s.cell);
+  const index_t GH = G * H;
+  const bool gru = s.cell == RnnCell::gru;
+  const PackedB<float>& wih = *w.packed_ih;
+  const PackedB<float>& whh = *w.packed_hh;
+  const index_t gate_panels = H / amx::kBlock, row_panels = ceil_div(B, index_t(amx::kBlock));
+  const index_t pe_x = amx::panel_elems(I), pe_h = amx::panel_elems(H);
+  float* const save = reserve;
+  float* const aux = reserve ? save + B * GH : nullptr;
+  float* const c = aux ? aux : (c_n ? c_n : b.state.data());
+  if (c == c_n) c_n = nullptr;
+  float* const h = y[0];
+  float *const xp = b.xp.data(), *const gh = b.gh.data();
+  const float* const bias = b.bias.data();
+  AlignedBuffer<amx::bf16> ap(static_cast<std::size_t>(row_panels * (pe_x + pe_h)));
+  amx::bf16* const ax = ap.data();
+  amx::bf16* const ah = ap.data() + row_panels * pe_x;
+  int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(get_num_threads(), gate_panels)));
+  if (double(B) * double(GH) * double(I + H) < min_parallel_work()) nt = 1;
+  std::optional<PanelShare> share;
+  if (nt > 1) share.emplace(nt, gate_panels);
+  const bool reverse = alternate_direction(&wih);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    const int tid = thread_id(), nth = thread_count();
+    for (index_t u = tid; u < 2 * row_panels; u += nth) {  // x's row panels, then h0's
+      const bool hx = u >= row_panels;
+      const index_t ip = hx ? u - row_panels : u, i = ip * amx::kBlock;
+      const int rows = static_cast<int>(std::min<index_t>(amx::kBlock, B - i));
+      if (hx)
+        amx::pack_a_panel(rows, H, h0 + i * H, H, 1, ah + ip * pe_h);
+      else
+        amx::pack_a_panel(rows, I, x + i * I, I, 1, ax + ip * pe_x);
+    }
+#pragma omp barrier
+    const amx::TileScope tiles;
+    for_each_unit(share ? &*share : nullptr, gate_panels, reverse, [&](index_t jp) {
+      for (index_t ip = 0; ip < row_panels; ++ip) {
+        const index_t i = ip * amx::kBlock;
+        const int m_t = static_cast<int>(std::min<index_t>(amx::kBlock, B - i));
+        for (int q = 0; q < G; ++q) {
+          const index_t p = q * gate_panels + jp, j = q * H + jp * amx::kBlock;
+          if (gru && q == 2) {  // gate n: W_hn h apart, into gh, which the reset gate scales
+            amx::tile(amx::steps(I), ax + ip * pe_x, wih.amx_panel(p), xp + i * GH + j, GH, 1, m_t, amx::kBlock,
+                      1.f, 0.f, bias + j, false);
+            amx::tile(amx::steps(H), ah + ip * pe_h, whh.amx_panel(p), gh + i * GH + j, GH, 1, m_t, amx::kBlock,
+                      1.f, 0.f, nullptr, false);
+          } else {
+            amx::tile(amx::steps(I), ax + ip * pe_x, wih.amx_panel(p), xp + i * GH + j, GH, 1, m_t, amx::kBlock,
+                      1.f, 0.f, bias + j, false, amx::steps(H), ah + ip * pe_h, whh.amx_panel(p));
+          }
+        }
+      }
+      const index_t j0 = jp * amx::kBlock, j1 = j0 + amx::kBlock;
+      const StepRows step{s.cell, B, H, j0, j1};
+      forward_rows<float>(step, xp, gru ? gh : nullptr, true, bias + GH, h0, H, c0, c, h, H, save, aux, zeros);
+      final_states<float>(step, h, H, c, h_n, c_n);
+    });
+  }
+}
+
 template <typename T>
 void fused_packed_cell_step(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T* h0, const T* c0,
                             T* const* y, T* h_n, T* c_n, T* reserve, DirBuffers<T>& b, const T* zeros) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (packed_cell_on_tiles(s, w, x, h0))
+      return fused_packed_cell_step_amx(s, w, x, h0, c0, y, h_n, c_n, reserve, b, zeros);
+  }
   const index_t B = s.batch, H = s.hidden, I = s.input;
   const int G = rnn_gates(s.cell);
   const index_t GH = G * H;

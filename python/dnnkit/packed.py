@@ -18,7 +18,9 @@ def _weight(op, weight):
 
 
 class PackedWeight(_cpu.PackedWeight):
-    """A weight (out_features, in_features) packed for the active ISA's micro-kernel. ``weight`` is the
+    """A weight (out_features, in_features) packed for the active ISA's micro-kernel (and, float32 where AMX
+    tiles are on, a second time as tile panels of three bfloat16 parts, which cells of 24 rows or more
+    multiply on). ``weight`` is the
     array it was packed from (the backward passes read it); ``shape`` and ``dtype`` are that array's;
     ``nbytes`` the packing's size. Use it from many threads at once; ``repack`` may run beside them (a
     product already running finishes on the old packing)."""
