@@ -675,6 +675,27 @@ bool fused_packed_cell_fits(const RnnShape& s, const RnnWeights<T>& w) {
          w.packed_hh->ukernel().fn == uk.fn;
 }
 
+// Where a packed cell's outputs go: the gates and c_t (or W_hn h + b_hn) to the reserve in training;
+// in inference c_t straight into c_n (then not copied again), else to scratch. And its threads: no more
+// than panels of hidden units, one for a small product.
+template <typename T>
+struct CellOut {
+  T *save, *aux, *c, *c_n;
+  int nt;
+};
+template <typename T>
+CellOut<T> packed_cell_out(const RnnShape& s, index_t gate_panels, T* c_n, T* reserve, DirBuffers<T>& b) {
+  const index_t GH = rnn_gates(s.cell) * s.hidden;
+  CellOut<T> o;
+  o.save = reserve;                                     // (1, B, GH) gates
+  o.aux = reserve ? o.save + s.batch * GH : nullptr;  // (1, B, H) c_t or W_hn h + b_hn
+  o.c = o.aux ? o.aux : (c_n ? c_n : b.state.data());
+  o.c_n = o.c == c_n ? nullptr : c_n;
+  o.nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(get_num_threads(), gate_panels)));
+  if (double(s.batch) * double(GH) * double(s.input + s.hidden) < min_parallel_work()) o.nt = 1;
+  return o;
+}
+
 // fused_packed_cell_step on AMX tiles (float32): both weights packed a second time into bfloat16 parts
 // (PackedB::pack_amx), a batch that fills 3/4 of a 32-row tile or more, x and h0 split exactly. x and h0
 // packed once as tile panels; for each 32-unit panel of hidden units, every row panel's gate tiles sum x
@@ -699,18 +720,15 @@ void fused_packed_cell_step_amx(const RnnShape& s, const RnnWeights<float>& w, c
   const PackedB<float>& whh = *w.packed_hh;
   const index_t gate_panels = H / amx::kBlock, row_panels = ceil_div(B, index_t(amx::kBlock));
   const index_t pe_x = amx::panel_elems(I), pe_h = amx::panel_elems(H);
-  float* const save = reserve;
-  float* const aux = reserve ? save + B * GH : nullptr;
-  float* const c = aux ? aux : (c_n ? c_n : b.state.data());
-  if (c == c_n) c_n = nullptr;
-  float* const h = y[0];
+  const CellOut<float> o = packed_cell_out(s, gate_panels, c_n, reserve, b);
+  float *const save = o.save, *const aux = o.aux, *const c = o.c, *const h = y[0];
+  c_n = o.c_n;
+  const int nt = o.nt;
   float *const xp = b.xp.data(), *const gh = b.gh.data();
   const float* const bias = b.bias.data();
   AlignedBuffer<amx::bf16> ap(static_cast<std::size_t>(row_panels * (pe_x + pe_h)));
   amx::bf16* const ax = ap.data();
   amx::bf16* const ah = ap.data() + row_panels * pe_x;
-  int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(get_num_threads(), gate_panels)));
-  if (double(B) * double(GH) * double(I + H) < min_parallel_work()) nt = 1;
   std::optional<PanelShare> share;
   if (nt > 1) share.emplace(nt, gate_panels);
   const bool reverse = alternate_direction(&wih);
@@ -768,18 +786,15 @@ void fused_packed_cell_step(const RnnShape& s, const RnnWeights<T>& w, const T* 
   const PackedB<T>& whh = *w.packed_hh;
   const UKernel<T>& uk = wih.ukernel();
   const index_t gate_panels = H / uk.nr;
-  T* const save = reserve;                         // (1, B, GH) gates
-  T* const aux = reserve ? save + B * GH : nullptr;  // (1, B, H) c_t or W_hn h + b_hn
-  T* const c = aux ? aux : (c_n ? c_n : b.state.data());  // c_t: no copy into c_n in inference
-  if (c == c_n) c_n = nullptr;
-  T* const h = y[0];
+  const CellOut<T> o = packed_cell_out(s, gate_panels, c_n, reserve, b);
+  T *const save = o.save, *const aux = o.aux, *const c = o.c, *const h = y[0];
+  c_n = o.c_n;
+  const int nt = o.nt;
   T *const xp = b.xp.data(), *const gh = b.gh.data();
   const T* const bias = b.bias.data();
   AlignedBuffer<T> ap(static_cast<std::size_t>(std::max<index_t>(B * (I + H), 1)));
   T* const ap1 = ap.data();
   T* const ap2 = ap.data() + B * I;
-  int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(get_num_threads(), gate_panels)));
-  if (double(B) * double(GH) * double(I + H) < min_parallel_work()) nt = 1;
   std::optional<PanelShare> share;
   if (nt > 1) share.emplace(nt, gate_panels);
   const bool reverse = alternate_direction(&wih);
