@@ -72,6 +72,8 @@ void set_enabled(bool on) {
   g_enabled.store(on ? 1 : 0);
 }
 
+bool active() { return enabled() && active_isa() == Isa::avx512; }
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")
 // GCC's headers build some conversions on _mm512_undefined_*: not a use of anything uninitialized.
@@ -549,14 +551,14 @@ bool shape_fits(index_t m, index_t n, index_t k) { return std::min(m, n) >= 192 
 }  // namespace
 
 index_t workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
-  if (!enabled() || !shape_fits(m, n, k)) return 0;
+  if (!active() || !shape_fits(m, n, k)) return 0;
   const Plan p = make_plan(m, n, k, nthreads > 0 ? nthreads : get_num_threads());
   const index_t panel = p.kc / kStep * kStepElems;
   return (p.mc / 32 + p.nc / 32 * (p.split_n ? p.nthreads : 1)) * panel * index_t(sizeof(bf16));
 }
 
 bool gemm(const GemmArgs<float>& g, int nthreads) {
-  if (!enabled() || g.a_packed || g.pack_b || g.b_group_cols != 0 || !shape_fits(g.m, g.n, g.k)) return false;
+  if (!active() || g.a_packed || g.pack_b || g.b_group_cols != 0 || !shape_fits(g.m, g.n, g.k)) return false;
   // B packed ahead for the FMA kernels (PackedB, NR-wide panels of full depth) is read as a strided B
   // where its panels are 32 wide: panel jp's element (p, j) at b_panels + jp*32*k + p*32 + j.
   const bool panels = g.b_panels != nullptr;
@@ -663,6 +665,7 @@ bool gemm(const GemmArgs<float>& g, int nthreads) {
 
 bool available() { return false; }
 bool enabled() { return false; }
+bool active() { return false; }
 void set_enabled(bool on) {
   if (on) throw std::invalid_argument("set_amx: this build of dnnkit has no AMX kernels");
 }

@@ -48,6 +48,9 @@ bool available();
 bool enabled();
 // Turns the tile path on or off; on where !available() throws std::invalid_argument.
 void set_enabled(bool on);
+// Whether the kernels take the tiles now: enabled(), with the kernels at the AVX-512 level (set_isa
+// lowers it to reach the other kernels, and the tiles with it). Every caller of the tile path asks this.
+bool active();
 
 inline index_t steps(index_t k) { return ceil_div(k, index_t(kStep)); }
 inline index_t panel_elems(index_t k) { return steps(k) * kStepElems; }

@@ -253,8 +253,7 @@ index_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
   const index_t bytes = (a_elems + b_elems) * static_cast<index_t>(sizeof(T));
   // The tiles' plan where they may take the product (the FMA kernels' where an operand turns out not to
   // split): the larger of the two.
-  if (std::is_same_v<T, float> && active_isa() == Isa::avx512)
-    return std::max(bytes, amx::workspace_bytes(m, n, k, nthreads));
+  if (std::is_same_v<T, float>) return std::max(bytes, amx::workspace_bytes(m, n, k, nthreads));
   return bytes;
 }
 
@@ -267,7 +266,7 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
   }
   if constexpr (std::is_same_v<T, float>) {
     // float32 on AMX tiles where the CPU has them and the operands split exactly (amx.h).
-    if (active_isa() == Isa::avx512 && amx::gemm(g, nthreads)) return;
+    if (amx::gemm(g, nthreads)) return;
   }
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   if (g.b_group_cols == 0 && !g.pack_b && !g.a_packed && !g.b_panels && transposing_helps<T>(g.m, g.n, uk))

@@ -36,7 +36,7 @@ template <typename T>
 void PackedB<T>::pack_amx(const T* b, index_t rs, index_t cs) {
   has_amx_ = false;
   if constexpr (std::is_same_v<T, float>) {
-    if (!amx::enabled() || active_isa() != Isa::avx512 || uk_.nr != amx::kBlock || k_ == 0 || n_ == 0 ||
+    if (!amx::active() || uk_.nr != amx::kBlock || k_ == 0 || n_ == 0 ||
         !amx::splittable(k_, n_, b, rs, cs))
       return;
     amx_.resize(static_cast<std::size_t>(panels() * amx::panel_elems(k_)));

@@ -293,6 +293,13 @@ void fused_step(const StepRows& s, NextUnit&& next_unit, const T* ap, const Pack
   }
 }
 
+// Whether the RNN kernels (time loop, packed cells) take AMX tiles: amx::active(), unless
+// DNNKIT_RNN_AMX=0.
+inline bool rnn_tiles_active() {
+  const char* e = std::getenv("DNNKIT_RNN_AMX");
+  return !(e && e[0] == '0') && amx::active();
+}
+
 // fused_step on AMX tiles (float32, gemm/amx.h): a unit is 32 rows of h_{t-1} (one A panel of ap, panels
 // amx::panel_elems(K) apart) against 32 hidden units, every gate's 32 x 32 tile accumulated into xp (GRU's
 // gate n into gh) over the whole depth, then the post-GEMM of those rows and units. The 32 units of h_t
@@ -323,11 +330,15 @@ void fused_step_amx(const StepRows& s, NextUnit&& next_unit, const amx::bf16* ap
   }
 }
 
-// h_{t-1} (m rows, row stride lda, depth k) as fused_step_amx's A panels.
-inline void pack_h_amx(index_t m, index_t k, const float* a, index_t lda, amx::bf16* ap) {
+// The columns [j0, j1) (whole blocks of 32; all of them by default) of h's m rows (row stride ldh, H
+// wide) as depth steps of fused_step_amx's A panels.
+inline void pack_h_amx(index_t m, index_t H, const float* h, index_t ldh, amx::bf16* ap, index_t j0 = 0,
+                       index_t j1 = -1) {
+  const index_t hpe = amx::panel_elems(H);
   for (index_t i = 0; i < m; i += amx::kBlock)
-    amx::pack_a_panel(static_cast<int>(std::min<index_t>(amx::kBlock, m - i)), k, a + i * lda, lda, 1,
-                      ap + i / amx::kBlock * amx::panel_elems(k));
+    for (index_t j = j0; j < (j1 < 0 ? H : j1); j += amx::kBlock)
+      amx::pack_a_step(static_cast<int>(std::min<index_t>(amx::kBlock, m - i)), std::min<index_t>(amx::kBlock, H - j),
+                       h + i * ldh + j, ldh, ap + i / amx::kBlock * hpe + j / amx::kBlock * amx::kStepElems);
 }
 
 // ----------------------------------------------------------------------------------- post-GEMM (backward)
@@ -702,10 +713,9 @@ CellOut<T> packed_cell_out(const RnnShape& s, index_t gate_panels, T* c_n, T* re
 // W_ih^T and h W_hh^T (GRU's gate n: the two apart, h's into gh) with the bias, one load and store of
 // the tiles each, then the post-GEMM.
 bool packed_cell_on_tiles(const RnnShape& s, const RnnWeights<float>& w, const float* x, const float* h0) {
-  if (!amx::enabled() || active_isa() != Isa::avx512 || !w.packed_ih->amx_panel(0) || !w.packed_hh->amx_panel(0) ||
-      !h0 || 4 * s.batch < 3 * amx::kBlock)
+  if (!rnn_tiles_active() || !w.packed_ih->amx_panel(0) || !w.packed_hh->amx_panel(0) || !h0 ||
+      4 * s.batch < 3 * amx::kBlock)
     return false;
-  if (const char* e = std::getenv("DNNKIT_RNN_AMX"); e && e[0] == '0') return false;
   return amx::splittable(s.batch, s.input, x, s.input, 1) && amx::splittable(s.batch, s.hidden, h0, s.hidden, 1);
 }
 
@@ -830,26 +840,16 @@ bool rnn_amx_fits(const RnnShape& s, const RnnWeights<T>& w, const T* h0) {
   if constexpr (!std::is_same_v<T, float>) {
     return false;
   } else {
-    if (!amx::enabled() || active_isa() != Isa::avx512 || s.proj > 0 || s.cell == RnnCell::rnn_relu) return false;
+    if (!rnn_tiles_active() || s.proj > 0 || s.cell == RnnCell::rnn_relu) return false;
     // The batch rows a thread of a direction gets split by rows, whichever way the time loop splits:
     // both ways then take the same kernels, and give the same bits.
     const int threads = get_num_threads(), group = s.dirs == 2 && threads >= 2 ? threads / 2 : threads;
     if (4 * (s.batch / group) < 3 * amx::kBlock) return false;
-    if (const char* e = std::getenv("DNNKIT_RNN_AMX"); e && e[0] == '0') return false;
     const index_t GH = rnn_gates(s.cell) * s.hidden, S = s.state();
     for (const float* whh : w.w_hh)
       if (!amx::splittable(GH, S, whh, S, 1)) return false;
     return !h0 || amx::splittable(index_t(s.layers) * s.dirs * s.batch, S, h0, S, 1);
   }
-}
-
-// The columns [j0, j1) (whole blocks of 32) of h_t's m rows as steps of fused_step_amx's A panels.
-inline void pack_h_amx_cols(index_t m, index_t H, const float* h, index_t ldh, amx::bf16* ap, index_t j0, index_t j1) {
-  const index_t hpe = amx::panel_elems(H);
-  for (index_t i = 0; i < m; i += amx::kBlock)
-    for (index_t j = j0; j < j1; j += amx::kBlock)
-      amx::pack_a_step(static_cast<int>(std::min<index_t>(amx::kBlock, m - i)), std::min<index_t>(amx::kBlock, H - j),
-                       h + i * ldh + j, ldh, ap + i / amx::kBlock * hpe + j / amx::kBlock * amx::kStepElems);
 }
 
 template <typename T>
@@ -1035,7 +1035,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
             if (hnext) pack_a_balanced<T>(uk.mr, step.B, S, h_t, DS, hnext, 0, step.B, own.j0, own.j1);
             if constexpr (std::is_same_v<T, float>) {
               // own.j0 and own.j1 are multiples of NR, 32 on AVX-512 (float32): whole depth steps.
-              if (hnext_amx) pack_h_amx_cols(step.B, S, h_t, DS, hnext_amx, own.j0, own.j1);
+              if (hnext_amx) pack_h_amx(step.B, S, h_t, DS, hnext_amx, own.j0, own.j1);
             }
           }
           if (proj) {
