@@ -293,3 +293,104 @@ def test_a_cell_packed_with_the_tiles_on_runs_on_the_fma_kernels_once_they_are_o
         assert not np.array_equal(fma, tiles)
     finally:
         dnnkit.set_amx(previous)
+
+
+def cell_run(mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train=False):
+    if mode == "lstm":
+        return dnnkit.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh, train=train)
+    fn = {"gru": dnnkit.gru_cell, "rnn_tanh": dnnkit.rnn_tanh_cell, "rnn_relu": dnnkit.rnn_relu_cell}[mode]
+    return fn(x, h, w_ih, w_hh, b_ih, b_hh, train=train)
+
+
+def cell_ref(mode, x, h, c, w_ih, w_hh, b_ih, b_hh):
+    if mode == "lstm":
+        return lstm_cell_ref(x, h, c, w_ih, w_hh, b_ih, b_hh)
+    if mode == "gru":
+        return (gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh),)
+    return (rnn_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh, nonlinearity=mode[4:]),)
+
+
+def cell_problem(mode, B, I, H, seed, bias=True):
+    G = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}[mode]
+    rng = np.random.default_rng(seed)
+    w_ih = (rng.standard_normal((G * H, I)) / np.sqrt(I)).astype(np.float32)
+    w_hh = (rng.standard_normal((G * H, H)) / np.sqrt(H)).astype(np.float32)
+    b_ih, b_hh = (0.5 * rng.standard_normal((2, G * H))).astype(np.float32) if bias else (None, None)
+    x = rng.standard_normal((B, I)).astype(np.float32)
+    h = rng.standard_normal((B, H)).astype(np.float32)
+    c = rng.standard_normal((B, H)).astype(np.float32)
+    return x, h, c, w_ih, w_hh, b_ih, b_hh
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
+@pytest.mark.parametrize("B,I,H,bias", [(96, 40, 70, True), (130, 33, 65, False), (64, 600, 450, True)])
+def test_cells_on_weights_in_place_on_tiles_match_float64(num_threads, mode, B, I, H, bias):
+    """A cell on plain weight arrays at a batch that fills the tiles: the weights split at the call as the
+    tiles' A operand, x and h as B; batch rows and hidden units past whole tiles, no biases. Outputs
+    against float64, within 2x (plus a rounding) of the FMA kernels' error."""
+    args = cell_problem(mode, B, I, H, B + H, bias)
+    fma, tiles = fma_and_amx(lambda: cell_run(mode, *args))
+    fma, tiles = (fma, tiles) if mode == "lstm" else ((fma,), (tiles,))
+    for t, f, r in zip(tiles, fma, cell_ref(mode, *args)):
+        assert rel_l2(t, r) <= 2 * rel_l2(f, r) + 1e-7, (rel_l2(t, r), rel_l2(f, r))
+    assert not np.array_equal(tiles[0], fma[0])  # the tiles did run
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_cell_training_on_tiles_matches_float64(mode):
+    """train=True on the tiles: the saved gates feed the cell's backward, whose gradients match float64."""
+    B, I, H = 96, 24, 40
+    x, h, c, w_ih, w_hh, b_ih, b_hh = cell_problem(mode, B, I, H, 5)
+    gh = np.random.default_rng(6).standard_normal((B, H)).astype(np.float32)
+
+    def run():
+        out, reserve = cell_run(mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train=True)
+        grads = (dnnkit.lstm_cell_backward(gh, None, reserve) if mode == "lstm"
+                 else dnnkit.gru_cell_backward(gh, reserve))
+        return out, grads
+
+    fma, tiles = fma_and_amx(run)
+    first = lambda out: out[0] if mode == "lstm" else out
+    assert not np.array_equal(first(tiles[0]), first(fma[0]))  # the tiles did run
+    for t, f in zip(tiles[1], fma[1]):
+        if f is not None:
+            assert rel_l2(t, f) <= 1e-5
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan, 1e-40])
+def test_a_cell_weight_the_tiles_cannot_split_runs_its_block_on_the_fma_kernels(bad):
+    """A value the tiles cannot split in one weight sends that block of 32 hidden units to the FMA dot
+    products: the other blocks keep the tiles' results, and every unit matches float64 (inf and NaN
+    where the reference has them)."""
+    B, I, H = 96, 40, 70
+    x, h, c, w_ih, w_hh, b_ih, b_hh = cell_problem("gru", B, I, H, 11)
+    w_hh[H + 40, 3] = bad  # gate z, hidden unit 40: the second block
+    fma, tiles = fma_and_amx(lambda: dnnkit.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh))
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh)
+    np.testing.assert_array_equal(np.isfinite(tiles), np.isfinite(ref))
+    ok = np.isfinite(ref)
+    assert np.max(np.abs(tiles[ok] - ref[ok])) <= 1e-5
+    assert not np.array_equal(tiles[:, :32], fma[:, :32])  # the first block still on the tiles
+    np.testing.assert_array_equal(np.isnan(tiles), np.isnan(fma))
+
+
+def test_a_sequence_of_one_step_runs_each_layer_and_direction_as_a_cell_on_tiles(num_threads):
+    """T = 1 with h0: every layer and direction is one cell step; two layers, both directions."""
+    T, B, I, H, L = 1, 96, 30, 50, 2
+    rng = np.random.default_rng(12)
+    weights = []
+    for layer in range(L):
+        for _ in range(2):
+            weights += [rng.standard_normal((4 * H, I if layer == 0 else 2 * H)) / np.sqrt(H),
+                        rng.standard_normal((4 * H, H)) / np.sqrt(H), 0.5 * rng.standard_normal(4 * H),
+                        0.5 * rng.standard_normal(4 * H)]
+    weights = [w.astype(np.float32) for w in weights]
+    x = rng.standard_normal((T, B, I)).astype(np.float32)
+    h0, c0 = rng.standard_normal((2, 2 * L, B, H)).astype(np.float32)
+    fma, tiles = fma_and_amx(lambda: dnnkit.lstm(x, h0, c0, weights, num_layers=L, bidirectional=True))
+    out_ref, h_ref, c_ref = rnn_sequence_ref("lstm", x, h0, c0, weights, num_layers=L, bidirectional=True)
+    assert not np.array_equal(tiles[0], fma[0])
+    assert rel_l2(tiles[0], out_ref) <= 2 * rel_l2(fma[0], out_ref) + 1e-7
+    for t, f, r in ((tiles[1][0], fma[1][0], h_ref), (tiles[1][1], fma[1][1], c_ref)):
+        assert rel_l2(t, r) <= 2 * rel_l2(f, r) + 1e-7

@@ -1,7 +1,9 @@
 // float32 products on Intel AMX tiles, to float32 accuracy ("bf16x6").
 //
 // Each float32 x is split into three bfloat16 parts, x = x0 + x1 + x2 exactly: x0 = bf16(x) (nearest),
-// x1 = bf16(x - x0), x2 = bf16(x - x0 - x1); |x1| <= 2^-8 |x| and |x2| <= 2^-16 |x|. A product a*b is
+// x1 = bf16(x - x0), x2 = bf16(x - x0 - x1); |x1| <= 2^-9 |x| and |x2| <= 2^-17 |x|. (A panels from rows
+// contiguous in depth cut x1 to 8 bits instead of rounding it, which is cheaper there: |x2| < 2^-16 |x|,
+// and the parts still sum to x exactly.) A product a*b is
 // summed as the six part products whose order is 2^-16 or larger,
 //   a0 b0 + a0 b1 + a1 b0 + a0 b2 + a1 b1 + a2 b0,
 // each exact in float32 (8 x 8 significant bits), accumulated by the tile unit in float32 with round to
@@ -65,6 +67,10 @@ void pack_a_panel(int rows, index_t k, const float* a, index_t rs, index_t cs, b
 // of the step zero. (An RNN's post-GEMM writes h_t a block of 32 hidden units at a time, one step of
 // the next product's A panels.)
 void pack_a_step(int rows, index_t kk, const float* a, index_t rs, bf16* step);
+// pack_a_panel of rows contiguous in depth (row r at a + r*rs), and whether every value was splittable
+// (the check rides along the split, so that a weight packed at every call is read once): where not,
+// the panel holds what the split made of it, and a product on it is not float32's.
+bool pack_a_panel_checked(int rows, index_t k, const float* a, index_t rs, bf16* dst);
 // cols <= 32 columns of B (element (p, j) at b[p*rs + j*cs]), depth k, into one B panel.
 void pack_b_panel(index_t k, int cols, const float* b, index_t rs, index_t cs, bf16* dst);
 
@@ -91,6 +97,13 @@ class TileScope {
 void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, index_t cs_c, int m, int n,
           float alpha, float beta, const float* bias, bool bias_rows, index_t nsteps2 = 0, const bf16* a2 = nullptr,
           const bf16* b2 = nullptr);
+
+// For 0 <= i < m <= 32, 0 <= j < n <= 32:  C(i, j) := sum A(i, p) B(p, j) [+ sum A2 B2] [+ bias[i]], stored
+// transposed, C(i, j) at ct[j*ldct + i]. The sum starts from the bias, as tile()'s does. (An RNN cell with
+// the weights as A, 32 hidden units' rows of them unpacked but for the split, and [x | h]^T as B: C^T is
+// the batch-major pre-activations the post-GEMM reads.)
+void tile_t(index_t nsteps, const bf16* a, const bf16* b, float* ct, index_t ldct, int m, int n, const float* bias,
+            index_t nsteps2 = 0, const bf16* a2 = nullptr, const bf16* b2 = nullptr);
 
 // The blocked GEMM on tiles, for gemm<float>: returns false, having done nothing, where the tile path
 // does not take the product (not enabled, A packed ahead, B computed or grouped, fewer than 192 rows or

@@ -673,6 +673,122 @@ void fused_cell_step(const RnnShape& s, const RnnWeights<T>& w, int l, int d, co
     gemm_wt_direct_cell<T>(B, H, Il, xl, Il, S, h0 + li * B * S, S, groups, ng, done, &ctx);
 }
 
+// fn(hx, ip, i, rows) for each 32-row panel ip of a cell's x (hx false) and then h0's (hx true), rows
+// [i, i + rows) of B, dealt to the threads of the region in turn; the caller's barrier follows.
+template <class F>
+void for_each_xh_panel(index_t B, F&& fn) {
+  const index_t panels = ceil_div(B, index_t(amx::kBlock));
+  for (index_t u = thread_id(); u < 2 * panels; u += thread_count()) {
+    const bool hx = u >= panels;
+    const index_t ip = hx ? u - panels : u, i = ip * amx::kBlock;
+    fn(hx, ip, i, static_cast<int>(std::min<index_t>(amx::kBlock, B - i)));
+  }
+}
+
+// A float32 cell on weights in place on AMX tiles, the weights as the A operand: the product is C^T =
+// W [x | h]^T, so that 32 rows of a weight become an A panel by the split alone (the tile unit's A is
+// row-major in depth, as W is), where as the B operand every 16 x 16 block of them would also be
+// transposed; x and h, a few rows, are packed once as B panels and stay in L2. The split of the weights
+// at every call (0.7-0.9 cycles a value, read from L3 and written to L2 as three parts) is repaid by
+// the batch: in-process A/B against the FMA kernels (gemm_wt_direct_cell), 2 threads, LSTM and GRU
+// cells: batch 64 at I + H = 1024 to 2048, 1.03-1.15x (at 512, 0.97-0.98; batch 48, 0.81-0.84); batch
+// 96 to 128, 1.07-1.26x; batch 256 at H256 1.21x. A batch whose B panels pass 3/4 of L2 (H1024, batch
+// 256: 0.93x) stays on the FMA kernels or the blocked GEMM.
+bool cell_on_tiles(index_t B, index_t I, const float* x, index_t S, const float* h0) {
+  if (!rnn_tiles_active() || !h0 || B < 64 || (I + S < 1024 && B < 96)) return false;
+  const double panel_bytes = double(ceil_div(B, index_t(amx::kBlock))) *
+                             double(amx::panel_elems(I) + amx::panel_elems(S)) * sizeof(amx::bf16);
+  if (panel_bytes > 0.75 * double(l2_cache_bytes())) return false;
+  return amx::splittable(B, I, x, I, 1) && amx::splittable(B, S, h0, S, 1);
+}
+
+// fused_cell_step on the tiles (cell_on_tiles): for each block of 32 hidden units, gate by gate, the
+// gate's 32 rows of W_ih and W_hh split into one thread's A panels, then for each 32-row panel of the
+// batch one tile summing W_ih x^T and W_hh h^T from the bias (GRU's gate n: the two apart, h's into gh),
+// stored batch-major into xp; then the post-GEMM and final states of the block. A block whose weights do
+// not split exactly runs on the FMA dot products instead (gemm_small_m; the block alone: the outputs
+// are float32's either way).
+void fused_cell_step_amx(const RnnShape& s, const RnnWeights<float>& w, int l, int d, const float* xl,
+                         const float* h0, const float* c0, float* const* y, float* h_n, float* c_n, float* reserve,
+                         DirBuffers<float>& b, const float* zeros) {
+  const index_t B = s.batch, H = s.hidden, S = s.state(), I = s.input_of(l);
+  const int G = rnn_gates(s.cell), li = l * s.dirs + d;
+  const index_t GH = G * H, ldy = index_t(s.dirs) * S;
+  const bool gru = s.cell == RnnCell::gru;
+  float* const save = reserve ? reserve + li * rnn_reserve_elems_per_dir(s) : nullptr;  // (1, B, GH) gates
+  float* const aux = reserve ? save + B * GH : nullptr;  // (1, B, H) c_t or W_hn h + b_hn
+  const float* const hp = h0 + li * B * S;
+  const float* const cp = c0 ? c0 + li * B * H : nullptr;
+  float* const h = y[l] + d * S;
+  float* const hn = h_n ? h_n + li * B * S : nullptr;
+  float* cn = c_n ? c_n + li * B * H : nullptr;
+  // c_t goes to the reserve in training; in inference straight into c_n (no copy), else to scratch.
+  float* const c = aux ? aux : (cn ? cn : b.state.data());
+  if (c == cn) cn = nullptr;
+  const float *const wih = w.w_ih[li], *const whh = w.w_hh[li], *const bias = b.bias.data();
+  float *const xp = b.xp.data(), *const gh = b.gh.data();
+  const index_t units = ceil_div(H, index_t(amx::kBlock)), batch_panels = ceil_div(B, index_t(amx::kBlock));
+  const index_t pe_x = amx::panel_elems(I), pe_h = amx::panel_elems(S), ns_x = amx::steps(I), ns_h = amx::steps(S);
+  int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(get_num_threads(), units)));
+  if (double(B) * double(GH) * double(I + S) < min_parallel_work()) nt = 1;
+  AlignedBuffer<amx::bf16> bpanels(static_cast<std::size_t>(batch_panels * (pe_x + pe_h)));  // x^T, h^T
+  AlignedBuffer<amx::bf16> apanels(static_cast<std::size_t>(nt * (pe_x + pe_h)));  // a gate's W_ih, W_hh rows
+  amx::bf16 *const bx = bpanels.data(), *const bh = bx + batch_panels * pe_x;
+  std::optional<PanelShare> share;
+  if (nt > 1) share.emplace(nt, units);
+  const bool reverse = alternate_direction(wih);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    const int tid = thread_id();
+    for_each_xh_panel(B, [&](bool hx, index_t ip, index_t i, int cols) {  // x^T and h0^T as B panels
+      if (hx)
+        amx::pack_b_panel(S, cols, hp + i * S, 1, S, bh + ip * pe_h);
+      else
+        amx::pack_b_panel(I, cols, xl + i * I, 1, I, bx + ip * pe_x);
+    });
+#pragma omp barrier
+    const amx::TileScope tiles;
+    amx::bf16* const aih = apanels.data() + tid * (pe_x + pe_h);
+    amx::bf16* const ahh = aih + pe_x;
+    for_each_unit(share ? &*share : nullptr, units, reverse, [&](index_t jp) {
+      const index_t j0 = jp * amx::kBlock;
+      const int n_u = static_cast<int>(std::min<index_t>(amx::kBlock, H - j0));
+      bool split = true;
+      for (int q = 0; q < G && split; ++q) {
+        const index_t row = q * H + j0;
+        split = amx::pack_a_panel_checked(n_u, I, wih + row * I, I, aih) &&
+                amx::pack_a_panel_checked(n_u, S, whh + row * S, S, ahh);
+        for (index_t ip = 0; split && ip < batch_panels; ++ip) {
+          const index_t i = ip * amx::kBlock;
+          const int m_b = static_cast<int>(std::min<index_t>(amx::kBlock, B - i));
+          if (gru && q == 2) {  // gate n: W_hn h apart, into gh, which the reset gate scales
+            amx::tile_t(ns_x, aih, bx + ip * pe_x, xp + i * GH + row, GH, n_u, m_b, bias + row);
+            amx::tile_t(ns_h, ahh, bh + ip * pe_h, gh + i * GH + row, GH, n_u, m_b, nullptr);
+          } else {
+            amx::tile_t(ns_x, aih, bx + ip * pe_x, xp + i * GH + row, GH, n_u, m_b, bias + row, ns_h, ahh,
+                        bh + ip * pe_h);
+          }
+        }
+      }
+      if (!split) {  // every gate of the block again, on the FMA dot products (no workspace, this thread)
+        for (int q = 0; q < G; ++q) {
+          const index_t row = q * H + j0;
+          const bool apart = gru && q == 2;
+          GemmArgs<float> g = strided_gemm_args<float>(B, n_u, I, xl, I, 1, wih + row * I, 1, I, xp + row, GH, 0.f);
+          g.bias = bias + row;
+          gemm_small_m<float>(g, 1);
+          g = strided_gemm_args<float>(B, n_u, S, hp, S, 1, whh + row * S, 1, S, (apart ? gh : xp) + row, GH,
+                                       apart ? 0.f : 1.f);
+          gemm_small_m<float>(g, 1);
+        }
+      }
+      const StepRows step{s.cell, B, H, j0, j0 + n_u};
+      forward_rows<float>(step, xp, gru ? gh : nullptr, true, bias + GH, hp, S, cp, c, h, ldy, save, aux, zeros);
+      final_states<float>(step, h, ldy, c, hn, cn);
+    });
+  }
+}
+
 // A cell on weights packed by the caller (RnnWeights::packed_ih, packed_hh) whose gates' blocks of NR
 // hidden units are whole panels (H a multiple of NR) and whose batch is one block of rows, as
 // gemm_prepacked takes it: for each block of NR hidden units, every gate's products (x W_ih^T, then
@@ -744,16 +860,12 @@ void fused_packed_cell_step_amx(const RnnShape& s, const RnnWeights<float>& w, c
   const bool reverse = alternate_direction(&wih);
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
-    const int tid = thread_id(), nth = thread_count();
-    for (index_t u = tid; u < 2 * row_panels; u += nth) {  // x's row panels, then h0's
-      const bool hx = u >= row_panels;
-      const index_t ip = hx ? u - row_panels : u, i = ip * amx::kBlock;
-      const int rows = static_cast<int>(std::min<index_t>(amx::kBlock, B - i));
+    for_each_xh_panel(B, [&](bool hx, index_t ip, index_t i, int rows) {  // x and h0 as A panels
       if (hx)
         amx::pack_a_panel(rows, H, h0 + i * H, H, 1, ah + ip * pe_h);
       else
         amx::pack_a_panel(rows, I, x + i * I, I, 1, ax + ip * pe_x);
-    }
+    });
 #pragma omp barrier
     const amx::TileScope tiles;
     for_each_unit(share ? &*share : nullptr, gate_panels, reverse, [&](index_t jp) {
@@ -903,7 +1015,12 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     const bool one_step = !prepacked && !packed && h0 && !proj && Il > 0;
     const bool direct_cell = one_step && direct_wins<T>(B, Il + S);
     const bool dot_cell = one_step && !direct_cell && B <= kSmallCellRows && small_m_wins(B, GH, Il + S, sizeof(T));
-    const bool fused_cell = direct_cell || dot_cell;
+    // At a batch that fills the tiles, the products on AMX tiles with the weights as A (float32, x and h0
+    // split exactly).
+    bool tile_cell[2] = {false, false};
+    if constexpr (std::is_same_v<T, float>)
+      for (int d = 0; one_step && d < D; ++d) tile_cell[d] = cell_on_tiles(B, Il, xl, S, h0 + (l * D + d) * B * S);
+    const bool fused_cell = direct_cell || dot_cell || tile_cell[0] || tile_cell[1];
     const bool fused_packed = fused_packed_cell_fits<T>(s, w);
     // On weights packed by the caller (see RnnWeights), a cell's two products as one; GRU keeps W_hn h
     // apart, for its reset gate.
@@ -924,6 +1041,9 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
                           both ? h0 + li * B * S : nullptr, S, both ? w.packed_hh : nullptr);
         if (h0 && gru)
           gemm_prepacked<T>(B, h0 + li * B * S, S, *w.packed_hh, b.gh.data(), GH, nullptr, Activation::identity);
+      } else if (tile_cell[d]) {
+        if constexpr (std::is_same_v<T, float>)
+          fused_cell_step_amx(s, w, l, d, xl, h0, c0, y, h_n, c_n, reserve, b, zeros.data());
       } else if (fused_cell) {
         fused_cell_step<T>(s, w, l, d, xl, h0, c0, y, h_n, c_n, reserve, b, zeros.data(), dot_cell);
       } else {
