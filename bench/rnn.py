@@ -11,7 +11,8 @@ cell's training step: T steps forward, then backward through time step by step i
 weight gradients summed over the steps with accumulate_into; torch's by autograd). For each
 problem: both medians (runs interleaved in blocks, see bench/gemm.py), the ratio torch/dnnkit (> 1:
 dnnkit faster) and dnnkit's GFLOP/s counting the GEMMs only (forward 2*T*B*G*H*(I + H) per layer and
-direction, 2*T*B*(G*H*(I + P) + P*H) with a projection; a training step 3x that).
+direction, 2*T*B*(G*H*(I + P) + P*H) with a projection; a training step 3x that). The cells at batch 1,
+bound by reading their weights, are also shown against this machine's read bandwidth.
 
 On a shared machine one problem's ratio can move by 10-25% between runs (the neighbours' load changes
 within minutes). --passes N times the whole list N times over, so that each problem is measured in N
@@ -174,6 +175,38 @@ def cell_training_calls(torch, mode, H, B, rng):
     return ours, theirs
 
 
+def bandwidth_table(plan, timings, args):
+    """Cells at batch 1 read all of both weights every step and do 2 FLOPs a weight: a memory-bound
+    product. For each, the weights' GB/s both libraries reach beside what this machine's threads read
+    from a buffer of the weights' size (dnnkit._cpu.measure_read_gbps): the ceiling on any library's
+    time, and so on the ratio."""
+    rows = [(sec, name) for sec, name, *_ in plan if " B1 " in name and "_cell" in name and " train " not in name]
+    if not rows:
+        return
+    print("\n## cells at batch 1: the weights' bytes a step against this machine's read bandwidth")
+    hdr = ("problem", "weights MiB", "dnnkit GB/s", "torch GB/s", "read GB/s", "dnnkit of read",
+           "ratio ceiling")
+    if args.markdown:
+        print("| " + " | ".join(hdr) + " |")
+        print("|" + "---|" * len(hdr))
+    read = {}
+    for sec, name in rows:
+        mode = name.split("_cell")[0]
+        H = int(name.split(" H")[1].split()[0])
+        nbytes = 4 * GATES[mode] * H * 2 * H  # W_ih and W_hh, input size = H
+        if nbytes not in read:
+            read[nbytes] = dnnkit._cpu.measure_read_gbps(nbytes, args.threads, 0.5)
+        t_ours = float(np.median([t[0] for t in timings[sec, name]])) / CELL_STEPS
+        t_torch = float(np.median([t[1] for t in timings[sec, name]])) / CELL_STEPS
+        ours, theirs, bw = nbytes / t_ours / 1e9, nbytes / t_torch / 1e9, read[nbytes]
+        cells = (name, f"{nbytes / 2**20:.1f}", f"{ours:.1f}", f"{theirs:.1f}", f"{bw:.1f}", f"{ours / bw:.2f}",
+                 f"{bw / theirs:.2f}")
+        if args.markdown:
+            print("| " + " | ".join(cells) + " |")
+        else:
+            print(f"{cells[0]:<36} " + " ".join(f"{c:>14}" for c in cells[1:]))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a short subset")
@@ -280,6 +313,7 @@ def main(argv=None):
     if multi:
         for entry in plan:
             show(entry)
+    bandwidth_table(plan, timings, args)
     print()
     for g, rs in ratios.items():
         gm = float(np.exp(np.mean(np.log(rs))))

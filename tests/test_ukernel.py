@@ -151,3 +151,14 @@ def test_ukernel_empty_tile_writes_nothing(isa, dtype):
 def test_ukernel_name_carries_geometry(isa, dtype):
     g = ukernel_geometry(isa, dtype)
     assert g["name"] == f"ukernel_{g['MR']}x{g['NR']}_{isa}"
+
+
+def test_read_bandwidth_probe():
+    """The ceiling bench/rnn.py sets memory-bound cells against: a buffer that fits a core's L1 reads
+    faster than one past its L2, and bad arguments are refused by name."""
+    small = dnnkit._cpu.measure_read_gbps(16 << 10, 1, 0.02)
+    large = dnnkit._cpu.measure_read_gbps(16 << 20, 1, 0.02)
+    assert small > large > 0
+    for bad in ((0, 1, 0.1), (1 << 20, 0, 0.1), (1 << 20, 1, 0.0)):
+        with pytest.raises(ValueError, match="measure_read_gbps"):
+            dnnkit._cpu.measure_read_gbps(*bad)

@@ -1,5 +1,10 @@
 // Measured float32 FMA peak of this machine: the ceiling benchmarks and the cost model compare against.
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstring>
+
+#include "../common.h"
 
 #include "ukernel.h"
 
@@ -34,6 +39,35 @@ double measure_peak_gflops(Isa isa, int nthreads, double seconds) {
   }
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sink == 12345.678 ? 0.0 : total / dt / 1e9;
+}
+
+double measure_read_gbps(index_t bytes, int nthreads, double seconds) {
+  const index_t lines = std::max<index_t>(ceil_div(bytes, index_t(64)), nthreads);  // 8 words a line
+  AlignedBuffer<std::uint64_t> buf(static_cast<std::size_t>(lines * 8));
+  std::uint64_t* const w = buf.data();
+  double best = 0;
+  std::uint64_t sink = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int pass = -1; pass < 1000; ++pass) {  // pass -1: each thread faults in and warms its share
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(nthreads) reduction(^ : sink)
+    {
+      const int t = thread_id(), nt = thread_count();
+      const index_t l0 = lines * t / nt, l1 = lines * (t + 1) / nt;
+      std::uint64_t acc[8] = {};
+      if (pass < 0) {
+        for (index_t i = l0 * 8; i < l1 * 8; ++i) w[i] = static_cast<std::uint64_t>(i);
+      } else {
+        for (index_t l = l0; l < l1; ++l)  // eight independent sums: the loads, not a chain, bound the loop
+          for (int j = 0; j < 8; ++j) acc[j] += w[l * 8 + j];
+      }
+      for (int j = 0; j < 8; ++j) sink ^= acc[j];
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (pass >= 0) best = std::max(best, double(lines) * 64 / dt / 1e9);
+    if (pass >= 3 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > seconds) break;
+  }
+  return sink == 0x5eed ? best * (1 + 1e-12) : best;  // sink used: the reads are not dropped
 }
 
 }  // namespace dnnkit

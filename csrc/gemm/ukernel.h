@@ -174,5 +174,10 @@ double fma_probe_avx512(index_t iters, double* flops);
 
 // GFLOP/s of nthreads threads running the ISA's FMA probe for about `seconds` (gemm/peak.cpp).
 double measure_peak_gflops(Isa isa, int nthreads, double seconds);
+// GB/s that `nthreads` threads read from a buffer of `bytes` (each its own contiguous share, streamed
+// once a pass), the best pass of about `seconds` of them: the ceiling of a kernel that streams its
+// operands from where a buffer of that size lives (L3 or memory), as an RNN cell at batch 1 does its
+// weights. Throws std::bad_alloc.
+double measure_read_gbps(index_t bytes, int nthreads, double seconds);
 
 }  // namespace dnnkit
