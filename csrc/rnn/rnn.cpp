@@ -673,6 +673,28 @@ void fused_cell_step(const RnnShape& s, const RnnWeights<T>& w, int l, int d, co
     gemm_wt_direct_cell<T>(B, H, Il, xl, Il, S, h0 + li * B * S, S, groups, ng, done, &ctx);
 }
 
+// Where a cell's outputs go (one layer-direction: reserve and c_n already at its part, or null): the
+// gates and c_t (or W_hn h + b_hn) to the reserve in training; in inference c_t straight into c_n (then
+// not copied again), else to scratch. And its threads: no more than its panels of hidden units, one for
+// a small product (depth: the product's, I + S).
+template <typename T>
+struct CellOut {
+  T *save, *aux, *c, *c_n;
+  int nt;
+};
+template <typename T>
+CellOut<T> cell_out(const RnnShape& s, index_t panels, index_t depth, T* c_n, T* reserve, DirBuffers<T>& b) {
+  const index_t GH = rnn_gates(s.cell) * s.hidden;
+  CellOut<T> o;
+  o.save = reserve;                                     // (1, B, GH) gates
+  o.aux = reserve ? o.save + s.batch * GH : nullptr;  // (1, B, H) c_t or W_hn h + b_hn
+  o.c = o.aux ? o.aux : (c_n ? c_n : b.state.data());
+  o.c_n = o.c == c_n ? nullptr : c_n;
+  o.nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(get_num_threads(), panels)));
+  if (double(s.batch) * double(GH) * double(depth) < min_parallel_work()) o.nt = 1;
+  return o;
+}
+
 // fn(hx, ip, i, rows) for each 32-row panel ip of a cell's x (hx false) and then h0's (hx true), rows
 // [i, i + rows) of B, dealt to the threads of the region in turn; the caller's barrier follows.
 template <class F>
@@ -715,22 +737,18 @@ void fused_cell_step_amx(const RnnShape& s, const RnnWeights<float>& w, int l, i
   const int G = rnn_gates(s.cell), li = l * s.dirs + d;
   const index_t GH = G * H, ldy = index_t(s.dirs) * S;
   const bool gru = s.cell == RnnCell::gru;
-  float* const save = reserve ? reserve + li * rnn_reserve_elems_per_dir(s) : nullptr;  // (1, B, GH) gates
-  float* const aux = reserve ? save + B * GH : nullptr;  // (1, B, H) c_t or W_hn h + b_hn
   const float* const hp = h0 + li * B * S;
   const float* const cp = c0 ? c0 + li * B * H : nullptr;
   float* const h = y[l] + d * S;
   float* const hn = h_n ? h_n + li * B * S : nullptr;
-  float* cn = c_n ? c_n + li * B * H : nullptr;
-  // c_t goes to the reserve in training; in inference straight into c_n (no copy), else to scratch.
-  float* const c = aux ? aux : (cn ? cn : b.state.data());
-  if (c == cn) cn = nullptr;
+  const index_t units = ceil_div(H, index_t(amx::kBlock)), batch_panels = ceil_div(B, index_t(amx::kBlock));
+  const CellOut<float> o = cell_out(s, units, I + S, c_n ? c_n + li * B * H : nullptr,
+                                    reserve ? reserve + li * rnn_reserve_elems_per_dir(s) : nullptr, b);
+  float *const save = o.save, *const aux = o.aux, *const c = o.c, *const cn = o.c_n;
+  const int nt = o.nt;
   const float *const wih = w.w_ih[li], *const whh = w.w_hh[li], *const bias = b.bias.data();
   float *const xp = b.xp.data(), *const gh = b.gh.data();
-  const index_t units = ceil_div(H, index_t(amx::kBlock)), batch_panels = ceil_div(B, index_t(amx::kBlock));
   const index_t pe_x = amx::panel_elems(I), pe_h = amx::panel_elems(S), ns_x = amx::steps(I), ns_h = amx::steps(S);
-  int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(get_num_threads(), units)));
-  if (double(B) * double(GH) * double(I + S) < min_parallel_work()) nt = 1;
   AlignedBuffer<amx::bf16> bpanels(static_cast<std::size_t>(batch_panels * (pe_x + pe_h)));  // x^T, h^T
   AlignedBuffer<amx::bf16> apanels(static_cast<std::size_t>(nt * (pe_x + pe_h)));  // a gate's W_ih, W_hh rows
   amx::bf16 *const bx = bpanels.data(), *const bh = bx + batch_panels * pe_x;
@@ -802,27 +820,6 @@ bool fused_packed_cell_fits(const RnnShape& s, const RnnWeights<T>& w) {
          w.packed_hh->ukernel().fn == uk.fn;
 }
 
-// Where a packed cell's outputs go: the gates and c_t (or W_hn h + b_hn) to the reserve in training;
-// in inference c_t straight into c_n (then not copied again), else to scratch. And its threads: no more
-// than panels of hidden units, one for a small product.
-template <typename T>
-struct CellOut {
-  T *save, *aux, *c, *c_n;
-  int nt;
-};
-template <typename T>
-CellOut<T> packed_cell_out(const RnnShape& s, index_t gate_panels, T* c_n, T* reserve, DirBuffers<T>& b) {
-  const index_t GH = rnn_gates(s.cell) * s.hidden;
-  CellOut<T> o;
-  o.save = reserve;                                     // (1, B, GH) gates
-  o.aux = reserve ? o.save + s.batch * GH : nullptr;  // (1, B, H) c_t or W_hn h + b_hn
-  o.c = o.aux ? o.aux : (c_n ? c_n : b.state.data());
-  o.c_n = o.c == c_n ? nullptr : c_n;
-  o.nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(get_num_threads(), gate_panels)));
-  if (double(s.batch) * double(GH) * double(s.input + s.hidden) < min_parallel_work()) o.nt = 1;
-  return o;
-}
-
 // fused_packed_cell_step on AMX tiles (float32): both weights packed a second time into bfloat16 parts
 // (PackedB::pack_amx), a batch that fills 3/4 of a 32-row tile or more, x and h0 split exactly. x and h0
 // packed once as tile panels; for each 32-unit panel of hidden units, every row panel's gate tiles sum x
@@ -846,7 +843,7 @@ void fused_packed_cell_step_amx(const RnnShape& s, const RnnWeights<float>& w, c
   const PackedB<float>& whh = *w.packed_hh;
   const index_t gate_panels = H / amx::kBlock, row_panels = ceil_div(B, index_t(amx::kBlock));
   const index_t pe_x = amx::panel_elems(I), pe_h = amx::panel_elems(H);
-  const CellOut<float> o = packed_cell_out(s, gate_panels, c_n, reserve, b);
+  const CellOut<float> o = cell_out(s, gate_panels, s.input + s.hidden, c_n, reserve, b);
   float *const save = o.save, *const aux = o.aux, *const c = o.c, *const h = y[0];
   c_n = o.c_n;
   const int nt = o.nt;
@@ -908,7 +905,7 @@ void fused_packed_cell_step(const RnnShape& s, const RnnWeights<T>& w, const T* 
   const PackedB<T>& whh = *w.packed_hh;
   const UKernel<T>& uk = wih.ukernel();
   const index_t gate_panels = H / uk.nr;
-  const CellOut<T> o = packed_cell_out(s, gate_panels, c_n, reserve, b);
+  const CellOut<T> o = cell_out(s, gate_panels, s.input + s.hidden, c_n, reserve, b);
   T *const save = o.save, *const aux = o.aux, *const c = o.c, *const h = y[0];
   c_n = o.c_n;
   const int nt = o.nt;
