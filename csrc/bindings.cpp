@@ -879,14 +879,15 @@ PYBIND11_MODULE(_cpu, m) {
     return dnnkit::measure_peak_gflops(i, nthreads, seconds);
   }, py::arg("isa"), py::arg("nthreads"), py::arg("seconds") = 0.2,
      "float32 FMA throughput of nthreads threads, GFLOP/s.");
-  m.def("measure_read_gbps", [](long long bytes, int nthreads, double seconds) {
+  m.def("measure_read_gbps", [](long long bytes, int nthreads, double seconds, bool alternate) {
     if (nthreads < 1) throw py::value_error("measure_read_gbps: nthreads must be >= 1");
     if (bytes < 1 || bytes > (1ll << 34)) throw py::value_error("measure_read_gbps: bytes must be in [1, 16 GiB]");
     if (!(seconds > 0) || seconds > 60) throw py::value_error("measure_read_gbps: seconds must be in (0, 60]");
     py::gil_scoped_release nogil;
-    return dnnkit::measure_read_gbps(static_cast<index_t>(bytes), nthreads, seconds);
-  }, py::arg("bytes"), py::arg("nthreads"), py::arg("seconds") = 0.2,
-     "GB/s that nthreads threads stream from a buffer of `bytes` (its share each), the best pass.");
+    return dnnkit::measure_read_gbps(static_cast<index_t>(bytes), nthreads, seconds, alternate);
+  }, py::arg("bytes"), py::arg("nthreads"), py::arg("seconds") = 0.2, py::arg("alternate") = false,
+     "GB/s that nthreads threads stream from a buffer of `bytes` (its share each), the best pass; with "
+     "alternate, every other pass backwards (each starts on what the last left in cache).");
 
   m.def("conv2d",
         [](const std::string& dir, const std::string& algo, const py::tuple& shape, const py::object& a0,

@@ -159,6 +159,8 @@ def test_read_bandwidth_probe():
     small = dnnkit._cpu.measure_read_gbps(16 << 10, 1, 0.02)
     large = dnnkit._cpu.measure_read_gbps(16 << 20, 1, 0.02)
     assert small > large > 0
+    assert dnnkit._cpu.measure_read_gbps(16 << 20, 1, 0.02, alternate=True) > 0
+    assert dnnkit._cpu.measure_read_gbps(3 * 64 + 8, 2, 0.01, alternate=True) > 0  # shares of a line or two
     for bad in ((0, 1, 0.1), (1 << 20, 0, 0.1), (1 << 20, 1, 0.0)):
         with pytest.raises(ValueError, match="measure_read_gbps"):
             dnnkit._cpu.measure_read_gbps(*bad)

@@ -41,7 +41,7 @@ double measure_peak_gflops(Isa isa, int nthreads, double seconds) {
   return sink == 12345.678 ? 0.0 : total / dt / 1e9;
 }
 
-double measure_read_gbps(index_t bytes, int nthreads, double seconds) {
+double measure_read_gbps(index_t bytes, int nthreads, double seconds, bool alternate) {
   const index_t lines = std::max<index_t>(ceil_div(bytes, index_t(64)), nthreads);  // 8 words a line
   AlignedBuffer<std::uint64_t> buf(static_cast<std::size_t>(lines * 8));
   std::uint64_t* const w = buf.data();
@@ -58,8 +58,13 @@ double measure_read_gbps(index_t bytes, int nthreads, double seconds) {
       if (pass < 0) {
         for (index_t i = l0 * 8; i < l1 * 8; ++i) w[i] = static_cast<std::uint64_t>(i);
       } else {
-        for (index_t l = l0; l < l1; ++l)  // eight independent sums: the loads, not a chain, bound the loop
+        // Eight independent sums: the loads, not a chain, bound the loop. Alternating, odd passes run
+        // backwards and so start on what the last pass read last, still in this core's caches.
+        const bool back = alternate && (pass & 1);
+        for (index_t i = 0; i < l1 - l0; ++i) {
+          const index_t l = back ? l1 - 1 - i : l0 + i;
           for (int j = 0; j < 8; ++j) acc[j] += w[l * 8 + j];
+        }
       }
       for (int j = 0; j < 8; ++j) sink ^= acc[j];
     }

@@ -177,7 +177,9 @@ double measure_peak_gflops(Isa isa, int nthreads, double seconds);
 // GB/s that `nthreads` threads read from a buffer of `bytes` (each its own contiguous share, streamed
 // once a pass), the best pass of about `seconds` of them: the ceiling of a kernel that streams its
 // operands from where a buffer of that size lives (L3 or memory), as an RNN cell at batch 1 does its
-// weights. Throws std::bad_alloc.
-double measure_read_gbps(index_t bytes, int nthreads, double seconds);
+// weights. With `alternate`, every other pass runs backwards, so that each pass starts on what the last
+// one left in the core's caches: the ceiling of a kernel that alternates so (gemm_small_m's products on
+// the same weights, see alternate_direction). Throws std::bad_alloc.
+double measure_read_gbps(index_t bytes, int nthreads, double seconds, bool alternate = false);
 
 }  // namespace dnnkit
