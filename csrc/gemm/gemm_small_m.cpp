@@ -220,19 +220,31 @@ void gemm_wt_direct_cell(index_t m, index_t n, index_t k1, const T* x, index_t l
   // of units of 16 (LSTM and GRU cells, H256-H1024, batch 64), of 64 and 128 0.99-1.04.
   const index_t width = round_up(32, mr), units = ceil_div(n, width);
   const index_t npan = ceil_div(m, nr);
-  AlignedBuffer<T> ap(static_cast<std::size_t>(npan * nr * k));
   const index_t kc_max = ceil_div(k, ceil_div(k, sa_depth_block(sk)));
   int nt = static_cast<int>(
       std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), units)));
   if (double(m) * double(ngroups * n) * double(k) < min_parallel_work()) nt = 1;
+  // The batch panels, up to 256 KiB of them, are packed by every thread into its own copy: packed once
+  // and shared, a thread's share was written into lines the other core had read at the last call, each
+  // store waiting on the other core's cache (7.5 us for 64 KiB, GRU H256 batch 64, where packing all of
+  // them from cache takes less). In-process A/B, 2 threads, cells in a loop as bench/rnn.py steps them:
+  // GRU H256 batch 64 1.05x, batch 16 1.07x; LSTM H256 batch 16 and 64 1.02-1.04x; H512 batch 16
+  // 1.02x; GRU H1024 batch 16 (256 KiB) 1.005x. Larger sets are packed once, shared, as before.
+  const index_t panels_elems = npan * nr * k;
+  const bool own = nt > 1 && panels_elems * index_t(sizeof(T)) <= (index_t(256) << 10);
+  AlignedBuffer<T> ap(static_cast<std::size_t>(own ? nt * panels_elems : panels_elems));
   std::optional<PanelShare> share;
   if (nt > 1 && units < PanelShare::kMaxPanels) share.emplace(nt, units);
   const bool reverse = alternate_direction(groups[0].w1 ? groups[0].w1 : groups[0].w2);
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
+    T* const panels = ap.data() + (own ? thread_id() * panels_elems : 0);
+    if (own) {
+      for (index_t jp = 0; jp < npan; ++jp) pack_batch_panel<T>(jp, nr, m, k1, x, ldx, k2, h, ldh, panels);
+    } else {
 #pragma omp for schedule(static)
-    for (index_t jp = 0; jp < npan; ++jp) pack_batch_panel<T>(jp, nr, m, k1, x, ldx, k2, h, ldh, ap.data());
-    // implicit barrier: every panel packed
+      for (index_t jp = 0; jp < npan; ++jp) pack_batch_panel<T>(jp, nr, m, k1, x, ldx, k2, h, ldh, panels);
+    }  // implicit barrier: every panel packed
     // Rows [i, i + m_t) of group G: over its depth (W1's segment [0, k1), W2's [k1, k), or both), in the
     // depth blocks every product of this kernel uses, against every batch panel.
     auto run_tile = [&](const CellGroup<T>& G, index_t i, int m_t) {
@@ -249,7 +261,7 @@ void gemm_wt_direct_cell(index_t m, index_t n, index_t k1, const T* x, index_t l
           const index_t j0 = jp * nr;  // rows [j0, j0 + n_t) of x, h and C
           const int n_t = static_cast<int>(std::min<index_t>(nr, m - j0));
           sk.fn(s1, a1, G.ldw1, b1 - b0 - s1, G.w2 ? G.w2 + i * G.ldw2 + p2 : nullptr, G.ldw2,
-                ap.data() + jp * nr * k + b0 * nr, G.c + j0 * G.ldc + i, 1, G.ldc, T(1), first ? T(0) : T(1), m_t,
+                panels + jp * nr * k + b0 * nr, G.c + j0 * G.ldc + i, 1, G.ldc, T(1), first ? T(0) : T(1), m_t,
                 n_t, last && G.bias ? G.bias + i : nullptr);
         }
         first = false;
