@@ -227,9 +227,9 @@ void gemm_wt_direct_cell(index_t m, index_t n, index_t k1, const T* x, index_t l
   // The batch panels, up to 256 KiB of them, are packed by every thread into its own copy: packed once
   // and shared, a thread's share was written into lines the other core had read at the last call, each
   // store waiting on the other core's cache (7.5 us for 64 KiB, GRU H256 batch 64, where packing all of
-  // them from cache takes less). In-process A/B, 2 threads, cells in a loop as bench/rnn.py steps them:
-  // GRU H256 batch 64 1.05x, batch 16 1.07x; LSTM H256 batch 16 and 64 1.02-1.04x; H512 batch 16
-  // 1.02x; GRU H1024 batch 16 (256 KiB) 1.005x. Larger sets are packed once, shared, as before.
+  // them from cache takes less). bench/rnn.py's cells, 2 threads, before and after: GRU H256 batch 64
+  // 4.07 -> 3.93 ms, batch 16 1.47 -> 1.32; LSTM H256 batch 16 and 64 0.97 (bench/RESULTS.md). Larger
+  // sets are packed once, shared, as before.
   const index_t panels_elems = npan * nr * k;
   const bool own = nt > 1 && panels_elems * index_t(sizeof(T)) <= (index_t(256) << 10);
   AlignedBuffer<T> ap(static_cast<std::size_t>(own ? nt * panels_elems : panels_elems));
