@@ -267,30 +267,35 @@ def test_products_around_the_parallel_threshold():
         dnnkit._cpu.set_min_parallel_work(previous)
 
 
-def check_row_kernel(kernel, data, dtype, m, n, k):
-    """kernel (a _cpu binding of gemm's contract for A W^T with rows contiguous along k) against the
-    float64 product: alpha, beta (a NaN-filled C when beta is 0, which must not be read), bias,
-    activation, and C in either order."""
+def check_epilogue_contract(kernel, data, a, b, rng, c_order):
+    """kernel (a _cpu binding of gemm's contract) on a and b against the float64 product: alpha, beta (a
+    NaN-filled C when beta is 0, which must not be read), bias, activation, C in order c_order."""
     alpha = data.draw(st.sampled_from([1.0, -0.5]), label="alpha")
     beta = data.draw(st.sampled_from([0.0, 1.0, 0.25]), label="beta")
     act = data.draw(st.sampled_from([0, 1, 2, 3]), label="activation")
     with_bias = data.draw(st.booleans(), label="bias")
-    c_transposed = data.draw(st.booleans(), label="C column-major")
-    rng = np.random.default_rng(m * 1000 + n * 10 + k)
-    a = rng.standard_normal((m, k)).astype(dtype)
-    w = rng.standard_normal((n, k)).astype(dtype)
+    (m, k), n, dtype = a.shape, b.shape[1], a.dtype
     bias = rng.standard_normal(n).astype(dtype) if with_bias else None
     c0 = rng.standard_normal((m, n)).astype(dtype)
     c = np.full((m, n), np.nan, dtype) if beta == 0.0 else c0.copy()
-    if c_transposed:
-        c = np.asfortranarray(c)
-    kernel(a, w.T, c, alpha, beta, bias, act, 0)
-    want = alpha * (a.astype(np.float64) @ w.T.astype(np.float64)) + (beta * c0 if beta else 0.0)
+    c = np.asfortranarray(c) if c_order == "F" else c
+    kernel(a, b, c, alpha, beta, bias, act, 0)
+    want = alpha * (a.astype(np.float64) @ b.astype(np.float64)) + (beta * c0 if beta else 0.0)
     if bias is not None:
         want = want + bias
     want = {0: want, 1: np.maximum(want, 0.0), 2: np.tanh(want), 3: 1.0 / (1.0 + np.exp(-want))}[act]
     assert np.all(np.isfinite(c))
     assert rel_l2(c, want) <= (2e-6 if dtype == np.float32 else 1e-13) * max(1.0, np.sqrt(k) / 8)
+
+
+def check_row_kernel(kernel, data, dtype, m, n, k):
+    """kernel (a _cpu binding of gemm's contract for A W^T with rows contiguous along k) against the
+    float64 product (check_epilogue_contract), C in either order."""
+    c_order = "F" if data.draw(st.booleans(), label="C column-major") else "C"
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    w = rng.standard_normal((n, k)).astype(dtype)
+    check_epilogue_contract(kernel, data, a, w.T, rng, c_order)
 
 
 @settings(max_examples=40)
@@ -366,6 +371,68 @@ def test_strided_a_tile_widths_give_the_same_bits(isa, num_threads, dtype):
         1e-6 if dtype == np.float32 else 1e-13)
     if dnnkit._cpu.active_isa() == "avx512":
         assert len(widths) == 3  # every tile width was run
+
+
+def check_streamed(dtype, m, n, k, data, b_view, c_order):
+    """dnnkit._cpu.gemm on one streamed shape (see test_gemm_streamed_products), A in either order, B as
+    b_view, against float64 (check_epilogue_contract)."""
+    rng = np.random.default_rng(m * 100003 + n * 101 + k)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    if data.draw(st.booleans(), label="A column-major"):
+        a = np.asfortranarray(a)
+    wide = rng.standard_normal((k, n + 9)).astype(dtype)
+    b = {"contiguous": np.ascontiguousarray(wide[:, :n]), "row stride": wide[:, 5:5 + n],
+         "transposed": np.asfortranarray(wide[:, :n])}[b_view]
+    check_epilogue_contract(dnnkit._cpu.gemm, data, a, b, rng, c_order)
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_gemm_streamed_products(isa, num_threads, data):
+    """The products gemm streams (gemm_stream.cpp), through dnnkit._cpu.gemm: few rows (m <= 8) against a
+    deep B with rows contiguous, in chunks of B's rows (one or two chunks' worth and many, with tails);
+    and few deep (k <= 8) into a C with contiguous rows, in units of rows. The same shapes with B
+    transposed, or (few deep) C column-major, go to the blocked GEMM: the same contract either way."""
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    b_view = data.draw(st.sampled_from(["contiguous", "row stride", "transposed"]), label="B")
+    if data.draw(st.booleans(), label="few rows"):
+        m = data.draw(st.integers(1, 8), label="m")
+        n = data.draw(st.integers(16, 150), label="n")
+        k = data.draw(st.sampled_from([511, 512, 513, 700, 1031, 4099]), label="k")
+        c_order = data.draw(st.sampled_from("CF"), label="C order")
+    else:
+        m = data.draw(st.integers(16, 300), label="m")
+        n = data.draw(st.integers(16, 150), label="n")
+        k = data.draw(st.integers(1, 8), label="k")
+        c_order = data.draw(st.sampled_from("CCF"), label="C order")
+    check_streamed(dtype, m, n, k, data, b_view, c_order)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1000, 3000), (5, 130, 2100), (3000, 300, 1), (400, 77, 5)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_streamed_same_bits_on_any_threads(isa, dtype, m, n, k):
+    """A streamed product sums its chunks (few rows) or its depth (few deep) in one order whatever the
+    number of threads and the direction of the call (which alternates on the same operands): 1 and 2
+    threads, four calls each, give the same bits."""
+    rng = np.random.default_rng(m + n + k)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    c0 = rng.standard_normal((m, n)).astype(dtype)
+    outs = []
+    previous = dnnkit.get_num_threads()
+    try:
+        for threads in (1, 2):
+            dnnkit.set_num_threads(threads)
+            for _ in range(4):
+                c = c0.copy()
+                dnnkit._cpu.gemm(a, b, c, 1.0, 1.0, None, 0, 0)
+                outs.append(c)
+    finally:
+        dnnkit.set_num_threads(previous)
+    for c in outs[1:]:
+        assert np.array_equal(c, outs[0])
+    assert rel_l2(outs[0], a.astype(np.float64) @ b.astype(np.float64) + c0) <= (
+        1e-6 if dtype == np.float32 else 1e-13)
 
 
 def test_strided_a_batch_rule():

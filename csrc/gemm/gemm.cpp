@@ -190,6 +190,9 @@ bool transposing_helps(index_t m, index_t n, const UKernel<T>& uk) {
 // k == 0: the product is empty, C := beta*C (C unread when beta == 0), then the epilogue.
 template <typename T>
 void scale_c(const GemmArgs<T>& g) {
+  // beta 1 and no epilogue: C as it is (an accumulating product over an empty range, such as a one-step
+  // RNN's dW_hh over the steps after the first, would otherwise rewrite a whole weight gradient).
+  if (g.beta == T(1) && !g.bias && g.act == Activation::identity) return;
   for (index_t i = 0; i < g.m; ++i)
     for (index_t j = 0; j < g.n; ++j) {
       T* c = g.c + i * g.rs_c + j * g.cs_c;
@@ -246,11 +249,13 @@ template <typename T>
 index_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
   if (m == 0 || n == 0 || k == 0) return 0;
   const UKernel<T> uk = select_ukernel<T>(active_isa());
-  if (transposing_helps<T>(m, n, uk)) return gemm_workspace_bytes<T>(n, m, k, nthreads);
+  // The streamed products' partials where the operands' strides let them run (gemm_stream).
+  const index_t stream = gemm_stream_workspace_bytes<T>(m, n, k);
+  if (transposing_helps<T>(m, n, uk)) return std::max(stream, gemm_workspace_bytes<T>(n, m, k, nthreads));
   const Plan p = make_plan<T>(m, n, k, nthreads > 0 ? nthreads : get_num_threads(), uk, true);
   const index_t a_elems = round_up(p.mc, p.mr) * p.kc;
   const index_t b_elems = p.nc * p.kc * (p.split_n ? p.nthreads : 1);
-  const index_t bytes = (a_elems + b_elems) * static_cast<index_t>(sizeof(T));
+  const index_t bytes = std::max(stream, (a_elems + b_elems) * static_cast<index_t>(sizeof(T)));
   // The tiles' plan where they may take the product (the FMA kernels' where an operand turns out not to
   // split): the larger of the two.
   if (std::is_same_v<T, float>) return std::max(bytes, amx::workspace_bytes(m, n, k, nthreads));
@@ -264,6 +269,7 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
     scale_c(g);
     return;
   }
+  if (gemm_stream<T>(g, nthreads)) return;
   if constexpr (std::is_same_v<T, float>) {
     // float32 on AMX tiles where the CPU has them and the operands split exactly (amx.h).
     if (amx::gemm(g, nthreads)) return;

@@ -70,6 +70,16 @@ GemmArgs<T> strided_gemm_args(index_t m, index_t n, index_t k, const T* a, index
 template <typename T>
 void gemm(const GemmArgs<T>& g, int nthreads = 0);
 
+// The same contract for the products that stream one operand (gemm_stream.cpp): at most 8 rows of A
+// against a B with contiguous rows, or a depth of at most 8 into a C with contiguous rows. Runs g and
+// returns true where it applies, else returns false at once; gemm() calls it first. Its workspace (the
+// few-rows partial products) is gemm_stream_workspace_bytes, within gemm_workspace_bytes.
+constexpr index_t kStreamRows = 4, kStreamDepth = 8;
+template <typename T>
+bool gemm_stream(const GemmArgs<T>& g, int nthreads = 0);
+template <typename T>
+index_t gemm_stream_workspace_bytes(index_t m, index_t n, index_t k);
+
 // The same contract for few rows of A and B = W^T (requires cs_a == 1 and rs_b == 1): dot products of
 // contiguous rows, no packing, no workspace (gemm_small_m.cpp).
 template <typename T>

@@ -1366,7 +1366,10 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
         gemm_strided<T>(B, S, GH, dgh, GH, 1, w.w_hh[li], S, 1, b.state.data(), S, gru ? T(1) : T(0));
       if (dh0) std::copy(b.state.data(), b.state.data() + B * S, dh0 + li * B * S);
       if (lstm && dc0) std::copy(b.dstate.data(), b.dstate.data() + B * H, dc0 + li * B * H);
-      if (dgh == dgx) {
+      // A cell at a batch of at most kStreamDepth: each weight gradient in one pass of gemm_stream's
+      // rank-k update, which the shared packing below would send to the blocked GEMM.
+      const bool streamed = Tn == 1 && B <= kStreamDepth;
+      if (dgh == dgx && !streamed) {
         // dW_ih (GH x Il) = dG^T (GH x TB) X_l (TB x Il) and dW_hh (GH x S) = dG^T H_prev, H_prev's rows
         // of step t holding h_{t-1} (HPrevRows): one packing of dG^T for both products.
         AlignedBuffer<T> dgt(static_cast<std::size_t>(packed_a_blocks_elems<T>(GH, TB)));
@@ -1388,9 +1391,12 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
         const index_t k_steps = (Tn - 1) * B;
         const T* dgh_later = d == 0 ? dgh + B * GH : dgh;
         const T* h_prev = d == 0 ? yl + d * S : yl + B * DS + d * S;
-        gemm_strided<T>(GH, S, k_steps, dgh_later, 1, GH, h_prev, DS, 1, dw.w_hh[li], S, wbeta);
+        // (One step with h0: the h0 product alone, in one pass over dW_hh.)
+        const bool h0_only = k_steps == 0 && h0;
+        if (!h0_only) gemm_strided<T>(GH, S, k_steps, dgh_later, 1, GH, h_prev, DS, 1, dw.w_hh[li], S, wbeta);
         if (h0)
-          gemm_strided<T>(GH, S, B, dgh + t_first * B * GH, 1, GH, h0 + li * B * S, S, 1, dw.w_hh[li], S, T(1));
+          gemm_strided<T>(GH, S, B, dgh + t_first * B * GH, 1, GH, h0 + li * B * S, S, 1, dw.w_hh[li], S,
+                          h0_only ? wbeta : T(1));
       }
       // dW_hr (P x H) = dH^T (P x TB) M (TB x H), M the saved m_t.
       if (proj)

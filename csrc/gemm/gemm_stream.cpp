@@ -1,0 +1,244 @@
+// gemm_stream: the products that read one large operand once and do a few FLOPs per element of it, so
+// that memory bounds them, not the FMA units (the backward of a fully-connected layer or an RNN cell at
+// batch 1-8):
+//   few rows:  C (m x n) = A (m x k) B (k x n), m <= kStreamRows (4), B with contiguous rows: dX = dY W.
+//              The blocked GEMM copies B (the whole weight) into its panels first, then reads the copy.
+//   few deep:  C (m x n) += A (m x k) B (k x n), k <= kStreamDepth (8), C with contiguous rows:
+//              dW += dY^T X. The blocked GEMM walks C in tiles of 14 rows, each row's two lines a row
+//              stride apart (4 KB and more), which the prefetchers do not follow.
+// Here each thread reads contiguous runs of the streamed operand, front to back: rows of B (few rows),
+// rows of C (few deep). A GRU cell's backward at H1024, batch 1 (12 MiB weights, two of each product):
+// 2.5 ms a call on the blocked GEMM, 0.95 ms here, where reading both weights and updating both
+// gradients by hand-written loops takes 0.9 ms on the same two cores (bench/RESULTS.md). At 8 rows and
+// 4096 columns the blocked GEMM was faster (2.7 ms against 3.3), so the few-rows path stops at 4 rows.
+//
+// Sums. Few rows: B's rows are cut into chunks whose number depends on m, n and k alone; each chunk's
+// partial product sums its rows in order, and C sums the partials in chunk order. Few deep: every
+// output sums its k products in order. The bits are therefore the same on any number of threads and in
+// either direction (alternate_direction).
+#include <algorithm>
+#include <optional>
+
+#include "epilogue.h"
+#include "gemm.h"
+#include "../work_share.h"
+
+namespace dnnkit {
+
+namespace {
+
+constexpr index_t kChunkRows = 256;        // few rows: rows of B a chunk, at least
+constexpr index_t kMaxChunks = 16;         //            chunks at most
+constexpr index_t kPartialElems = 65536;   //            all chunks' partials together, elements at most
+constexpr index_t kRowUnitElems = 16384;   // few deep: elements of C a unit of work, about
+
+// Few rows: the chunks B's k rows are cut into (>= 2 where any split is possible; 1: not streamed).
+index_t stream_chunks(index_t m, index_t n, index_t k) {
+  const index_t by_depth = std::max<index_t>(1, k / kChunkRows);
+  const index_t by_space = std::max<index_t>(1, kPartialElems / std::max<index_t>(1, m * n));
+  return std::min({by_depth, by_space, kMaxChunks});
+}
+
+// Operands as strides alone (no packed operand, no computed B, no column groups).
+template <typename T>
+bool plain(const GemmArgs<T>& g) {
+  return !g.pack_b && !g.a_packed && !g.b_panels && g.b_group_cols == 0;
+}
+
+template <typename T>
+bool few_rows_fits(const GemmArgs<T>& g) {
+  return plain(g) && g.m <= kStreamRows && g.cs_b == 1 && g.n >= 16 && stream_chunks(g.m, g.n, g.k) >= 2;
+}
+
+template <typename T>
+bool few_deep_fits(const GemmArgs<T>& g) {
+  return plain(g) && g.k <= kStreamDepth && g.cs_b == 1 && g.cs_c == 1 && g.n >= 16 && g.m >= 16;
+}
+
+// P (m x n, contiguous) := sum over p in [p0, p1) of A(:, p) B(p, :), each element summing its products
+// in order of p. Columns in blocks whose m rows of P stay in L1 (kAccBytes), each block down all of the
+// chunk's rows of B, eight at a time: per vector of B, m * (8 FMAs, a load and a store of P).
+constexpr index_t kAccBytes = 16384;
+
+template <typename T>
+void chunk_product(index_t m, index_t n, index_t p0, index_t p1, const T* a, index_t rs_a, index_t cs_a, const T* b,
+                   index_t rs_b, T* __restrict P) {
+  std::fill(P, P + m * n, T(0));
+  constexpr int G = 8;
+  const index_t nb = std::max<index_t>(64, kAccBytes / index_t(sizeof(T)) / m / 16 * 16);
+  for (index_t j0 = 0; j0 < n; j0 += nb) {
+    const index_t j1 = std::min(n, j0 + nb);
+    index_t p = p0;
+    for (; p + G <= p1; p += G) {
+      const T* __restrict bq[G];
+      for (int q = 0; q < G; ++q) bq[q] = b + (p + q) * rs_b;
+      for (index_t r = 0; r < m; ++r) {
+        T ar[G];
+        for (int q = 0; q < G; ++q) ar[q] = a[r * rs_a + (p + q) * cs_a];
+        T* __restrict pr = P + r * n;
+#pragma omp simd
+        for (index_t j = j0; j < j1; ++j) {
+          T s = pr[j];
+          for (int q = 0; q < G; ++q) s += ar[q] * bq[q][j];
+          pr[j] = s;
+        }
+      }
+    }
+    for (; p < p1; ++p) {
+      const T* __restrict b0 = b + p * rs_b;
+      for (index_t r = 0; r < m; ++r) {
+        const T a0 = a[r * rs_a + p * cs_a];
+        T* __restrict pr = P + r * n;
+#pragma omp simd
+        for (index_t j = j0; j < j1; ++j) pr[j] = pr[j] + a0 * b0[j];
+      }
+    }
+  }
+}
+
+template <typename T>
+void few_rows(const GemmArgs<T>& g, int nthreads) {
+  const index_t m = g.m, n = g.n, k = g.k;
+  const index_t chunks = stream_chunks(m, n, k), elems = m * n;
+  AlignedBuffer<T> partial(static_cast<std::size_t>(chunks * elems));
+  int nt = static_cast<int>(std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), chunks));
+  if (double(m) * double(n) * double(k) < min_parallel_work()) nt = 1;
+  std::optional<PanelShare> share;
+  if (nt > 1) share.emplace(nt, chunks);
+  // Each call on the same B starts where the last one ended (the same bits: the partials are summed in
+  // chunk order whichever thread computed them, and when).
+  const bool reverse = alternate_direction(g.b);
+  const index_t cols = 64;  // columns of C a unit of the final sum
+  const index_t col_units = ceil_div(n, cols);
+  const T* const sums = partial.data();
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    for_each_unit(share ? &*share : nullptr, chunks, reverse, [&](index_t c) {
+      const index_t p0 = k * c / chunks, p1 = k * (c + 1) / chunks;
+      chunk_product<T>(m, n, p0, p1, g.a, g.rs_a, g.cs_a, g.b, g.rs_b, partial.data() + c * elems);
+    });
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (index_t u = 0; u < col_units; ++u) {
+      const index_t j0 = u * cols, j1 = std::min(n, j0 + cols);
+      for (index_t r = 0; r < m; ++r) {
+        T* c = g.c + r * g.rs_c;
+        for (index_t j = j0; j < j1; ++j) {
+          T s = sums[r * n + j];
+          for (index_t q = 1; q < chunks; ++q) s += sums[q * elems + r * n + j];
+          T& cj = c[j * g.cs_c];
+          cj = g.beta == T(0) ? g.alpha * s : g.alpha * s + g.beta * cj;
+        }
+      }
+      if (g.bias || g.act != Activation::identity)
+        apply_epilogue<T>(g.c + j0 * g.cs_c, g.rs_c, g.cs_c, m, j1 - j0,
+                          g.bias ? g.bias + (g.bias_per_row ? 0 : j0) : nullptr, g.act, g.bias_per_row);
+    }
+  }
+}
+
+// Rows [0, R) of C (R <= 4, row stride ldc), few deep: c := alpha * sum_p A(i, p) B(p, :) + beta * c,
+// the products in order of p. The R rows share each vector of B's K rows (R * K FMAs to K + R loads).
+template <typename T, int K, int R>
+void deep_rows(index_t n, const T* a, index_t rs_a, index_t cs_a, const T* b, index_t rs_b, T alpha, T beta, T* c,
+               index_t ldc) {
+  T ai[R][K];
+  const T* __restrict bp[K];
+  T* __restrict cr[R];
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < K; ++p) ai[r][p] = a[r * rs_a + p * cs_a];
+    cr[r] = c + r * ldc;
+  }
+  for (int p = 0; p < K; ++p) bp[p] = b + p * rs_b;
+  const bool read_c = beta != T(0);
+#pragma omp simd
+  for (index_t j = 0; j < n; ++j) {
+    T bj[K];
+    for (int p = 0; p < K; ++p) bj[p] = bp[p][j];
+    for (int r = 0; r < R; ++r) {
+      T s = ai[r][0] * bj[0];
+      for (int p = 1; p < K; ++p) s += ai[r][p] * bj[p];
+      cr[r][j] = read_c ? alpha * s + beta * cr[r][j] : alpha * s;
+    }
+  }
+}
+
+template <typename T>
+using DeepRowsFn = void (*)(index_t, const T*, index_t, index_t, const T*, index_t, T, T, T*, index_t);
+
+template <typename T, int K>
+void deep_block(index_t rows, index_t n, const T* a, index_t rs_a, index_t cs_a, const T* b, index_t rs_b, T alpha,
+                T beta, T* c, index_t ldc) {
+  index_t i = 0;
+  for (; i + 4 <= rows; i += 4)
+    deep_rows<T, K, 4>(n, a + i * rs_a, rs_a, cs_a, b, rs_b, alpha, beta, c + i * ldc, ldc);
+  for (; i < rows; ++i) deep_rows<T, K, 1>(n, a + i * rs_a, rs_a, cs_a, b, rs_b, alpha, beta, c + i * ldc, ldc);
+}
+
+template <typename T>
+using DeepBlockFn = void (*)(index_t, index_t, const T*, index_t, index_t, const T*, index_t, T, T, T*, index_t);
+
+template <typename T>
+DeepBlockFn<T> deep_block_fn(index_t k) {
+  switch (k) {
+    case 1: return deep_block<T, 1>;
+    case 2: return deep_block<T, 2>;
+    case 3: return deep_block<T, 3>;
+    case 4: return deep_block<T, 4>;
+    case 5: return deep_block<T, 5>;
+    case 6: return deep_block<T, 6>;
+    case 7: return deep_block<T, 7>;
+    default: return deep_block<T, 8>;
+  }
+}
+
+template <typename T>
+void few_deep(const GemmArgs<T>& g, int nthreads) {
+  const index_t m = g.m, n = g.n;
+  const DeepBlockFn<T> fn = deep_block_fn<T>(g.k);
+  const index_t rows = round_up(std::max<index_t>(1, kRowUnitElems / n), 4), units = ceil_div(m, rows);
+  int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), units)));
+  if (double(m) * double(n) * double(std::max<index_t>(g.k, 4)) < min_parallel_work()) nt = 1;
+  std::optional<PanelShare> share;
+  if (nt > 1 && units < PanelShare::kMaxPanels) share.emplace(nt, units);
+  const bool reverse = alternate_direction(g.c);  // C is what streams
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    for_each_unit(share ? &*share : nullptr, units, reverse, [&](index_t u) {
+      const index_t i0 = u * rows, i1 = std::min(m, i0 + rows);
+      fn(i1 - i0, n, g.a + i0 * g.rs_a, g.rs_a, g.cs_a, g.b, g.rs_b, g.alpha, g.beta, g.c + i0 * g.rs_c, g.rs_c);
+      if (g.bias || g.act != Activation::identity)
+        apply_epilogue<T>(g.c + i0 * g.rs_c, g.rs_c, 1, i1 - i0, n,
+                          g.bias ? g.bias + (g.bias_per_row ? i0 : 0) : nullptr, g.act, g.bias_per_row);
+    });
+  }
+}
+
+}  // namespace
+
+template <typename T>
+index_t gemm_stream_workspace_bytes(index_t m, index_t n, index_t k) {
+  if (m > kStreamRows || stream_chunks(m, n, k) < 2) return 0;
+  return stream_chunks(m, n, k) * m * n * static_cast<index_t>(sizeof(T));
+}
+
+template <typename T>
+bool gemm_stream(const GemmArgs<T>& g, int nthreads) {
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0) return false;
+  if (few_rows_fits(g)) {
+    few_rows<T>(g, nthreads);
+    return true;
+  }
+  if (few_deep_fits(g)) {
+    few_deep<T>(g, nthreads);
+    return true;
+  }
+  return false;
+}
+
+template index_t gemm_stream_workspace_bytes<float>(index_t, index_t, index_t);
+template index_t gemm_stream_workspace_bytes<double>(index_t, index_t, index_t);
+template bool gemm_stream<float>(const GemmArgs<float>&, int);
+template bool gemm_stream<double>(const GemmArgs<double>&, int);
+
+}  // namespace dnnkit
