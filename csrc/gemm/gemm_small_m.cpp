@@ -145,6 +145,32 @@ void pack_batch_panel(index_t jp, int nr, index_t m, index_t k1, const T* a1, in
   if (k2 > 0) pack_b_panel<T>(k2, rows, a2 + j0 * lda2, 1, lda2, nr, dst + k1 * nr);
 }
 
+// The batch panels of a strided-A product, npan panels of `elems` values in all: with own (more than one
+// thread, and kOwnPanelBytes or less of them), each thread packs every panel into its own copy at
+// base + thread_id() * elems and goes on at once; else the threads pack one shared copy at base
+// together and meet at a barrier. Packed once and shared, a thread's share was written into lines the
+// other core had read at the last call, each store waiting on the other core's cache (7.5 us for 64 KiB,
+// GRU H256 cell at batch 64, where packing all of them from cache takes less). Returns the thread's
+// panels. Called by every thread of the region.
+constexpr index_t kOwnPanelBytes = index_t(256) << 10;
+
+template <typename T>
+bool own_panels(int nt, index_t elems) {
+  return nt > 1 && elems * index_t(sizeof(T)) <= kOwnPanelBytes;
+}
+
+template <typename T, class Pack>
+T* pack_panels(bool own, index_t npan, index_t elems, T* base, Pack&& pack) {
+  T* const panels = base + (own ? thread_id() * elems : 0);
+  if (own) {
+    for (index_t jp = 0; jp < npan; ++jp) pack(jp, panels);
+  } else {
+#pragma omp for schedule(static)
+    for (index_t jp = 0; jp < npan; ++jp) pack(jp, panels);
+  }  // implicit barrier: every panel packed
+  return panels;
+}
+
 // C := act(alpha * A W^T + beta * C + bias) by the strided-A kernel, in depth blocks (sa_depth_block).
 template <typename T>
 void wt_direct(const GemmArgs<T>& g, const SaKernel<T>& sk, int nthreads) {
@@ -152,13 +178,17 @@ void wt_direct(const GemmArgs<T>& g, const SaKernel<T>& sk, int nthreads) {
   const index_t m = g.m, n = g.n, k = g.k;
   // C^T (n x m) = W (n x k) A^T (k x m): W = B^T is the kernel's A, read in place (row i at
   // g.b + i*cs_b); A^T is packed into k x NR panels of NR rows of A each (the kernel's B), the only copy.
-  const index_t npan = ceil_div(m, nr);
-  AlignedBuffer<T> ap(static_cast<std::size_t>(npan * nr * k));
+  const index_t npan = ceil_div(m, nr), elems = npan * nr * k;
   // Depth in equal blocks of at most sa_depth_block (the same for every batch).
   const index_t kc_max = ceil_div(k, ceil_div(k, sa_depth_block(sk)));
   const index_t n_ib = ceil_div(n, mr);
   int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), n_ib)));
   if (double(m) * double(n) * double(k) < min_parallel_work()) nt = 1;
+  // One shared copy of the panels. A copy a thread, as the cells pack them (gemm_wt_direct_cell), gave
+  // nothing a run could tell from noise (+-3-5%): bench/gemm.py's fc rows ran 1.01-1.05x as fast at
+  // batch 16 in one run and 1.01x in another, 0.99x at batch 64 (bench/RESULTS.md).
+  const bool own = false;
+  AlignedBuffer<T> ap(static_cast<std::size_t>(elems));
   // Tiles of W rows shared as gemm_small_m shares its units: each thread runs its own range, in the
   // direction opposite to the last call's on the same W, and takes over the end of another's.
   std::optional<PanelShare> share;
@@ -166,9 +196,9 @@ void wt_direct(const GemmArgs<T>& g, const SaKernel<T>& sk, int nthreads) {
   const bool reverse = alternate_direction(g.b);
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
-#pragma omp for schedule(static)
-    for (index_t jp = 0; jp < npan; ++jp) pack_batch_panel<T>(jp, nr, m, k, g.a, g.rs_a, 0, nullptr, 0, ap.data());
-    // implicit barrier: every panel packed
+    const T* const panels = pack_panels(own, npan, elems, ap.data(), [&](index_t jp, T* dst) {
+      pack_batch_panel<T>(jp, nr, m, k, g.a, g.rs_a, 0, nullptr, 0, dst);
+    });
     auto run_tile = [&](index_t ib) {
       const index_t i = ib * mr;  // rows [i, i + m_t) of W: columns of C
       const int m_t = static_cast<int>(std::min<index_t>(mr, n - i));
@@ -182,7 +212,7 @@ void wt_direct(const GemmArgs<T>& g, const SaKernel<T>& sk, int nthreads) {
           const index_t j0 = jp * nr;  // rows [j0, j0 + n_t) of A and C
           const int n_t = static_cast<int>(std::min<index_t>(nr, m - j0));
           T* c = g.c + j0 * g.rs_c + i * g.cs_c;
-          sk.fn(kc, g.b + i * g.cs_b + pc, g.cs_b, 0, nullptr, 0, ap.data() + jp * nr * k + pc * nr, c, g.cs_c,
+          sk.fn(kc, g.b + i * g.cs_b + pc, g.cs_b, 0, nullptr, 0, panels + jp * nr * k + pc * nr, c, g.cs_c,
                 g.rs_c, g.alpha, beta, m_t, n_t, tile_bias);
           if (last && (g.act != Activation::identity || (g.bias && g.bias_per_row)))
             apply_epilogue<T>(c, g.rs_c, g.cs_c, n_t, m_t, g.bias && g.bias_per_row ? g.bias + j0 : nullptr, g.act,
@@ -224,27 +254,20 @@ void gemm_wt_direct_cell(index_t m, index_t n, index_t k1, const T* x, index_t l
   int nt = static_cast<int>(
       std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), units)));
   if (double(m) * double(ngroups * n) * double(k) < min_parallel_work()) nt = 1;
-  // The batch panels, up to 256 KiB of them, are packed by every thread into its own copy: packed once
-  // and shared, a thread's share was written into lines the other core had read at the last call, each
-  // store waiting on the other core's cache (7.5 us for 64 KiB, GRU H256 batch 64, where packing all of
-  // them from cache takes less). bench/rnn.py's cells, 2 threads, before and after: GRU H256 batch 64
-  // 4.07 -> 3.93 ms, batch 16 1.47 -> 1.32; LSTM H256 batch 16 and 64 0.97 (bench/RESULTS.md). Larger
-  // sets are packed once, shared, as before.
+  // The batch panels, one copy a thread up to kOwnPanelBytes (pack_panels). bench/rnn.py's cells, 2
+  // threads, before and after: GRU H256 batch 64 4.07 -> 3.93 ms, batch 16 1.47 -> 1.32; LSTM H256
+  // batch 16 and 64 0.97 (bench/RESULTS.md).
   const index_t panels_elems = npan * nr * k;
-  const bool own = nt > 1 && panels_elems * index_t(sizeof(T)) <= (index_t(256) << 10);
+  const bool own = own_panels<T>(nt, panels_elems);
   AlignedBuffer<T> ap(static_cast<std::size_t>(own ? nt * panels_elems : panels_elems));
   std::optional<PanelShare> share;
   if (nt > 1 && units < PanelShare::kMaxPanels) share.emplace(nt, units);
   const bool reverse = alternate_direction(groups[0].w1 ? groups[0].w1 : groups[0].w2);
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
-    T* const panels = ap.data() + (own ? thread_id() * panels_elems : 0);
-    if (own) {
-      for (index_t jp = 0; jp < npan; ++jp) pack_batch_panel<T>(jp, nr, m, k1, x, ldx, k2, h, ldh, panels);
-    } else {
-#pragma omp for schedule(static)
-      for (index_t jp = 0; jp < npan; ++jp) pack_batch_panel<T>(jp, nr, m, k1, x, ldx, k2, h, ldh, panels);
-    }  // implicit barrier: every panel packed
+    const T* const panels = pack_panels(own, npan, panels_elems, ap.data(), [&](index_t jp, T* dst) {
+      pack_batch_panel<T>(jp, nr, m, k1, x, ldx, k2, h, ldh, dst);
+    });
     // Rows [i, i + m_t) of group G: over its depth (W1's segment [0, k1), W2's [k1, k), or both), in the
     // depth blocks every product of this kernel uses, against every batch panel.
     auto run_tile = [&](const CellGroup<T>& G, index_t i, int m_t) {
