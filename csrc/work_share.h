@@ -58,19 +58,37 @@ class PanelShare {
   std::unique_ptr<Slot[]> slots_;
 };
 
-// Runs fn(u) for the units of [0, units) this thread of a parallel region gets: from `share` (set 0) when
-// there is one, else the thread's equal range of a static split (the range PanelShare starts it on);
-// either way its own range from the back when `reverse`.
+// The units of [0, units) this thread of a parallel region gets, one at a time (next(): -1 when none is
+// left): from `share` (set 0) when there is one, else the thread's equal range of a static split (the
+// range PanelShare starts it on); either way its own range from the back when `reverse`. A loop that
+// starts on its next unit's work before it has finished this one's asks for the unit early.
+class UnitCursor {
+ public:
+  UnitCursor(PanelShare* share, index_t units, bool reverse) : share_(share), reverse_(reverse), tid_(thread_id()) {
+    if (!share) {
+      const int nth = thread_count();
+      lo_ = units * tid_ / nth;
+      hi_ = units * (tid_ + 1) / nth;
+    }
+  }
+  index_t next() {
+    if (share_) return share_->next(0, tid_, reverse_);
+    if (lo_ >= hi_) return -1;
+    return reverse_ ? --hi_ : lo_++;
+  }
+
+ private:
+  PanelShare* share_;
+  bool reverse_;
+  int tid_;
+  index_t lo_ = 0, hi_ = 0;
+};
+
+// Runs fn(u) for each unit a UnitCursor gives this thread.
 template <typename F>
 void for_each_unit(PanelShare* share, index_t units, bool reverse, F&& fn) {
-  const int tid = thread_id();
-  if (share) {
-    for (index_t u; (u = share->next(0, tid, reverse)) >= 0;) fn(u);
-    return;
-  }
-  const int nth = thread_count();
-  const index_t lo = units * tid / nth, hi = units * (tid + 1) / nth;
-  for (index_t u = lo; u < hi; ++u) fn(reverse ? lo + hi - 1 - u : u);
+  UnitCursor cursor(share, units, reverse);
+  for (index_t u; (u = cursor.next()) >= 0;) fn(u);
 }
 
 // Which way a product that streams a weight W should run through it this time: alternately forwards and

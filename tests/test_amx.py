@@ -323,11 +323,13 @@ def cell_problem(mode, B, I, H, seed, bias=True):
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
-@pytest.mark.parametrize("B,I,H,bias", [(96, 40, 70, True), (130, 33, 65, False), (64, 600, 450, True)])
+@pytest.mark.parametrize("B,I,H,bias", [(96, 40, 70, True), (130, 33, 65, False), (64, 600, 450, True),
+                                        (64, 900, 900, True)])
 def test_cells_on_weights_in_place_on_tiles_match_float64(num_threads, mode, B, I, H, bias):
     """A cell on plain weight arrays at a batch that fills the tiles: the weights split at the call as the
-    tiles' A operand, x and h as B; batch rows and hidden units past whole tiles, no biases. Outputs
-    against float64, within 2x (plus a rounding) of the FMA kernels' error."""
+    tiles' A operand, x and h as B; batch rows and hidden units past whole tiles, no biases; at I = H =
+    900 two copies of a gate's split rows do not fit in L2 beside x and h, and a gate runs in halves.
+    Outputs against float64, within 2x (plus a rounding) of the FMA kernels' error."""
     args = cell_problem(mode, B, I, H, B + H, bias)
     fma, tiles = fma_and_amx(lambda: cell_run(mode, *args))
     fma, tiles = (fma, tiles) if mode == "lstm" else ((fma,), (tiles,))
@@ -358,13 +360,18 @@ def test_cell_training_on_tiles_matches_float64(mode):
 
 
 @pytest.mark.parametrize("bad", [np.inf, np.nan, 1e-40])
-def test_a_cell_weight_the_tiles_cannot_split_runs_its_block_on_the_fma_kernels(bad):
+@pytest.mark.parametrize("B,I,H", [(96, 40, 70), (64, 900, 900)])
+@pytest.mark.parametrize("where", ["w_hh gate z", "w_ih gate r"])
+def test_a_cell_weight_the_tiles_cannot_split_runs_its_block_on_the_fma_kernels(bad, B, I, H, where):
     """A value the tiles cannot split in one weight sends that block of 32 hidden units to the FMA dot
     products: the other blocks keep the tiles' results, and every unit matches float64 (inf and NaN
-    where the reference has them)."""
-    B, I, H = 96, 40, 70
+    where the reference has them). Gate r's W_ih rows of a block are split while the block before runs
+    its last tiles; at I = H = 900 the gates run in halves."""
     x, h, c, w_ih, w_hh, b_ih, b_hh = cell_problem("gru", B, I, H, 11)
-    w_hh[H + 40, 3] = bad  # gate z, hidden unit 40: the second block
+    if where == "w_hh gate z":
+        w_hh[H + 40, 3] = bad  # hidden unit 40: the second block
+    else:
+        w_ih[40, I - 1] = bad
     fma, tiles = fma_and_amx(lambda: dnnkit.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh))
     with np.errstate(invalid="ignore", over="ignore"):
         ref = gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh)

@@ -318,24 +318,35 @@ struct alignas(64) TileConfig {
   _tile_dpbf16ps(2, 5, 6); \
   _tile_dpbf16ps(3, 5, 7)
 
-inline void run_steps(index_t nsteps, const bf16* a, const bf16* b) {
+// side() after every four products: work for the vector units while the tile unit runs them.
+template <class Side>
+inline void run_steps(index_t nsteps, const bf16* a, const bf16* b, Side&& side) {
   for (index_t s = 0; s < nsteps; ++s) {
     const bf16* sa = a + s * kStepElems;
     const bf16* sb = b + s * kStepElems;
     DNNKIT_LA(2);
     DNNKIT_LB(0);
     DNNKIT_T4;
+    side();
     DNNKIT_LA(1);
     DNNKIT_T4;
+    side();
     DNNKIT_LB(1);
     DNNKIT_T4;
+    side();
     DNNKIT_LA(0);
     DNNKIT_T4;
+    side();
     DNNKIT_LB(0);
     DNNKIT_T4;
+    side();
     DNNKIT_LB(2);
     DNNKIT_T4;
+    side();
   }
+}
+inline void run_steps(index_t nsteps, const bf16* a, const bf16* b) {
+  run_steps(nsteps, a, b, [] {});
 }
 
 }  // namespace
@@ -424,6 +435,55 @@ bool pack_a_panel_checked(int rows, index_t k, const float* a, index_t rs, bf16*
   return _mm512_reduce_min_epu32(umin) >= kLo - 1 && _mm512_reduce_max_epu32(umax) < kLo + kSpan;
 }
 
+// SplitQueue::run's body, inline in tile_t's loop.
+__attribute__((always_inline)) inline void split_rows(SplitQueue& sq, index_t n) {
+  n = std::min(n, sq.left_);
+  if (n <= 0) return;
+  sq.left_ -= n;
+  const __m512i abs = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
+  __m512i umin = _mm512_load_si512(sq.umin_), umax = _mm512_load_si512(sq.umax_);
+  while (n > 0) {
+    const SplitQueue::Panel& p = sq.panels_[sq.panel_];
+    const index_t p0 = sq.step_ * kStep, kk = std::min<index_t>(kStep, p.k - p0);
+    const __mmask16 lo = first(kk), hi = kk > 16 ? first(kk - 16) : 0;
+    bf16* const out = p.dst + sq.step_ * kStepElems;
+    for (; n > 0 && sq.row_ < kBlock; --n, ++sq.row_) {
+      bf16* const o = part_tile(out, 0, static_cast<int>(sq.row_ / 16)) + (sq.row_ % 16) * 32;
+      if (sq.row_ >= p.rows) {
+        for (int q = 0; q < 3; ++q) _mm512_store_si512(o + q * 1024, _mm512_setzero_si512());
+        continue;
+      }
+      const float* const x = p.a + sq.row_ * p.rs + p0;
+      const __m512 v0 = _mm512_maskz_loadu_ps(lo, x), v1 = _mm512_maskz_loadu_ps(hi, x + 16);
+      const __m512i u0 = _mm512_and_si512(_mm512_castps_si512(v0), abs);
+      const __m512i u1 = _mm512_and_si512(_mm512_castps_si512(v1), abs);
+      umin = _mm512_min_epu32(umin, _mm512_min_epu32(_mm512_sub_epi32(u0, one), _mm512_sub_epi32(u1, one)));
+      umax = _mm512_max_epu32(umax, _mm512_max_epu32(u0, u1));
+      split_row32(v0, v1, o, 1024);
+    }
+    if (sq.row_ == kBlock) {
+      sq.row_ = 0;
+      if (++sq.step_ == steps(p.k)) {
+        sq.step_ = 0;
+        ++sq.panel_;
+      }
+    }
+  }
+  _mm512_store_si512(sq.umin_, umin);
+  _mm512_store_si512(sq.umax_, umax);
+}
+
+void SplitQueue::run(index_t n) { split_rows(*this, n); }
+
+bool SplitQueue::ok() const {
+  std::uint32_t lo = ~0u, hi = 0;
+  for (int i = 0; i < 16; ++i) {
+    lo = std::min(lo, umin_[i]);
+    hi = std::max(hi, umax_[i]);
+  }
+  return lo >= kLo - 1 && hi < kLo + kSpan;
+}
+
 void pack_b_panel(index_t k, int cols, const float* b, index_t rs, index_t cs, bf16* dst) {
   alignas(64) float buf[32 * 32];
   for_each_step(k, dst, [&](index_t p0, index_t kk, bf16* step) {
@@ -443,14 +503,15 @@ void pack_b_panels(index_t k, index_t n, const float* b, index_t rs, index_t cs,
 namespace {
 // The tiles' C from a 32 x 32 buffer (row stride 32), the steps of one or two pairs of panels, and C
 // back into the buffer.
+template <class Side>
 void run_in_buffer(float* acc, index_t nsteps, const bf16* a, const bf16* b, index_t nsteps2, const bf16* a2,
-                   const bf16* b2) {
+                   const bf16* b2, Side&& side) {
   _tile_loadd(0, acc, 128);
   _tile_loadd(1, acc + 16, 128);
   _tile_loadd(2, acc + 16 * 32, 128);
   _tile_loadd(3, acc + 16 * 32 + 16, 128);
-  run_steps(nsteps, a, b);
-  if (nsteps2 > 0) run_steps(nsteps2, a2, b2);
+  run_steps(nsteps, a, b, side);
+  if (nsteps2 > 0) run_steps(nsteps2, a2, b2, side);
   _tile_stored(0, acc, 128);
   _tile_stored(1, acc + 16, 128);
   _tile_stored(2, acc + 16 * 32, 128);
@@ -503,7 +564,7 @@ void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, 
       }
       acc[i * 32 + j] = v;
     }
-  run_in_buffer(acc, nsteps, a, b, nsteps2, a2, b2);
+  run_in_buffer(acc, nsteps, a, b, nsteps2, a2, b2, [] {});
   for (int i = 0; i < m; ++i)
     for (int j = 0; j < n; ++j) {
       float* y = c + i * rs_c + j * cs_c;
@@ -518,14 +579,29 @@ void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, 
 }
 
 void tile_t(index_t nsteps, const bf16* a, const bf16* b, float* ct, index_t ldct, int m, int n, const float* bias,
-            index_t nsteps2, const bf16* a2, const bf16* b2) {
+            index_t nsteps2, const bf16* a2, const bf16* b2, SplitQueue* side, int side_rows, bool accumulate) {
   alignas(64) float acc[32 * 32];
-  for (int i = 0; i < 32; ++i) {
-    const __m512 v = _mm512_set1_ps(bias && i < m ? bias[i] : 0.f);
-    _mm512_store_ps(acc + i * 32, v);
-    _mm512_store_ps(acc + i * 32 + 16, v);
+  if (accumulate) {  // C from ct, each 16 x 16 quarter transposed back in registers
+    for (int i0 = 0; i0 < 32; i0 += 16)
+      for (int j0 = 0; j0 < 32; j0 += 16) {
+        __m512i v[16];
+        const __mmask16 rows = i0 < m ? first(m - i0) : 0;
+        for (int c = 0; c < 16; ++c)
+          v[c] = j0 + c < n ? _mm512_maskz_loadu_epi32(rows, ct + (j0 + c) * ldct + i0) : _mm512_setzero_si512();
+        transpose16(v);
+        for (int r = 0; r < 16; ++r) _mm512_store_si512(acc + (i0 + r) * 32 + j0, v[r]);
+      }
+  } else {
+    for (int i = 0; i < 32; ++i) {
+      const __m512 v = _mm512_set1_ps(bias && i < m ? bias[i] : 0.f);
+      _mm512_store_ps(acc + i * 32, v);
+      _mm512_store_ps(acc + i * 32 + 16, v);
+    }
   }
-  run_in_buffer(acc, nsteps, a, b, nsteps2, a2, b2);
+  if (side && side_rows > 0)
+    run_in_buffer(acc, nsteps, a, b, nsteps2, a2, b2, [side, side_rows] { split_rows(*side, side_rows); });
+  else
+    run_in_buffer(acc, nsteps, a, b, nsteps2, a2, b2, [] {});
   // Each 16 x 16 quarter transposed in registers: its column c is C's row block's values for column c.
   for (int i0 = 0; i0 < m; i0 += 16)
     for (int j0 = 0; j0 < n; j0 += 16) {
@@ -763,8 +839,10 @@ void pack_b_panel(index_t, int, const float*, index_t, index_t, bf16*) {
 bool pack_a_panel_checked(int, index_t, const float*, index_t, bf16*) {
   throw std::logic_error("amx::pack_a_panel_checked: no AMX kernels in this build");
 }
+void SplitQueue::run(index_t) { throw std::logic_error("amx::SplitQueue: no AMX kernels in this build"); }
+bool SplitQueue::ok() const { return false; }
 void tile_t(index_t, const bf16*, const bf16*, float*, index_t, int, int, const float*, index_t, const bf16*,
-            const bf16*) {
+            const bf16*, SplitQueue*, int, bool) {
   throw std::logic_error("amx::tile_t: no AMX kernels in this build");
 }
 TileScope::TileScope() {}
@@ -778,6 +856,19 @@ index_t workspace_bytes(index_t, index_t, index_t, int) { return 0; }
 double measure_peak_gflops(int, double) { return 0.0; }
 
 #endif
+
+void SplitQueue::clear() {
+  npanels_ = panel_ = 0;
+  row_ = step_ = left_ = 0;
+  std::fill(umin_, umin_ + 16, ~0u);
+  std::fill(umax_, umax_ + 16, 0u);
+}
+
+void SplitQueue::add(int rows, index_t k, const float* a, index_t rs, bf16* dst) {
+  if (npanels_ == kMaxPanels) throw std::logic_error("amx::SplitQueue: more panels than it holds");
+  panels_[npanels_++] = Panel{a, rs, k, rows, dst};
+  left_ += index_t(kBlock) * steps(k);
+}
 
 }  // namespace amx
 }  // namespace dnnkit

@@ -71,6 +71,45 @@ void pack_a_step(int rows, index_t kk, const float* a, index_t rs, bf16* step);
 // (the check rides along the split, so that a weight packed at every call is read once): where not,
 // the panel holds what the split made of it, and a product on it is not float32's.
 bool pack_a_panel_checked(int rows, index_t k, const float* a, index_t rs, bf16* dst);
+// A panels of rows contiguous in depth, split as pack_a_panel_checked splits them (the same bits) but a
+// row of one step (32 values) at a time, so that the split can ride between the tile products of
+// another panel (tile_t's `side`): the vector units split while the tile unit multiplies. A cell on
+// weights in place splits its next gate's rows while the tiles run this gate's. Each panel is walked
+// row by row, so that every row of the weight streams in order.
+class SplitQueue {
+ public:
+  static constexpr int kMaxPanels = 4;
+  SplitQueue() { clear(); }
+  // Empties the queue and starts a new splittability check.
+  void clear();
+  // Queues rows <= 32 rows of depth k (row r at a + r*rs) into the A panel at dst.
+  void add(int rows, index_t k, const float* a, index_t rs, bf16* dst);
+  // Row steps left to split (32 for each step of a queued panel: rows past `rows` are zero-filled).
+  index_t left() const { return left_; }
+  // Splits up to n more row steps.
+  void run(index_t n);
+  // Splits what is left; whether every value queued since clear() split exactly (splittable).
+  bool finish() {
+    run(left_);
+    return ok();
+  }
+  bool ok() const;
+
+ private:
+  friend void split_rows(SplitQueue& q, index_t n);
+  struct Panel {
+    const float* a;
+    index_t rs, k;
+    int rows;
+    bf16* dst;
+  };
+  Panel panels_[kMaxPanels];
+  int npanels_, panel_;
+  index_t row_, step_, left_;
+  alignas(64) std::uint32_t umin_[16];  // as pack_a_panel_checked's: the smallest |x| bits - 1, the largest
+  alignas(64) std::uint32_t umax_[16];
+};
+
 // cols <= 32 columns of B (element (p, j) at b[p*rs + j*cs]), depth k, into one B panel.
 void pack_b_panel(index_t k, int cols, const float* b, index_t rs, index_t cs, bf16* dst);
 
@@ -102,8 +141,12 @@ void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, 
 // transposed, C(i, j) at ct[j*ldct + i]. The sum starts from the bias, as tile()'s does. (An RNN cell with
 // the weights as A, 32 hidden units' rows of them unpacked but for the split, and [x | h]^T as B: C^T is
 // the batch-major pre-activations the post-GEMM reads.)
+// With `side`, side_rows row steps of it are split after every four tile products (SplitQueue). With
+// `accumulate`, the sum starts from C's values in ct instead of the bias (a sum over a second pair of
+// panels run later gives the bits the one call with nsteps2 gives).
 void tile_t(index_t nsteps, const bf16* a, const bf16* b, float* ct, index_t ldct, int m, int n, const float* bias,
-            index_t nsteps2 = 0, const bf16* a2 = nullptr, const bf16* b2 = nullptr);
+            index_t nsteps2 = 0, const bf16* a2 = nullptr, const bf16* b2 = nullptr, SplitQueue* side = nullptr,
+            int side_rows = 0, bool accumulate = false);
 
 // The blocked GEMM on tiles, for gemm<float>: returns false, having done nothing, where the tile path
 // does not take the product (not enabled, A packed ahead, B computed or grouped, fewer than 192 rows or

@@ -711,13 +711,14 @@ void for_each_xh_panel(index_t B, F&& fn) {
 // W [x | h]^T, so that 32 rows of a weight become an A panel by the split alone (the tile unit's A is
 // row-major in depth, as W is), where as the B operand every 16 x 16 block of them would also be
 // transposed; x and h, a few rows, are packed once as B panels and stay in L2. The split of the weights
-// at every call (0.7-0.9 cycles a value, read from L3 and written to L2 as three parts) is repaid by
-// the batch: in-process A/B against the FMA kernels (gemm_wt_direct_cell), 2 threads, LSTM and GRU
-// cells: batch 64 at I + H = 1024 to 2048, 1.03-1.15x (at 512, 0.97-0.98; batch 48, 0.81-0.84); batch
-// 96 to 128, 1.07-1.26x; batch 256 at H256 1.21x. A batch whose B panels pass 3/4 of L2 (H1024, batch
-// 256: 0.93x) stays on the FMA kernels or the blocked GEMM.
+// at every call (0.7-0.9 cycles a value, read from L3 and written to L2 as three parts) runs between
+// the tile products (fused_cell_step_amx) and is repaid by the batch: in-process A/B against the FMA
+// kernels (gemm_wt_direct_cell, bench/cell_tiles.py), 2 threads, LSTM and GRU cells: batch 64 at
+// I + H = 1024 to 2048, 1.18-1.27x, at 512 1.04-1.10x (at 256, 0.84-0.91; batch 48, 0.81-0.93; batch
+// 32, 0.77-0.86); batch 96 to 128, 1.11-1.35x; batch 256 at H256 1.25x. A batch whose B panels pass
+// 3/4 of L2 (H1024, batch 256) stays on the FMA kernels or the blocked GEMM.
 bool cell_on_tiles(index_t B, index_t I, const float* x, index_t S, const float* h0) {
-  if (!rnn_tiles_active() || !h0 || B < 64 || (I + S < 1024 && B < 96)) return false;
+  if (!rnn_tiles_active() || !h0 || B < 64 || (I + S < 512 && B < 96)) return false;
   const double panel_bytes = double(ceil_div(B, index_t(amx::kBlock))) *
                              double(amx::panel_elems(I) + amx::panel_elems(S)) * sizeof(amx::bf16);
   if (panel_bytes > 0.75 * double(l2_cache_bytes())) return false;
@@ -727,9 +728,14 @@ bool cell_on_tiles(index_t B, index_t I, const float* x, index_t S, const float*
 // fused_cell_step on the tiles (cell_on_tiles): for each block of 32 hidden units, gate by gate, the
 // gate's 32 rows of W_ih and W_hh split into one thread's A panels, then for each 32-row panel of the
 // batch one tile summing W_ih x^T and W_hh h^T from the bias (GRU's gate n: the two apart, h's into gh),
-// stored batch-major into xp; then the post-GEMM and final states of the block. A block whose weights do
-// not split exactly runs on the FMA dot products instead (gemm_small_m; the block alone: the outputs
-// are float32's either way).
+// stored batch-major into xp; then the post-GEMM and final states of the block. Each gate's split runs
+// between the tile products of the gate before (amx::SplitQueue; the next block's first gate during
+// this one's last), into a second copy of the panels; where two copies do not fit in L2 beside the B
+// panels, the gate runs in halves instead, W_ih's tiles while W_hh's rows are split and W_hh's (started
+// from the tile W_ih's stored) while the next W_ih's are. On two threads, against the FMA kernels:
+// batch 64 at H512-H1024 1.19-1.25x where splitting before the tiles gave 1.00-1.07x; at H256,
+// 1.04-1.08x against 0.92-1.00x. A block whose weights do not split exactly runs on the FMA dot
+// products instead (gemm_small_m; the block alone: the outputs are float32's either way).
 void fused_cell_step_amx(const RnnShape& s, const RnnWeights<float>& w, int l, int d, const float* xl,
                          const float* h0, const float* c0, float* const* y, float* h_n, float* c_n, float* reserve,
                          DirBuffers<float>& b, const float* zeros) {
@@ -750,7 +756,12 @@ void fused_cell_step_amx(const RnnShape& s, const RnnWeights<float>& w, int l, i
   float *const xp = b.xp.data(), *const gh = b.gh.data();
   const index_t pe_x = amx::panel_elems(I), pe_h = amx::panel_elems(S), ns_x = amx::steps(I), ns_h = amx::steps(S);
   AlignedBuffer<amx::bf16> bpanels(static_cast<std::size_t>(batch_panels * (pe_x + pe_h)));  // x^T, h^T
-  AlignedBuffer<amx::bf16> apanels(static_cast<std::size_t>(nt * (pe_x + pe_h)));  // a gate's W_ih, W_hh rows
+  // A gate's W_ih and W_hh rows, twice where two copies and the B panels fit in 3/5 of L2 (the next gate
+  // split while the tiles run this one's, one tile for both products), else once (the halves in turn).
+  const index_t pe_a = pe_x + pe_h;
+  const bool halves =
+      double((2 + batch_panels) * pe_a) * sizeof(amx::bf16) > 0.6 * double(l2_cache_bytes());
+  AlignedBuffer<amx::bf16> apanels(static_cast<std::size_t>(nt * (halves ? 1 : 2) * pe_a));
   amx::bf16 *const bx = bpanels.data(), *const bh = bx + batch_panels * pe_x;
   std::optional<PanelShare> share;
   if (nt > 1) share.emplace(nt, units);
@@ -766,27 +777,64 @@ void fused_cell_step_amx(const RnnShape& s, const RnnWeights<float>& w, int l, i
     });
 #pragma omp barrier
     const amx::TileScope tiles;
-    amx::bf16* const aih = apanels.data() + tid * (pe_x + pe_h);
-    amx::bf16* const ahh = aih + pe_x;
-    for_each_unit(share ? &*share : nullptr, units, reverse, [&](index_t jp) {
+    amx::bf16* const abuf = apanels.data() + tid * (halves ? 1 : 2) * pe_a;
+    amx::SplitQueue queue;
+    // Item t of a block: gate t's products (panels at slot 0 and 1 in turn); with `halves`, gate t / 2's
+    // W_ih products (t even) or W_hh products (t odd), from slot 0's W_ih and W_hh panels. The rows of
+    // the item after are split while the tiles run this one's (the next block's first: asked for early).
+    auto queue_item = [&](index_t jp, int t, int slot) {
+      const index_t j0 = jp * amx::kBlock, row = (halves ? t / 2 : t) * H + j0;
+      const int n_u = static_cast<int>(std::min<index_t>(amx::kBlock, H - j0));
+      amx::bf16* const a = abuf + slot * pe_a;
+      if (!halves || t % 2 == 0) queue.add(n_u, I, wih + row * I, I, a);
+      if (!halves || t % 2 == 1) queue.add(n_u, S, whh + row * S, S, a + pe_x);
+    };
+    const int items = halves ? 2 * G : G;
+    UnitCursor cursor(share ? &*share : nullptr, units, reverse);
+    index_t jp = cursor.next();
+    int slot = 0;
+    bool item_ok = true;
+    if (jp >= 0) {  // the first item's split alone
+      queue_item(jp, 0, slot);
+      item_ok = queue.finish();
+    }
+    while (jp >= 0) {
       const index_t j0 = jp * amx::kBlock;
       const int n_u = static_cast<int>(std::min<index_t>(amx::kBlock, H - j0));
       bool split = true;
-      for (int q = 0; q < G && split; ++q) {
+      index_t next = -1;
+      for (int t = 0; t < items; ++t) {
+        split = split && item_ok;
+        const int to = halves ? 0 : slot ^ 1;
+        queue.clear();
+        if (t + 1 < items)
+          queue_item(jp, t + 1, to);
+        else if ((next = cursor.next()) >= 0)
+          queue_item(next, 0, to);
+        const int q = halves ? t / 2 : t;
+        const bool ih = !halves || t % 2 == 0, hh = !halves || t % 2 == 1;
+        const bool apart = gru && q == 2;  // GRU's gate n: W_hn h apart, into gh, which the reset gate scales
+        // Row steps of the split to run after every four tile products, so that it ends with them.
+        const int side =
+            static_cast<int>(ceil_div(queue.left(), 6 * batch_panels * ((ih ? ns_x : 0) + (hh ? ns_h : 0))));
+        const amx::bf16 *const aih = abuf + slot * pe_a, *const ahh = aih + pe_x;
         const index_t row = q * H + j0;
-        split = amx::pack_a_panel_checked(n_u, I, wih + row * I, I, aih) &&
-                amx::pack_a_panel_checked(n_u, S, whh + row * S, S, ahh);
         for (index_t ip = 0; split && ip < batch_panels; ++ip) {
           const index_t i = ip * amx::kBlock;
           const int m_b = static_cast<int>(std::min<index_t>(amx::kBlock, B - i));
-          if (gru && q == 2) {  // gate n: W_hn h apart, into gh, which the reset gate scales
-            amx::tile_t(ns_x, aih, bx + ip * pe_x, xp + i * GH + row, GH, n_u, m_b, bias + row);
-            amx::tile_t(ns_h, ahh, bh + ip * pe_h, gh + i * GH + row, GH, n_u, m_b, nullptr);
-          } else {
-            amx::tile_t(ns_x, aih, bx + ip * pe_x, xp + i * GH + row, GH, n_u, m_b, bias + row, ns_h, ahh,
-                        bh + ip * pe_h);
+          float* const xq = xp + i * GH + row;
+          if (ih && hh && !apart) {
+            amx::tile_t(ns_x, aih, bx + ip * pe_x, xq, GH, n_u, m_b, bias + row, ns_h, ahh, bh + ip * pe_h, &queue,
+                        side);
+            continue;
           }
+          if (ih) amx::tile_t(ns_x, aih, bx + ip * pe_x, xq, GH, n_u, m_b, bias + row, 0, nullptr, nullptr, &queue, side);
+          if (hh)  // onto W_ih's sum (float32, stored and loaded back exactly: the same bits), or into gh
+            amx::tile_t(ns_h, ahh, bh + ip * pe_h, apart ? gh + i * GH + row : xq, GH, n_u, m_b, nullptr, 0, nullptr,
+                        nullptr, &queue, side, !apart);
         }
+        item_ok = queue.finish();
+        slot = to;
       }
       if (!split) {  // every gate of the block again, on the FMA dot products (no workspace, this thread)
         for (int q = 0; q < G; ++q) {
@@ -803,7 +851,8 @@ void fused_cell_step_amx(const RnnShape& s, const RnnWeights<float>& w, int l, i
       const StepRows step{s.cell, B, H, j0, j0 + n_u};
       forward_rows<float>(step, xp, gru ? gh : nullptr, true, bias + GH, hp, S, cp, c, h, ldy, save, aux, zeros);
       final_states<float>(step, h, ldy, c, hn, cn);
-    });
+      jp = next;
+    }
   }
 }
 
