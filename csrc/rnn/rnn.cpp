@@ -714,7 +714,7 @@ void for_each_xh_panel(index_t B, F&& fn) {
 // at every call (0.7-0.9 cycles a value, read from L3 and written to L2 as three parts) runs between
 // the tile products (fused_cell_step_amx) and is repaid by the batch: in-process A/B against the FMA
 // kernels (gemm_wt_direct_cell, bench/cell_tiles.py), 2 threads, LSTM and GRU cells: batch 64 at
-// I + H = 1024 to 2048, 1.18-1.27x, at 512 1.04-1.10x (at 256, 0.84-0.91; batch 48, 0.81-0.93; batch
+// I + H = 1024 to 2048, 1.15-1.27x, at 512 0.99-1.10x (at 256, 0.84-0.91; batch 48, 0.81-0.93; batch
 // 32, 0.77-0.86); batch 96 to 128, 1.11-1.35x; batch 256 at H256 1.25x. A batch whose B panels pass
 // 3/4 of L2 (H1024, batch 256) stays on the FMA kernels or the blocked GEMM.
 bool cell_on_tiles(index_t B, index_t I, const float* x, index_t S, const float* h0) {
@@ -733,8 +733,8 @@ bool cell_on_tiles(index_t B, index_t I, const float* x, index_t S, const float*
 // this one's last), into a second copy of the panels; where two copies do not fit in L2 beside the B
 // panels, the gate runs in halves instead, W_ih's tiles while W_hh's rows are split and W_hh's (started
 // from the tile W_ih's stored) while the next W_ih's are. On two threads, against the FMA kernels:
-// batch 64 at H512-H1024 1.19-1.25x where splitting before the tiles gave 1.00-1.07x; at H256,
-// 1.04-1.08x against 0.92-1.00x. A block whose weights do not split exactly runs on the FMA dot
+// batch 64 at H512-H1024 1.15-1.27x where splitting before the tiles gave 1.00-1.07x; at H256,
+// 0.99-1.10x against 0.92-1.00x. A block whose weights do not split exactly runs on the FMA dot
 // products instead (gemm_small_m; the block alone: the outputs are float32's either way).
 void fused_cell_step_amx(const RnnShape& s, const RnnWeights<float>& w, int l, int d, const float* xl,
                          const float* h0, const float* c0, float* const* y, float* h_n, float* c_n, float* reserve,
