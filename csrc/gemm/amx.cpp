@@ -408,34 +408,9 @@ void pack_a_panel(int rows, index_t k, const float* a, index_t rs, index_t cs, b
   });
 }
 
-bool pack_a_panel_checked(int rows, index_t k, const float* a, index_t rs, bf16* dst) {
-  // Splittable: every nonzero |x| (bits u) in [kLo, kLo + kSpan): the smallest u - 1 (a zero wraps to
-  // the largest) and the largest u over the panel tell.
-  const __m512i abs = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
-  __m512i umin = _mm512_set1_epi32(-1), umax = _mm512_setzero_si512();
-  for (index_t s = 0; s < steps(k); ++s) {
-    const index_t p0 = s * kStep, kk = std::min<index_t>(kStep, k - p0);
-    const __mmask16 lo = first(kk), hi = kk > 16 ? first(kk - 16) : 0;
-    bf16* const step = dst + s * kStepElems;
-    for (int r = 0; r < kBlock; ++r) {
-      bf16* const out = part_tile(step, 0, r / 16) + (r % 16) * 32;
-      if (r >= rows) {
-        for (int q = 0; q < 3; ++q) _mm512_store_si512(out + q * 1024, _mm512_setzero_si512());
-        continue;
-      }
-      const float* const x = a + r * rs + p0;
-      const __m512 v0 = _mm512_maskz_loadu_ps(lo, x), v1 = _mm512_maskz_loadu_ps(hi, x + 16);
-      const __m512i u0 = _mm512_and_si512(_mm512_castps_si512(v0), abs);
-      const __m512i u1 = _mm512_and_si512(_mm512_castps_si512(v1), abs);
-      umin = _mm512_min_epu32(umin, _mm512_min_epu32(_mm512_sub_epi32(u0, one), _mm512_sub_epi32(u1, one)));
-      umax = _mm512_max_epu32(umax, _mm512_max_epu32(u0, u1));
-      split_row32(v0, v1, out, 1024);
-    }
-  }
-  return _mm512_reduce_min_epu32(umin) >= kLo - 1 && _mm512_reduce_max_epu32(umax) < kLo + kSpan;
-}
-
 // SplitQueue::run's body, inline in tile_t's loop.
+// Splittable: every nonzero |x| (bits u) in [kLo, kLo + kSpan): the smallest u - 1 (a zero wraps to the
+// largest) and the largest u over the panels tell.
 __attribute__((always_inline)) inline void split_rows(SplitQueue& sq, index_t n) {
   n = std::min(n, sq.left_);
   if (n <= 0) return;
@@ -835,9 +810,6 @@ void pack_a_panel(int, index_t, const float*, index_t, index_t, bf16*) {
 }
 void pack_b_panel(index_t, int, const float*, index_t, index_t, bf16*) {
   throw std::logic_error("amx::pack_b_panel: no AMX kernels in this build");
-}
-bool pack_a_panel_checked(int, index_t, const float*, index_t, bf16*) {
-  throw std::logic_error("amx::pack_a_panel_checked: no AMX kernels in this build");
 }
 void SplitQueue::run(index_t) { throw std::logic_error("amx::SplitQueue: no AMX kernels in this build"); }
 bool SplitQueue::ok() const { return false; }

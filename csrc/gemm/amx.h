@@ -67,15 +67,14 @@ void pack_a_panel(int rows, index_t k, const float* a, index_t rs, index_t cs, b
 // of the step zero. (An RNN's post-GEMM writes h_t a block of 32 hidden units at a time, one step of
 // the next product's A panels.)
 void pack_a_step(int rows, index_t kk, const float* a, index_t rs, bf16* step);
-// pack_a_panel of rows contiguous in depth (row r at a + r*rs), and whether every value was splittable
-// (the check rides along the split, so that a weight packed at every call is read once): where not,
-// the panel holds what the split made of it, and a product on it is not float32's.
-bool pack_a_panel_checked(int rows, index_t k, const float* a, index_t rs, bf16* dst);
-// A panels of rows contiguous in depth, split as pack_a_panel_checked splits them (the same bits) but a
-// row of one step (32 values) at a time, so that the split can ride between the tile products of
-// another panel (tile_t's `side`): the vector units split while the tile unit multiplies. A cell on
-// weights in place splits its next gate's rows while the tiles run this gate's. Each panel is walked
-// row by row, so that every row of the weight streams in order.
+// A panels of rows contiguous in depth (row r at a + r*rs), as pack_a_panel makes them, split a row of
+// one step (32 values) at a time, so that the split can ride between the tile products of another
+// panel (tile_t's `side`): the vector units split while the tile unit multiplies. A cell on weights in
+// place splits its next gate's rows while the tiles run this gate's. A panel is walked a step at a
+// time, its 32 rows at each (32 streams that advance together read faster than one row after another).
+// Whether every value was splittable is checked on the way (a weight split at every call is read
+// once): where not, the panels hold what the split made of them, and a product on them is not
+// float32's.
 class SplitQueue {
  public:
   static constexpr int kMaxPanels = 4;
@@ -106,7 +105,7 @@ class SplitQueue {
   Panel panels_[kMaxPanels];
   int npanels_, panel_;
   index_t row_, step_, left_;
-  alignas(64) std::uint32_t umin_[16];  // as pack_a_panel_checked's: the smallest |x| bits - 1, the largest
+  alignas(64) std::uint32_t umin_[16];  // the smallest |x| bits - 1 and the largest, lane by lane
   alignas(64) std::uint32_t umax_[16];
 };
 
