@@ -147,6 +147,26 @@ def test_linear_layer_with_bias_and_activation_on_tiles(num_threads):
         assert np.array_equal(dnnkit.linear(x, dnnkit.pack_weight(w), b, activation=act), tiles)
 
 
+@pytest.mark.parametrize("m,n,k", [(1000, 300, 2100), (400, 1100, 256), (3200, 256, 576)])
+def test_gemm_with_each_thread_splitting_every_a_panel(num_threads, m, n, k):
+    """One B block a thread: each thread splits A's panels itself, the next between the tile products of
+    the one before. Rows past a panel's 32, several depth blocks (C reloaded between them), a bias and an
+    activation on the last: float32's error, and a packed weight's panels give the same bits."""
+    rng = np.random.default_rng(m + n + k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    fma, tiles = fma_and_amx(lambda: dnnkit.linear(x, w, b, activation="relu", algo="blocked_gemm"))
+    ref = linear_ref(x, w, b, "relu")
+    assert rel_l2(tiles, ref) <= 2 * rel_l2(fma, ref) + 1e-7
+    assert not np.array_equal(fma, tiles)  # the tiles did run
+    dnnkit.set_amx(True)
+    try:
+        assert np.array_equal(dnnkit.linear(x, dnnkit.pack_weight(w), b, activation="relu"), tiles)
+    finally:
+        dnnkit.set_amx(False)
+
+
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan, 1e-35, 1e-40, ROUNDS_TO_INF])
 @pytest.mark.parametrize("where", ["a", "b"])
 def test_values_the_tiles_cannot_split_fall_back_to_the_fma_kernels(num_threads, bad, where):

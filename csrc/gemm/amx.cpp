@@ -494,9 +494,12 @@ void run_in_buffer(float* acc, index_t nsteps, const bf16* a, const bf16* b, ind
 }
 }  // namespace
 
-void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, index_t cs_c, int m, int n,
-          float alpha, float beta, const float* bias, bool bias_rows, index_t nsteps2, const bf16* a2,
-          const bf16* b2) {
+namespace {
+// tile()'s body, with side() after every four tile products (see run_steps).
+template <class Side>
+void tile_side(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, index_t cs_c, int m, int n,
+               float alpha, float beta, const float* bias, bool bias_rows, index_t nsteps2, const bf16* a2,
+               const bf16* b2, Side&& side) {
   const bool in_tiles = m == 32 && n == 32 && cs_c == 1 && alpha == 1.f &&
                         (beta == 1.f ? !bias : beta == 0.f && (!bias || !bias_rows));
   if (in_tiles) {
@@ -517,8 +520,8 @@ void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, 
       _tile_zero(2);
       _tile_zero(3);
     }
-    run_steps(nsteps, a, b);
-    if (nsteps2 > 0) run_steps(nsteps2, a2, b2);
+    run_steps(nsteps, a, b, side);
+    if (nsteps2 > 0) run_steps(nsteps2, a2, b2, side);
     _tile_stored(0, c, ld);
     _tile_stored(1, c + 16, ld);
     _tile_stored(2, c + 16 * rs_c, ld);
@@ -539,7 +542,7 @@ void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, 
       }
       acc[i * 32 + j] = v;
     }
-  run_in_buffer(acc, nsteps, a, b, nsteps2, a2, b2, [] {});
+  run_in_buffer(acc, nsteps, a, b, nsteps2, a2, b2, side);
   for (int i = 0; i < m; ++i)
     for (int j = 0; j < n; ++j) {
       float* y = c + i * rs_c + j * cs_c;
@@ -551,6 +554,13 @@ void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, 
       }
       *y = v;
     }
+}
+}  // namespace
+
+void tile(index_t nsteps, const bf16* a, const bf16* b, float* c, index_t rs_c, index_t cs_c, int m, int n,
+          float alpha, float beta, const float* bias, bool bias_rows, index_t nsteps2, const bf16* a2,
+          const bf16* b2) {
+  tile_side(nsteps, a, b, c, rs_c, cs_c, m, n, alpha, beta, bias, bias_rows, nsteps2, a2, b2, [] {});
 }
 
 void tile_t(index_t nsteps, const bf16* a, const bf16* b, float* ct, index_t ldct, int m, int n, const float* bias,
@@ -647,9 +657,11 @@ struct Plan {
   index_t mc, nc;  // rows of an A block, columns of a B block: multiples of 32
   int nthreads;
   bool split_n;    // each thread packs and runs its own B blocks (else the threads share one, split A)
+  bool own_a;      // split_n with one B block a thread, each thread splitting every A panel itself
 };
 
-Plan make_plan(index_t m, index_t n, index_t k, int nthreads) {
+// a_rows: A's rows are contiguous in depth (cs == 1), the layout a split between the tile products reads.
+Plan make_plan(index_t m, index_t n, index_t k, int nthreads, bool a_rows) {
   Plan p;
   // Depth blocks of at most 1024 (each block is one load and store of C's tiles, a pause of the tile
   // unit's pipeline: the fewer the better), equal, in whole steps.
@@ -669,6 +681,13 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads) {
   index_t njb = ceil_div(n, nc_cap);
   if (p.split_n) njb = round_up(njb, nt);
   p.nc = round_up(ceil_div(n, njb), 32);
+  // One B block a thread: each thread runs every A panel against its block, and splits the panel after
+  // the one its tiles run into a second buffer between their products (SplitQueue): the vector units
+  // split while the tile unit multiplies, in L2, where a shared A block split ahead goes through L3 and
+  // back (its split alone measured a third of the product's time at 3200 x 256 x 1024). Each thread
+  // then splits all of A: below a depth of 4 steps (3136 x 256 x 64 and x 96: 0.93 of the shared
+  // split's speed; x 128: 1.15) the tiles run too briefly to hide it.
+  p.own_a = p.split_n && a_rows && njb == nt && k >= 4 * kStep;
   return p;
 }
 
@@ -681,9 +700,14 @@ bool shape_fits(index_t m, index_t n, index_t k) { return std::min(m, n) >= 192 
 
 index_t workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
   if (!active() || !shape_fits(m, n, k)) return 0;
-  const Plan p = make_plan(m, n, k, nthreads > 0 ? nthreads : get_num_threads());
-  const index_t panel = p.kc / kStep * kStepElems;
-  return (p.mc / 32 + p.nc / 32 * (p.split_n ? p.nthreads : 1)) * panel * index_t(sizeof(bf16));
+  index_t bytes = 0;
+  for (bool a_rows : {false, true}) {  // the larger of the two plans
+    const Plan p = make_plan(m, n, k, nthreads > 0 ? nthreads : get_num_threads(), a_rows);
+    const index_t panel = p.kc / kStep * kStepElems;
+    const index_t a_panels = p.own_a ? 2 * p.nthreads : p.mc / 32;
+    bytes = std::max(bytes, (a_panels + p.nc / 32 * (p.split_n ? p.nthreads : 1)) * panel * index_t(sizeof(bf16)));
+  }
+  return bytes;
 }
 
 bool gemm(const GemmArgs<float>& g, int nthreads) {
@@ -692,10 +716,10 @@ bool gemm(const GemmArgs<float>& g, int nthreads) {
   // where its panels are 32 wide: panel jp's element (p, j) at b_panels + jp*32*k + p*32 + j.
   const bool panels = g.b_panels != nullptr;
   if (panels && select_ukernel<float>(active_isa()).nr != kBlock) return false;
-  const Plan p = make_plan(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads());
+  const Plan p = make_plan(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), g.cs_a == 1);
   const index_t kc_steps = p.kc / kStep, panel = kc_steps * kStepElems;
   const index_t b_block = p.nc / 32 * panel;
-  AlignedBuffer<bf16> abuf(static_cast<std::size_t>(p.mc / 32 * panel));
+  AlignedBuffer<bf16> abuf(static_cast<std::size_t>((p.own_a ? 2 * p.nthreads : p.mc / 32) * panel));
   AlignedBuffer<bf16> bbuf(static_cast<std::size_t>(b_block * (p.split_n ? p.nthreads : 1)));
   // The bias starts the tiles on the first depth block where C is not read, else joins the last.
   const bool bias_first = g.beta == 0.f && !g.bias_per_row;
@@ -723,7 +747,56 @@ bool gemm(const GemmArgs<float>& g, int nthreads) {
     const bool run_tiles = !unsplit.load(std::memory_order_relaxed);
     std::optional<TileScope> tiles;
     if (run_tiles) tiles.emplace();
-    for (index_t ic = 0; run_tiles && ic < g.m; ic += p.mc) {
+    for (index_t pc = 0; run_tiles && p.own_a && pc < g.k; pc += p.kc) {
+      // This thread's B block against every A panel in turn; no other thread's data is read, so no
+      // barrier. The blocks' order for each element of C (depth blocks in order) is the shared path's.
+      const index_t jc = tid * p.nc;
+      if (jc >= g.n) break;
+      const index_t nc = std::min(p.nc, g.n - jc), n_jr = ceil_div(nc, 32), n_ir = ceil_div(g.m, 32);
+      const index_t kc = std::min(p.kc, g.k - pc), ns = steps(kc);
+      const bool first_k = pc == 0, last_k = pc + kc >= g.k;
+      const float beta = first_k ? g.beta : 1.f;
+      const float* bias = g.bias && (bias_first ? first_k : last_k) ? g.bias : nullptr;
+      const bool act = last_k && g.act != Activation::identity;
+      bf16* const bp = bbuf.data() + tid * b_block;
+      if (panels) {
+        for (index_t jr = 0; jr < n_jr; ++jr) {
+          const index_t j = jc + jr * 32;
+          pack_b_panel(kc, static_cast<int>(std::min<index_t>(32, g.n - j)), g.b_panels + j * g.k + pc * 32, 32, 1,
+                       bp + jr * panel);
+        }
+      } else {
+        pack_b_panels(kc, nc, g.b + pc * g.rs_b + jc * g.cs_b, g.rs_b, g.cs_b, bp, panel);
+      }
+      bf16* const ap[2] = {abuf.data() + 2 * tid * panel, abuf.data() + (2 * tid + 1) * panel};
+      SplitQueue queue;
+      auto add_panel = [&](index_t ir) {
+        const index_t i = ir * 32;
+        queue.add(static_cast<int>(std::min<index_t>(32, g.m - i)), kc, g.a + i * g.rs_a + pc, g.rs_a, ap[ir % 2]);
+      };
+      queue.clear();
+      add_panel(0);
+      queue.finish();
+      // A panel's 32 rows at each of its steps, over its n_jr tiles' 6 calls of side() a step.
+      const int side_rows = static_cast<int>(ceil_div(index_t(kBlock), 6 * n_jr));
+      for (index_t ir = 0; ir < n_ir; ++ir) {
+        queue.clear();
+        if (ir + 1 < n_ir) add_panel(ir + 1);
+        const index_t i = ir * 32;
+        const int m_t = static_cast<int>(std::min<index_t>(32, g.m - i));
+        for (index_t jr = 0; jr < n_jr; ++jr) {
+          const index_t j = jc + jr * 32;
+          const int n_t = static_cast<int>(std::min<index_t>(32, g.n - j));
+          float* c = g.c + i * g.rs_c + j * g.cs_c;
+          const float* bb = bias ? bias + (g.bias_per_row ? i : j) : nullptr;
+          tile_side(ns, ap[ir % 2], bp + jr * panel, c, g.rs_c, g.cs_c, m_t, n_t, g.alpha, beta, bb, g.bias_per_row, 0,
+                    nullptr, nullptr, [&queue, side_rows] { split_rows(queue, side_rows); });
+          if (act) apply_epilogue<float>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
+        }
+        queue.finish();
+      }
+    }
+    for (index_t ic = 0; run_tiles && !p.own_a && ic < g.m; ic += p.mc) {
       const index_t mc = std::min(p.mc, g.m - ic), n_ir = ceil_div(mc, 32);
       for (index_t pc = 0; pc < g.k; pc += p.kc) {
         const index_t kc = std::min(p.kc, g.k - pc), ns = steps(kc);
