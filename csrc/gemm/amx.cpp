@@ -747,100 +747,98 @@ bool gemm(const GemmArgs<float>& g, int nthreads) {
     const bool run_tiles = !unsplit.load(std::memory_order_relaxed);
     std::optional<TileScope> tiles;
     if (run_tiles) tiles.emplace();
+    // A depth block [pc, pc + kc): its steps, and the scale of C, the bias and the activation it takes.
+    struct DepthBlock {
+      index_t pc, kc, ns;
+      float beta;
+      const float* bias;
+      bool act;
+    };
+    auto depth_block = [&](index_t pc) {
+      DepthBlock d;
+      d.pc = pc;
+      d.kc = std::min(p.kc, g.k - pc);
+      d.ns = steps(d.kc);
+      const bool first_k = pc == 0, last_k = pc + d.kc >= g.k;
+      d.beta = first_k ? g.beta : 1.f;
+      d.bias = g.bias && (bias_first ? first_k : last_k) ? g.bias : nullptr;
+      d.act = last_k && g.act != Activation::identity;
+      return d;
+    };
+    // The B panel of columns [j, j + 32) of depth block d, at dst.
+    auto pack_b = [&](const DepthBlock& d, index_t j, bf16* dst) {
+      const int cols = static_cast<int>(std::min<index_t>(32, g.n - j));
+      if (panels)
+        pack_b_panel(d.kc, cols, g.b_panels + j * g.k + d.pc * 32, 32, 1, dst);
+      else
+        pack_b_panel(d.kc, cols, g.b + d.pc * g.rs_b + j * g.cs_b, g.rs_b, g.cs_b, dst);
+    };
+    // A thread's own B block, columns [jc, jc + nc) of depth block d, as panels at dst.
+    auto pack_b_block = [&](const DepthBlock& d, index_t jc, index_t nc, bf16* dst) {
+      if (!panels) return pack_b_panels(d.kc, nc, g.b + d.pc * g.rs_b + jc * g.cs_b, g.rs_b, g.cs_b, dst, panel);
+      for (index_t jr = 0; jr < ceil_div(nc, index_t(32)); ++jr) pack_b(d, jc + jr * 32, dst + jr * panel);
+    };
+    // C's tile at rows [i, i + 32) and columns [j, j + 32) over depth block d from the panels ap and bp,
+    // side() between its tile products; then the activation on the last depth block.
+    auto run_tile = [&](const DepthBlock& d, index_t i, index_t j, const bf16* ap, const bf16* bp, auto&& side) {
+      const int m_t = static_cast<int>(std::min<index_t>(32, g.m - i));
+      const int n_t = static_cast<int>(std::min<index_t>(32, g.n - j));
+      float* c = g.c + i * g.rs_c + j * g.cs_c;
+      // A bias per row (the transposed problem's) goes through tile()'s buffer.
+      const float* bb = d.bias ? d.bias + (g.bias_per_row ? i : j) : nullptr;
+      tile_side(d.ns, ap, bp, c, g.rs_c, g.cs_c, m_t, n_t, g.alpha, d.beta, bb, g.bias_per_row, 0, nullptr, nullptr,
+                side);
+      if (d.act) apply_epilogue<float>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
+    };
+    auto no_side = [] {};
+
     for (index_t pc = 0; run_tiles && p.own_a && pc < g.k; pc += p.kc) {
       // This thread's B block against every A panel in turn; no other thread's data is read, so no
       // barrier. The blocks' order for each element of C (depth blocks in order) is the shared path's.
       const index_t jc = tid * p.nc;
       if (jc >= g.n) break;
+      const DepthBlock d = depth_block(pc);
       const index_t nc = std::min(p.nc, g.n - jc), n_jr = ceil_div(nc, 32), n_ir = ceil_div(g.m, 32);
-      const index_t kc = std::min(p.kc, g.k - pc), ns = steps(kc);
-      const bool first_k = pc == 0, last_k = pc + kc >= g.k;
-      const float beta = first_k ? g.beta : 1.f;
-      const float* bias = g.bias && (bias_first ? first_k : last_k) ? g.bias : nullptr;
-      const bool act = last_k && g.act != Activation::identity;
       bf16* const bp = bbuf.data() + tid * b_block;
-      if (panels) {
-        for (index_t jr = 0; jr < n_jr; ++jr) {
-          const index_t j = jc + jr * 32;
-          pack_b_panel(kc, static_cast<int>(std::min<index_t>(32, g.n - j)), g.b_panels + j * g.k + pc * 32, 32, 1,
-                       bp + jr * panel);
-        }
-      } else {
-        pack_b_panels(kc, nc, g.b + pc * g.rs_b + jc * g.cs_b, g.rs_b, g.cs_b, bp, panel);
-      }
+      pack_b_block(d, jc, nc, bp);
       bf16* const ap[2] = {abuf.data() + 2 * tid * panel, abuf.data() + (2 * tid + 1) * panel};
       SplitQueue queue;
       auto add_panel = [&](index_t ir) {
         const index_t i = ir * 32;
-        queue.add(static_cast<int>(std::min<index_t>(32, g.m - i)), kc, g.a + i * g.rs_a + pc, g.rs_a, ap[ir % 2]);
+        queue.add(static_cast<int>(std::min<index_t>(32, g.m - i)), d.kc, g.a + i * g.rs_a + pc, g.rs_a, ap[ir % 2]);
       };
       queue.clear();
       add_panel(0);
       queue.finish();
       // A panel's 32 rows at each of its steps, over its n_jr tiles' 6 calls of side() a step.
       const int side_rows = static_cast<int>(ceil_div(index_t(kBlock), 6 * n_jr));
+      auto side = [&queue, side_rows] { split_rows(queue, side_rows); };
       for (index_t ir = 0; ir < n_ir; ++ir) {
         queue.clear();
         if (ir + 1 < n_ir) add_panel(ir + 1);
-        const index_t i = ir * 32;
-        const int m_t = static_cast<int>(std::min<index_t>(32, g.m - i));
-        for (index_t jr = 0; jr < n_jr; ++jr) {
-          const index_t j = jc + jr * 32;
-          const int n_t = static_cast<int>(std::min<index_t>(32, g.n - j));
-          float* c = g.c + i * g.rs_c + j * g.cs_c;
-          const float* bb = bias ? bias + (g.bias_per_row ? i : j) : nullptr;
-          tile_side(ns, ap[ir % 2], bp + jr * panel, c, g.rs_c, g.cs_c, m_t, n_t, g.alpha, beta, bb, g.bias_per_row, 0,
-                    nullptr, nullptr, [&queue, side_rows] { split_rows(queue, side_rows); });
-          if (act) apply_epilogue<float>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
-        }
+        for (index_t jr = 0; jr < n_jr; ++jr) run_tile(d, ir * 32, jc + jr * 32, ap[ir % 2], bp + jr * panel, side);
         queue.finish();
       }
     }
     for (index_t ic = 0; run_tiles && !p.own_a && ic < g.m; ic += p.mc) {
       const index_t mc = std::min(p.mc, g.m - ic), n_ir = ceil_div(mc, 32);
       for (index_t pc = 0; pc < g.k; pc += p.kc) {
-        const index_t kc = std::min(p.kc, g.k - pc), ns = steps(kc);
-        const bool first_k = pc == 0, last_k = pc + kc >= g.k;
-        const float beta = first_k ? g.beta : 1.f;
-        const float alpha = g.alpha;
-        const float* bias = g.bias && (bias_first ? first_k : last_k) ? g.bias : nullptr;
-        const bool act = last_k && g.act != Activation::identity;
+        const DepthBlock d = depth_block(pc);
         auto pack_a = [&](index_t ir) {
           const index_t i = ic + ir * 32;
-          pack_a_panel(static_cast<int>(std::min<index_t>(32, g.m - i)), kc, g.a + i * g.rs_a + pc * g.cs_a, g.rs_a,
+          pack_a_panel(static_cast<int>(std::min<index_t>(32, g.m - i)), d.kc, g.a + i * g.rs_a + pc * g.cs_a, g.rs_a,
                        g.cs_a, abuf.data() + ir * panel);
         };
-        auto pack_b = [&](index_t jc, index_t jr, bf16* bp) {
-          const index_t j = jc + jr * 32;
-          const int cols = static_cast<int>(std::min<index_t>(32, g.n - j));
-          if (panels)
-            pack_b_panel(kc, cols, g.b_panels + j * g.k + pc * 32, 32, 1, bp + jr * panel);
-          else
-            pack_b_panel(kc, cols, g.b + pc * g.rs_b + j * g.cs_b, g.rs_b, g.cs_b, bp + jr * panel);
-        };
         auto run = [&](index_t ir, index_t jc, index_t jr, const bf16* bp) {
-          const index_t i = ic + ir * 32, j = jc + jr * 32;
-          const int m_t = static_cast<int>(std::min<index_t>(32, g.m - i));
-          const int n_t = static_cast<int>(std::min<index_t>(32, g.n - j));
-          float* c = g.c + i * g.rs_c + j * g.cs_c;
-          // A bias per row (the transposed problem's) goes through tile()'s buffer.
-          const float* bb = bias ? bias + (g.bias_per_row ? i : j) : nullptr;
-          tile(ns, abuf.data() + ir * panel, bp + jr * panel, c, g.rs_c, g.cs_c, m_t, n_t, alpha, beta, bb,
-               g.bias_per_row);
-          if (act) apply_epilogue<float>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
+          run_tile(d, ic + ir * 32, jc + jr * 32, abuf.data() + ir * panel, bp + jr * panel, no_side);
         };
         if (p.split_n) {
           for (index_t ir = tid; ir < n_ir; ir += nt) pack_a(ir);
 #pragma omp barrier
           bf16* own = bbuf.data() + tid * b_block;
           for (index_t jb = tid; jb * p.nc < g.n; jb += nt) {
-            const index_t jc = jb * p.nc, n_jr = ceil_div(std::min(p.nc, g.n - jc), 32);
-            const index_t nc = std::min(p.nc, g.n - jc);
-            if (panels) {
-              for (index_t jr = 0; jr < n_jr; ++jr) pack_b(jc, jr, own);
-            } else {
-              pack_b_panels(kc, nc, g.b + pc * g.rs_b + jc * g.cs_b, g.rs_b, g.cs_b, own, panel);
-            }
+            const index_t jc = jb * p.nc, nc = std::min(p.nc, g.n - jc), n_jr = ceil_div(nc, 32);
+            pack_b_block(d, jc, nc, own);
             for (index_t ir = 0; ir < n_ir; ++ir)
               for (index_t jr = 0; jr < n_jr; ++jr) run(ir, jc, jr, own);
           }
@@ -851,7 +849,7 @@ bool gemm(const GemmArgs<float>& g, int nthreads) {
           for (index_t jc = 0; jc < g.n; jc += p.nc) {
             const index_t n_jr = ceil_div(std::min(p.nc, g.n - jc), 32);
 #pragma omp for schedule(static)
-            for (index_t jr = 0; jr < n_jr; ++jr) pack_b(jc, jr, bbuf.data());
+            for (index_t jr = 0; jr < n_jr; ++jr) pack_b(d, jc + jr * 32, bbuf.data() + jr * panel);
             for (index_t ir = ir0; ir < ir1; ++ir)
               for (index_t jr = 0; jr < n_jr; ++jr) run(ir, jc, jr, bbuf.data());
 #pragma omp barrier
