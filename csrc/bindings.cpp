@@ -609,7 +609,7 @@ void rnn_backward_impl(const RnnShape& s, const py::object& x, const py::object&
 
 }  // namespace
 
-PYBIND11_MODULE(_cpu, m) {
+PYBIND11_MODULE(DNNKIT_MODULE, m) {
   m.doc() = "dnnkit CPU kernels (C++, OpenMP)";
 
   m.def("gemm",
@@ -826,6 +826,7 @@ PYBIND11_MODULE(_cpu, m) {
         "Test-only: C := alpha*A@B + beta*C (+ bias) for float32 views of at most 32 rows and columns, by\n"
         "the AMX tile kernel on panels packed from the views' strides (amx.h).");
   m.def("amx_splittable", [](const py::array& x) {
+    if (!amx::available()) throw py::value_error("amx_splittable: AMX tiles are not available");
     const View2D v = view2d<float>(x, "amx_splittable", "x");
     return amx::splittable(v.rows, v.cols, static_cast<const float*>(x.data()), v.rs, v.cs);
   }, "Test-only: whether every value of a float32 2-D view splits exactly into AMX's bfloat16 parts.");
@@ -834,8 +835,8 @@ PYBIND11_MODULE(_cpu, m) {
         [](const std::string& isa, const py::array& ap, const py::array& bp, py::array& c, double alpha, double beta,
            int mm, int n, const py::object& bias, bool bias_rows) {
           const Isa i = isa_from_name(isa);
-          if (static_cast<int>(i) > static_cast<int>(detected_isa()))
-            throw py::value_error("ukernel_test: this CPU does not support " + isa);
+          if (static_cast<int>(i) > static_cast<int>(max_isa()))
+            throw py::value_error("ukernel_test: the kernels may not use " + isa + " here (dnnkit.info())");
           if (is_f32(c)) return ukernel_test_impl<float>(i, ap, bp, c, alpha, beta, mm, n, bias, bias_rows);
           if (is_f64(c)) return ukernel_test_impl<double>(i, ap, bp, c, alpha, beta, mm, n, bias, bias_rows);
           throw py::type_error("ukernel_test: c must be float32 or float64");
@@ -847,6 +848,8 @@ PYBIND11_MODULE(_cpu, m) {
 
   m.def("ukernel_info", [](const std::string& isa, int itemsize) {
     const Isa i = isa_from_name(isa);
+    if (static_cast<int>(i) > static_cast<int>(built_level()))
+      throw py::value_error("ukernel_info: this build of dnnkit has no " + isa + " kernels");
     if (itemsize == 4) {
       auto u = select_ukernel<float>(i);
       auto b = blocking_for<float>(i);
@@ -859,6 +862,8 @@ PYBIND11_MODULE(_cpu, m) {
 
   m.def("sa_kernel_info", [](const std::string& isa, int itemsize, index_t rows) {
     const Isa i = isa_from_name(isa);
+    if (static_cast<int>(i) > static_cast<int>(built_level()))
+      throw py::value_error("sa_kernel_info: this build of dnnkit has no " + isa + " kernels");
     if (itemsize == 4) {
       auto k = select_sa_kernel<float>(i, rows);
       return py::make_tuple(k.name, k.mr, k.nr);
@@ -873,8 +878,8 @@ PYBIND11_MODULE(_cpu, m) {
     if (nthreads < 1) throw py::value_error("measure_peak_gflops: nthreads must be >= 1");
     if (!(seconds > 0) || seconds > 60) throw py::value_error("measure_peak_gflops: seconds must be in (0, 60]");
     const Isa i = isa_from_name(isa);
-    if (static_cast<int>(i) > static_cast<int>(detected_isa()))
-      throw py::value_error("measure_peak_gflops: this CPU does not support " + isa);
+    if (static_cast<int>(i) > static_cast<int>(max_isa()))
+      throw py::value_error("measure_peak_gflops: the kernels may not use " + isa + " here (dnnkit.info())");
     py::gil_scoped_release nogil;
     return dnnkit::measure_peak_gflops(i, nthreads, seconds);
   }, py::arg("isa"), py::arg("nthreads"), py::arg("seconds") = 0.2,
@@ -1078,7 +1083,20 @@ PYBIND11_MODULE(_cpu, m) {
     else throw py::type_error("rnn_math_test: x must be float32 or float64");
   }, "Test-only: the vector exp (0), sigmoid (1), tanh (2), gelu (3) or gelu's derivative (4) on a contiguous array, into y.");
 
-  m.def("detected_isa", [] { return std::string(isa_name(detected_isa())); });
+  m.def("detected_isa", [] { return std::string(isa_name(max_isa())); },
+        "The highest vector ISA the kernels may use: the CPU's and the OS's, within this build and DNNKIT_ISA.");
+  m.def("cpu_level", [] { return std::string(level_name(cpu_level())); },
+        "What this CPU and OS run: 'ref', 'avx2', 'avx512' or 'amx' (CPUID and XGETBV; the tile data granted).");
+  m.def("built_level", [] { return std::string(level_name(built_level())); },
+        "The highest level whose kernels this build of dnnkit contains.");
+  m.def("level_limit", [] { return std::string(level_name(level_limit())); },
+        "DNNKIT_ISA's cap on the kernels' level ('amx' when unset).");
+  m.def("invalid_isa_limit", [] {
+    const char* v = invalid_isa_limit();
+    return v ? py::object(py::str(v)) : py::object(py::none());
+  }, "DNNKIT_ISA's value where it names no level (it is then ignored), else None.");
+  m.def("max_level", [] { return std::string(level_name(max_level())); },
+        "The highest level the kernels may use: the least of cpu_level, built_level and level_limit.");
   m.def("active_isa", [] { return std::string(isa_name(active_isa())); });
   m.def("set_isa", [](const std::string& name) {
     try {
@@ -1088,8 +1106,13 @@ PYBIND11_MODULE(_cpu, m) {
     }
   });
   m.def("amx_available", &amx::available,
-        "Whether this CPU and OS run AMX-BF16 tiles (float32 products split into bfloat16 parts, amx.h).");
+        "Whether the kernels may use AMX-BF16 tiles (float32 products split into bfloat16 parts, amx.h): the "
+        "CPU and OS run them, this build has them, DNNKIT_ISA allows them.");
   m.def("amx_enabled", &amx::enabled, "Whether float32 products run on AMX tiles where they can.");
+  m.def("amx_takes_shape", [](index_t m, index_t n, index_t k) { return amx::active() && amx::shape_fits(m, n, k); },
+        py::arg("m"), py::arg("n"), py::arg("k"),
+        "Whether the blocked GEMM runs a float32 m x n x k product on AMX tiles now (the tiles active and the shape\n"
+        "one they take), provided every value of both operands splits into bfloat16 parts (amx.h).");
   m.def("measure_amx_peak_gflops", [](int nthreads, double seconds) {
     if (nthreads < 1) throw py::value_error("measure_amx_peak_gflops: nthreads must be >= 1");
     if (!amx::available()) return 0.0;

@@ -1,56 +1,148 @@
 #include "cpu_info.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <fstream>
 #include <stdexcept>
 #include <string>
 
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+#ifdef __linux__
+#include <sys/syscall.h>
+#endif
 
 #include "common.h"
 
 namespace dnnkit {
 
-Isa detected_isa() {
+namespace {
+
 #if defined(__x86_64__) || defined(__i386__)
-  static const Isa isa = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return Isa::avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
-    return Isa::ref;
-  }();
-  return isa;
+// XCR0, the state components the OS saves on a context switch.
+unsigned long long xcr0() {
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<unsigned long long>(hi) << 32) | lo;
+}
+
+Level detect_level() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return Level::ref;
+  const bool osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+  if (!(osxsave && avx && fma && f16c)) return Level::ref;
+  const unsigned long long xcr = xcr0();
+  if ((xcr & 0x6) != 0x6) return Level::ref;  // SSE and AVX state
+  if (__get_cpuid_max(0, nullptr) < 7) return Level::ref;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool avx2 = (b >> 5) & 1;
+  if (!avx2) return Level::ref;
+  const bool avx512 = ((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);  // F, DQ, BW, VL
+  if (!avx512 || (xcr & 0xe0) != 0xe0) return Level::avx2;  // opmask, ZMM_Hi256, Hi16_ZMM state
+  const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+  __cpuid_count(7, 1, a, b, c, d);
+  const bool avx512_bf16 = (a >> 5) & 1;
+  if (!(amx_bf16 && amx_tile && avx512_bf16) || (xcr & 0x60000) != 0x60000) return Level::avx512;  // XTILECFG, XTILEDATA
+#if defined(__linux__) && DNNKIT_HAVE_AMX
+  // Linux hands out the tile data on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), once a process;
+  // asked only by a module that has tile kernels.
+  if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return Level::avx512;
+#endif
+  return Level::amx;
+}
 #else
-  return Isa::ref;
+Level detect_level() { return Level::ref; }
+#endif
+
+Level min_level(Level a, Level b) { return static_cast<int>(a) < static_cast<int>(b) ? a : b; }
+
+struct Limit {
+  Level level = Level::amx;
+  const char* invalid = nullptr;
+};
+
+const Limit& limit() {
+  static const Limit l = [] {
+    Limit r;
+    const char* env = std::getenv("DNNKIT_ISA");
+    if (!env || !*env) return r;
+    try {
+      r.level = level_from_name(env);
+    } catch (const std::invalid_argument&) {
+      r.invalid = env;
+    }
+    return r;
+  }();
+  return l;
+}
+
+std::atomic<int> g_isa_override{-1};
+
+}  // namespace
+
+Level cpu_level() {
+  static const Level level = detect_level();
+  return level;
+}
+
+Level built_level() {
+#if DNNKIT_HAVE_AMX
+  return Level::amx;
+#elif DNNKIT_HAVE_AVX512
+  return Level::avx512;
+#elif DNNKIT_HAVE_AVX2
+  return Level::avx2;
+#else
+  return Level::ref;
 #endif
 }
 
-static std::atomic<int> g_isa_override{-1};
+Level level_limit() { return limit().level; }
+const char* invalid_isa_limit() { return limit().invalid; }
+
+Level max_level() { return min_level(min_level(cpu_level(), built_level()), level_limit()); }
+
+Isa max_isa() { return static_cast<Isa>(static_cast<int>(min_level(max_level(), Level::avx512))); }
 
 Isa active_isa() {
   int o = g_isa_override.load(std::memory_order_relaxed);
-  return o < 0 ? detected_isa() : static_cast<Isa>(o);
+  return o < 0 ? max_isa() : static_cast<Isa>(o);
 }
 
 void set_isa(Isa isa) {
-  if (static_cast<int>(isa) > static_cast<int>(detected_isa()))
-    throw std::invalid_argument(std::string("set_isa: this CPU does not support ") + isa_name(isa));
+  if (static_cast<int>(isa) > static_cast<int>(max_isa())) {
+    std::string why = static_cast<int>(isa) > static_cast<int>(cpu_level()) ? "this CPU or OS does not run "
+                      : static_cast<int>(isa) > static_cast<int>(built_level()) ? "this build of dnnkit has no kernels for "
+                                                                             : "DNNKIT_ISA caps the kernels below ";
+    throw std::invalid_argument("set_isa: " + why + isa_name(isa));
+  }
   g_isa_override.store(static_cast<int>(isa));
 }
 
-const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::avx512: return "avx512";
-    case Isa::avx2: return "avx2";
-    default: return "ref";
-  }
-}
+const char* isa_name(Isa isa) { return level_name(static_cast<Level>(static_cast<int>(isa))); }
 
 Isa isa_from_name(const std::string& name) {
   if (name == "avx512") return Isa::avx512;
   if (name == "avx2") return Isa::avx2;
   if (name == "ref") return Isa::ref;
   throw std::invalid_argument("set_isa: isa must be one of 'ref', 'avx2', 'avx512', got '" + name + "'");
+}
+
+const char* level_name(Level level) {
+  switch (level) {
+    case Level::amx: return "amx";
+    case Level::avx512: return "avx512";
+    case Level::avx2: return "avx2";
+    default: return "ref";
+  }
+}
+
+Level level_from_name(const std::string& name) {
+  for (Level l : {Level::ref, Level::avx2, Level::avx512, Level::amx})
+    if (name == level_name(l)) return l;
+  throw std::invalid_argument("DNNKIT_ISA must be one of 'ref', 'avx2', 'avx512', 'amx', got '" + name + "'");
 }
 
 std::string cpu_model_name() {

@@ -79,7 +79,8 @@ constexpr index_t kMBlockBytes = 512 << 10;
 // Bytes of one thread's U^T block in the few-tiles schedule (alpha^2 x depth x kTileBlock).
 constexpr index_t kUtBlockBytes = 1024 << 10;
 
-// One 64-byte vector of T (GCC vector extension: AVX-512 with -march=native, narrower otherwise).
+// One 64-byte vector of T (GCC vector extension: one AVX-512 register in the AVX-512 module, two or four
+// narrower ones in the others).
 template <typename T>
 struct Vec {
   typedef T type __attribute__((vector_size(64)));

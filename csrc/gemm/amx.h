@@ -43,8 +43,8 @@ constexpr int kBlock = 32;                    // rows of an A panel, columns of 
 constexpr int kStep = 32;                     // depth of a step
 constexpr index_t kStepElems = 3 * 32 * 32;  // bfloat16 per step of a panel
 
-// Whether this CPU and OS run AMX-BF16 tiles and AVX512-BF16 (CPUID, XCR0, and the kernel's grant of
-// tile data to this process).
+// Whether the kernels may use the tiles: max_level() is amx (the CPU and the OS run AMX-BF16 tiles and
+// AVX512-BF16, this build has the tile kernels, and DNNKIT_ISA does not cap them; cpu_info.h).
 bool available();
 // available(), unless turned off: DNNKIT_AMX=0 in the environment at first use, or set_enabled(false).
 bool enabled();
@@ -158,6 +158,24 @@ double measure_peak_gflops(int nthreads, double seconds);
 // Bytes of packing buffers gemm() allocates for an m x n x k product it would take (shapes only: the
 // operands' values are not looked at), else 0.
 index_t workspace_bytes(index_t m, index_t n, index_t k, int nthreads);
+
+// ---- The driver's parts: its plan (amx.cpp, on every CPU) and its body (tiles_amx.cpp).
+struct Plan {
+  index_t kc;      // depth of a block, a multiple of kStep
+  index_t mc, nc;  // rows of an A block, columns of a B block: multiples of 32
+  int nthreads;
+  bool split_n;    // each thread packs and runs its own B blocks (else the threads share one, split A)
+  bool own_a;      // split_n with one B block a thread, each thread splitting every A panel itself
+};
+// a_rows: A's rows are contiguous in depth (cs == 1), the layout a split between the tile products reads.
+Plan make_plan(index_t m, index_t n, index_t k, int nthreads, bool a_rows);
+// Whether a product of this shape takes the tiles: with few rows or columns, packing the other operand
+// into three parts costs more than the tiles save.
+bool shape_fits(index_t m, index_t n, index_t k);
+// gemm() past its checks, on plan p; false where an operand does not split (C untouched).
+bool gemm_tiles(const GemmArgs<float>& g, const Plan& p);
+// measure_peak_gflops past its check.
+double tile_peak_gflops(int nthreads, double seconds);
 
 }  // namespace amx
 }  // namespace dnnkit

@@ -12,7 +12,13 @@ namespace dnnkit {
 
 // GFLOP/s of `nthreads` threads each running the ISA's FMA probe for about `seconds`.
 double measure_peak_gflops(Isa isa, int nthreads, double seconds) {
-  auto probe = isa == Isa::avx512 ? fma_probe_avx512 : isa == Isa::avx2 ? fma_probe_avx2 : fma_probe_ref;
+  double (*probe)(index_t, double*) = fma_probe_ref;
+#if DNNKIT_HAVE_AVX512
+  if (isa == Isa::avx512) probe = fma_probe_avx512;
+#endif
+#if DNNKIT_HAVE_AVX2
+  if (isa == Isa::avx2) probe = fma_probe_avx2;
+#endif
   double flops_one = 0;
   probe(1000, &flops_one);  // warm-up, and flops per 1000 iterations
   // Calibrate iterations to the time budget on one thread.

@@ -88,7 +88,8 @@ struct SaKernel {
   int min_depth;        // the depth from which it is used (sa_batch_fits' callers)
 };
 
-// One entry per ISA; each is defined in its own file (ukernel_<isa>.cpp).
+// One entry per ISA; each is defined in its own file (ukernel_<isa>.cpp), compiled where the build has
+// that ISA (DNNKIT_HAVE_<ISA>), and called only where active_isa() is that ISA.
 template <typename T> UKernel<T> ukernel_ref();
 template <typename T> UKernel<T> ukernel_avx2();
 template <typename T> UKernel<T> ukernel_avx512();
@@ -107,8 +108,12 @@ template <typename T> SaKernel<T> sa_kernel_avx512(index_t m);
 template <typename T>
 SaKernel<T> select_sa_kernel(Isa isa, index_t m = 0) {
   switch (isa) {
+#if DNNKIT_HAVE_AVX512
     case Isa::avx512: return sa_kernel_avx512<T>(m);
+#endif
+#if DNNKIT_HAVE_AVX2
     case Isa::avx2: return sa_kernel_avx2<T>(m);
+#endif
     default: return {"none", 0, 0, nullptr, 0, 0, 0};
   }
 }
@@ -151,8 +156,12 @@ bool sa_batch_fits(const SaKernel<T>& sk, index_t m) {
 template <typename T>
 UKernel<T> select_ukernel(Isa isa) {
   switch (isa) {
+#if DNNKIT_HAVE_AVX512
     case Isa::avx512: return ukernel_avx512<T>();
+#endif
+#if DNNKIT_HAVE_AVX2
     case Isa::avx2: return ukernel_avx2<T>();
+#endif
     default: return ukernel_ref<T>();
   }
 }
@@ -160,8 +169,12 @@ UKernel<T> select_ukernel(Isa isa) {
 template <typename T>
 DotKernel<T> select_dot_kernel(Isa isa) {
   switch (isa) {
+#if DNNKIT_HAVE_AVX512
     case Isa::avx512: return dot_kernel_avx512<T>();
+#endif
+#if DNNKIT_HAVE_AVX2
     case Isa::avx2: return dot_kernel_avx2<T>();
+#endif
     default: return dot_kernel_ref<T>();
   }
 }

@@ -6,9 +6,6 @@
 #include "pack.h"
 #include "ukernel.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-
 namespace {
 
 struct Avx2F32 {
@@ -113,7 +110,6 @@ void dot_f64(int mi, dnnkit::index_t k, const double* x, dnnkit::index_t ldx, co
 }
 }  // namespace
 
-#pragma GCC pop_options
 
 namespace dnnkit {
 template <> UKernel<float> ukernel_avx2<float>() {

@@ -12,9 +12,6 @@
 #include "pack.h"
 #include "ukernel.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,fma")
-
 namespace {
 
 struct Avx512F32 {
@@ -157,7 +154,6 @@ void dot_f64(int mi, dnnkit::index_t k, const double* x, dnnkit::index_t ldx, co
 }
 }  // namespace
 
-#pragma GCC pop_options
 
 namespace dnnkit {
 template <> UKernel<float> ukernel_avx512<float>() {

@@ -1,6 +1,6 @@
-// The register-blocked micro-kernel, generic over a SIMD traits type V (simd.h). Include this only
-// from a ukernel_<isa>.cpp file, inside that file's `#pragma GCC target` region and after every
-// standard header, so that nothing compiled for the ISA leaks into other translation units.
+// The register-blocked micro-kernel, generic over a SIMD traits type V (simd.h). Included by the
+// ukernel_<isa>.cpp files, each compiled with its ISA's flags (setup.py); everything here is in an
+// anonymous namespace, so each file's instances stay its own.
 //
 // Tile: MR rows x NV vectors of V::width columns. Per k step: NV vector loads of B, MR broadcasts of A,
 // MR*NV FMAs into MR*NV accumulator registers (MR*NV + NV + 1 registers must fit the register file).

@@ -45,16 +45,24 @@ const GateKernelsF64* gate_kernels_avx512_f64();
 // The table for the active ISA, or null (the portable loops) below AVX2.
 inline const GateKernelsF32* gate_kernels_f32() {
   switch (active_isa()) {
+#if DNNKIT_HAVE_AVX512
     case Isa::avx512: return gate_kernels_avx512();
+#endif
+#if DNNKIT_HAVE_AVX2
     case Isa::avx2: return gate_kernels_avx2();
+#endif
     default: return nullptr;
   }
 }
 
 inline const GateKernelsF64* gate_kernels_f64() {
   switch (active_isa()) {
+#if DNNKIT_HAVE_AVX512
     case Isa::avx512: return gate_kernels_avx512_f64();
+#endif
+#if DNNKIT_HAVE_AVX2
     case Isa::avx2: return gate_kernels_avx2_f64();
+#endif
     default: return nullptr;
   }
 }

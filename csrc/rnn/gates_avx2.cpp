@@ -7,9 +7,6 @@
 
 #include "gates.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-
 #include "gates_simd.h"
 
 namespace dnnkit {
@@ -112,4 +109,3 @@ const GateKernelsF64* gate_kernels_avx2_f64() { return &kAvx2D; }
 
 }  // namespace dnnkit
 
-#pragma GCC pop_options

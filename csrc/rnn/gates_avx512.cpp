@@ -7,8 +7,6 @@
 
 #include "gates.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,fma")
 // GCC 12 warns that the _mm512_undefined_ps() inside the unmasked intrinsics may be used uninitialized.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -112,4 +110,3 @@ const GateKernelsF64* gate_kernels_avx512_f64() { return &kAvx512D; }
 }  // namespace dnnkit
 
 #pragma GCC diagnostic pop
-#pragma GCC pop_options

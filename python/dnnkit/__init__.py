@@ -6,7 +6,7 @@ import os
 
 __version__ = "0.2.0"
 
-from . import _cpu
+from ._extension import cpu as _cpu  # dnnkit._cpu: the kernel module for this CPU
 from ._config import (
     empty_cache, get_amx, get_num_threads, get_tuning, get_workspace_limit, set_amx, set_num_threads, set_tuning,
     set_workspace_limit,
@@ -30,8 +30,15 @@ def info() -> dict:
         "version": __version__,
         "backends": ["cpu"],
         "cpu": _cpu.cpu_model_name(),
-        "isa_detected": _cpu.detected_isa(),
+        # Instruction-set levels (ref < avx2 < avx512 < amx): what this CPU and OS run (CPUID, XGETBV), the
+        # highest the loaded module has, DNNKIT_ISA's cap, the highest the kernels may use (the least of those),
+        # and the vector ISA of the kernels now, in the module built for that level.
+        "isa_detected": _cpu.cpu_level(),
+        "isa_built": _cpu.built_level(),
+        "isa_limit": os.environ.get("DNNKIT_ISA") or None,
+        "isa_max": _cpu.max_level(),
         "isa_active": _cpu.active_isa(),
+        "module": _cpu.__name__,
         "amx_available": _cpu.amx_available(),  # AMX-BF16 tiles: float32 products split into bfloat16 parts
         "amx": get_amx(),
         "l2_cache_bytes": _cpu.l2_cache_bytes(),  # per core; sizes the GEMM's NC

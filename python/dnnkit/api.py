@@ -547,16 +547,32 @@ def _parse_descriptor(text: str, **kwargs):
 
 
 class Explanation(list):
-    """explain()'s answer: a list of Candidate, printed as a table."""
+    """explain()'s answer: a list of Candidate, printed as a table after the problem and where its products
+    run (`isa`: the kernels' instruction set, and whether a float32 product goes to AMX tiles)."""
 
     def __init__(self, problem, candidates):
         super().__init__(candidates)
         self.problem = problem
+        self.isa = _isa_note(problem)
 
     def __str__(self) -> str:
-        lines = [f"{self.problem.op} {self.problem.descriptor()}"]
+        lines = [f"{self.problem.op} {self.problem.descriptor()}", f"  on {self.isa}"]
         lines += [str(c) for c in self]
         return "\n".join(lines)
+
+
+def _isa_note(p) -> str:
+    """The kernels' instruction set for p, and whether its float32 products run on AMX tiles."""
+    isa = _cpu.active_isa()
+    if not _cpu.amx_enabled() or isa != "avx512" or getattr(p, "dtype", "float32") != "float32":
+        return f"{isa} FMA kernels"
+    if isinstance(p, GemmProblem):
+        if _cpu.amx_takes_shape(p.m, p.n, p.k):
+            return (f"AMX tiles: the blocked GEMM runs this {p.m} x {p.n} x {p.k} product on them (float32 split into "
+                    f"bfloat16 parts) where every operand value splits, else on the {isa} FMA kernels")
+        return f"{isa} FMA kernels (this product's shape is too small for the AMX tiles)"
+    return (f"{isa} FMA kernels, and AMX tiles for the float32 products inside of 192 or more rows and columns "
+            f"and a depth of 64 or more, where every operand value splits")
 
 
 _PREPARE = {
