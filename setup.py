@@ -25,6 +25,7 @@ Environment:
   DNNKIT_DEBUG=1      -O0 -g, for debugging the kernels.
   DNNKIT_BUILD_JOBS   parallel compile jobs (default: the machine's cores).
 """
+import hashlib
 import os
 import platform
 import sys
@@ -87,7 +88,7 @@ class BuildExt(build_ext):
     flags it lacks is left out, with those above it; AMX alone is left out of the AVX-512 module). Inside a
     module the generic files get the module's level flags and each kernel file its own set's
     (ISA_FLAGS); DNNKIT_HAVE_<ISA> tells the code which kernel files are in, DNNKIT_MODULE names the module.
-    Every module compiles into its own temporary folder. On x86-64, where the assembler supports it, no jump
+    Every module compiles into its own temporary folder, one per set of flags. On x86-64, where the assembler supports it, no jump
     crosses or ends on a 32-byte boundary: Skylake-derived Intel cores (the JCC erratum's microcode fix)
     otherwise run such a jump from the legacy decoders, and an unrelated change that moves a kernel's
     inner loop by a few bytes can slow it by 15%."""
@@ -129,7 +130,9 @@ class BuildExt(build_ext):
             flags = ISA_FLAGS.get(isa if isa != "ref" else level, [])
             compile_one(obj, src, ext_, cc_args, extra_postargs + flags, pp_opts)
 
-        self.build_temp = os.path.join(temp, ext.name)
+        # Its own folder per module and set of flags: objects built with other flags are never reused.
+        key = hashlib.sha1(repr((ext.extra_compile_args, level)).encode()).hexdigest()[:8]
+        self.build_temp = os.path.join(temp, f"{ext.name}-{key}")
         self.compiler._compile = compile_with_isa_flags
         try:
             super().build_extension(ext)
