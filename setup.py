@@ -111,6 +111,9 @@ class BuildExt(build_ext):
                 kept.append(e)
                 continue
             if level not in supported:
+                stale = self.get_ext_fullpath(e.name)  # a module of an earlier build with more levels
+                if os.path.exists(stale):
+                    os.remove(stale)
                 continue
             isas = [isa for isa in MODULES[level] if isa in supported]
             e.sources = [s for s in e.sources if isa_of(s) in isas]
