@@ -1,12 +1,13 @@
-"""dnnkit GEMM and linear beside NumPy (OpenBLAS) in one process.
+"""dnnkit GEMM and linear beside NumPy (OpenBLAS) and PyTorch (MKL) in one process.
 
     python bench/gemm.py [--problems FILE] [--threads N] [--budget SECONDS] [--filter TEXT] [--isa ISA] [--markdown]
                          [--passes N]
 
-For each problem: the median time of dnnkit and of NumPy (runs interleaved, so both see the same
-machine state), GFLOP/s, the ratio dnnkit/NumPy (> 1: dnnkit faster) and the fraction of the measured
+For each problem: the median time of dnnkit, NumPy and (when installed) torch (runs interleaved, so all
+see the same machine state), GFLOP/s, the ratio to NumPy and to the faster of the two baselines (> 1:
+dnnkit faster) and the fraction of the measured
 float32 FMA peak (probed at the start of each pass; with AMX tiles on, products of 192 rows and
-columns and more go past it, and the header gives the tiles' ceiling). Fully-connected problems ('tb') run as dnnkit.linear(x, W) against x @ W.T,
+columns and more go past it, and the header gives the tiles' ceiling). Fully-connected problems ('tb') run as dnnkit.linear(x, W) against x @ W.T (torch.nn.functional.linear),
 then again on W packed once before timing (dnnkit.pack_weight; rows "fc-packed:").
 Then one thread at 2048^3 against the one-core peak, measured just before it. Then (when torch is
 installed; rows "act:") linear with a fused activation, forward and a training step (forward and
@@ -24,10 +25,15 @@ import statistics
 import sys
 import time
 
-import numpy as np
+# NumPy's OpenBLAS as it runs by default: some environments set these, which select slower kernels
+# (OPENBLAS_CORETYPE=Haswell runs AVX2 kernels on AVX-512 CPUs at half their speed). Unset in this
+# process only, before NumPy loads OpenBLAS; main() prints the core OpenBLAS then runs.
+UNSET_FOR_BASELINE = {v: os.environ.pop(v) for v in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if v in os.environ}
 
-import dnnkit
-from dnnkit.problem import GemmProblem
+import numpy as np  # noqa: E402
+
+import dnnkit  # noqa: E402
+from dnnkit.problem import GemmProblem  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -79,19 +85,40 @@ def is_fc(p: GemmProblem) -> bool:
     return p.trans_b and not p.trans_a
 
 
-def make_call(p: GemmProblem, rng, packed=False):
+def make_call(p: GemmProblem, rng, torch=None, packed=False):
+    """(dnnkit call, NumPy call, torch call or None) for problem p, on the same arrays."""
     dt = np.dtype(p.dtype)
     if is_fc(p):  # a fully-connected layer: x (M x K), W (N x K)
         x = rng.standard_normal((p.m, p.k)).astype(dt)
         w = rng.standard_normal((p.n, p.k)).astype(dt)
         pw = dnnkit.pack_weight(w) if packed else w  # packed once, outside the timed call
-        return (lambda: dnnkit.linear(x, pw)), (lambda: x @ w.T)
+        theirs = None
+        if torch is not None:
+            tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+            theirs = lambda: torch.nn.functional.linear(tx, tw)  # noqa: E731
+        return (lambda: dnnkit.linear(x, pw)), (lambda: x @ w.T), theirs
     a = rng.standard_normal((p.k, p.m) if p.trans_a else (p.m, p.k)).astype(dt)
     b = rng.standard_normal((p.n, p.k) if p.trans_b else (p.k, p.n)).astype(dt)
     c = np.empty((p.m, p.n), dt)
     A = a.T if p.trans_a else a
     B = b.T if p.trans_b else b
-    return (lambda: dnnkit.gemm(a, b, c, trans_a=p.trans_a, trans_b=p.trans_b)), (lambda: np.matmul(A, B, out=c))
+    theirs = None
+    if torch is not None:
+        tA, tB, tc = torch.from_numpy(A), torch.from_numpy(B), torch.from_numpy(c)
+        theirs = lambda: torch.mm(tA, tB, out=tc)  # noqa: E731
+    return (lambda: dnnkit.gemm(a, b, c, trans_a=p.trans_a, trans_b=p.trans_b)), (lambda: np.matmul(A, B, out=c)), theirs
+
+
+def blas_line() -> str:
+    """The BLAS NumPy runs (threadpoolctl), and what of the environment was unset for it."""
+    unset = f"; unset for it: {', '.join(f'{k}={v}' for k, v in UNSET_FOR_BASELINE.items())}" if UNSET_FOR_BASELINE else ""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return f"numpy {np.__version__} (pip install threadpoolctl to show its BLAS){unset}"
+    libs = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture') or ''} {i.get('num_threads')} threads"
+            for i in threadpool_info() if i.get("user_api") == "blas"]
+    return f"numpy {np.__version__} on {'; '.join(libs) or 'no BLAS found'}{unset}"
 
 
 # linear with an activation beside torch: (M, N, K) = (rows of x, out_features, in_features).
@@ -199,7 +226,14 @@ def main(argv=None):
     peak1 = dnnkit.machine.peak_gflops(1, isa_name=info["isa_active"], seconds=0.5)
     print(f"# {info['cpu']} | {platform.machine()} | ISA {info['isa_active']} | "
           f"{info['ukernels']['float32']['ukernel']} | threads {nt}")
-    print(f"# measured fp32 peak: {peak:.1f} GFLOP/s on {nt} threads, {peak1:.1f} on one | numpy {np.__version__}")
+    try:
+        import torch
+        torch.set_num_threads(nt)
+        torch_line = f"torch {torch.__version__} ({torch.backends.mkl.is_available() and 'MKL' or 'no MKL'})"
+    except ImportError:
+        torch, torch_line = None, "torch not installed: NumPy alone (pip install -e .[bench])"
+    print(f"# measured fp32 peak: {peak:.1f} GFLOP/s on {nt} threads, {peak1:.1f} on one")
+    print(f"# baselines: {blas_line()} | {torch_line}")
     if info["amx"]:
         # float32 products of 192 rows and columns and more run on AMX tiles, six bfloat16 part products
         # each: their ceiling is the tiles' peak / 6, past the FMA peak "% peak" is taken of.
@@ -212,32 +246,35 @@ def main(argv=None):
 
     multi = args.passes > 1
     rows = []
-    hdr = ["problem", "descriptor", "dnnkit GF/s", "numpy GF/s", "ratio", "% peak"] + (["ratio range"] if multi else [])
+    hdr = (["problem", "descriptor", "dnnkit GF/s", "numpy GF/s", "torch GF/s", "vs numpy", "vs best", "% peak"]
+           + (["vs best range"] if multi else []))
 
     def header():
         if args.markdown:
             print("| " + " | ".join(hdr) + " |")
             print("|" + "---|" * len(hdr))
         else:
-            print(f"{hdr[0]:<26} {hdr[1]:<24} {hdr[2]:>11} {hdr[3]:>10} {hdr[4]:>6} {hdr[5]:>7}" + (f" {hdr[6]:>12}" if multi else ""))
+            print(f"{hdr[0]:<26} {hdr[1]:<24} " + " ".join(f"{h:>11}" for h in hdr[2:]))
 
     def show(p, name, timings):
-        # timings: one (dnnkit, numpy) pair of medians per pass
+        # timings: one (dnnkit, numpy[, torch]) tuple of medians per pass; "vs best": against the faster
+        # baseline of each pass
         t_ours = float(np.median([t[0] for t in timings]))
         t_np = float(np.median([t[1] for t in timings]))
-        rs = [t[1] / t[0] for t in timings]
-        g_ours, g_np = p.flops / t_ours / 1e9, p.flops / t_np / 1e9
+        t_torch = float(np.median([t[2] for t in timings])) if len(timings[0]) > 2 else float("nan")
+        rs = [min(t[1:]) / t[0] for t in timings]
+        g_ours, g_np, g_torch = (p.flops / t / 1e9 for t in (t_ours, t_np, t_torch))
         # Against the probe of the same pass: the machine's speed moves between passes.
         frac = float(np.median([p.flops / t[0] / 1e9 / pk for t, pk in zip(timings, peaks)]))
-        row = (name, p.descriptor(), g_ours, g_np, float(np.median(rs)), 100 * frac)
+        row = (name, p.descriptor(), g_ours, g_np, g_torch, t_np / t_ours, float(np.median(rs)), 100 * frac)
         rows.append(row)
         span = f"{min(rs):.2f}-{max(rs):.2f}"
+        cells = [row[0], f"`{row[1]}`" if args.markdown else row[1], f"{row[2]:.1f}", f"{row[3]:.1f}",
+                 f"{row[4]:.1f}", f"{row[5]:.2f}", f"{row[6]:.2f}", f"{row[7]:.0f}%"] + ([span] if multi else [])
         if args.markdown:
-            print(f"| {row[0]} | `{row[1]}` | {row[2]:.1f} | {row[3]:.1f} | {row[4]:.2f} | {row[5]:.0f}% |"
-                  + (f" {span} |" if multi else ""))
+            print("| " + " | ".join(cells) + " |")
         else:
-            print(f"{row[0]:<26} {row[1]:<24} {row[2]:>11.1f} {row[3]:>10.1f} {row[4]:>6.2f} {row[5]:>6.0f}%"
-                  + (f" {span:>12}" if multi else ""))
+            print(f"{cells[0]:<26} {cells[1]:<24} " + " ".join(f"{c:>11}" for c in cells[2:]))
         sys.stdout.flush()
 
     # Each fully-connected problem twice: on the weight as given, then packed once by dnnkit.pack_weight
@@ -256,9 +293,9 @@ def main(argv=None):
         peaks.append(peak if k == 0 else probe(nt))
         rng = np.random.default_rng(0)
         for p, name in plan:
-            ours, theirs = make_call(p, rng, packed=name.startswith("fc-packed:"))
-            timings[name].append(interleaved_medians([ours, theirs], args.budget))
-            del ours, theirs
+            calls = [f for f in make_call(p, rng, torch, packed=name.startswith("fc-packed:")) if f is not None]
+            timings[name].append(tuple(interleaved_medians(calls, args.budget * len(calls) / 2)))
+            del calls
             if not multi:
                 show(p, name, timings[name])
         # One thread at 2048^3 against the one-core peak.
@@ -286,10 +323,11 @@ def main(argv=None):
     act_rows(args, nt, np.random.default_rng(1))
     groups = {}
     for row in rows:
-        groups.setdefault(row[0].split(":")[0], []).append(row[4])
+        groups.setdefault(row[0].split(":")[0], []).append(row[5:7])
     for g, ratios in groups.items():
-        gm = float(np.exp(np.mean(np.log(ratios))))
-        print(f"# {g}: geometric-mean ratio dnnkit/numpy {gm:.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})")
+        gm_np, gm_best = (float(np.exp(np.mean(np.log([r[i] for r in ratios])))) for i in (0, 1))
+        print(f"# {g}: geometric mean dnnkit vs numpy {gm_np:.2f}, vs the faster baseline {gm_best:.2f} "
+              f"(min {min(r[1] for r in ratios):.2f}, max {max(r[1] for r in ratios):.2f})")
 
 
 if __name__ == "__main__":
