@@ -1128,7 +1128,9 @@ PYBIND11_MODULE(DNNKIT_MODULE, m) {
     }
   }, py::arg("on"));
   m.def("cpu_model_name", &cpu_model_name);
-  m.def("l2_cache_bytes", &l2_cache_bytes, "Bytes of L2 cache per core, as the GEMM's blocking sees it.");
+  m.def("l1d_cache_bytes", &l1d_cache_bytes, "Bytes of L1 data cache per core (CPUID), as the blocking sees it.");
+  m.def("l2_cache_bytes", &l2_cache_bytes, "Bytes of L2 cache per core (CPUID), as the blocking sees it.");
+  m.def("l3_cache_bytes", &l3_cache_bytes, "Bytes of L3 cache (CPUID; shared; 0: none), as the blocking sees it.");
   m.def("get_num_threads", &get_num_threads);
   m.def("set_num_threads", [](int n) {
     if (n < 1) throw py::value_error("set_num_threads: n must be >= 1");

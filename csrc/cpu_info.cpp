@@ -157,29 +157,86 @@ std::string cpu_model_name() {
   return "unknown";
 }
 
-long l2_cache_bytes() {
-  static const long bytes = [] {
-    long b = 0;
-#ifdef _SC_LEVEL2_CACHE_SIZE
-    b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+namespace {
+
+struct Caches {
+  long l1d = 0, l2 = 0, l3 = 0;
+};
+
+// Data and unified caches by level from the CPU's deterministic cache parameters: CPUID leaf 4 (Intel)
+// or 0x8000001D (AMD, with topology extensions). Zero where a level is not reported.
+Caches cpuid_caches() {
+  Caches out;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return out;
+  const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
+  unsigned leaf = 4;
+  if (amd) {
+    if (__get_cpuid_max(0x80000000u, nullptr) < 0x8000001Du) return out;
+    __cpuid(0x80000001u, a, b, c, d);
+    if (!((c >> 22) & 1)) return out;  // TOPOEXT
+    leaf = 0x8000001Du;
+  } else if (a < 4) {
+    return out;
+  }
+  for (unsigned i = 0; i < 16; ++i) {
+    __cpuid_count(leaf, i, a, b, c, d);
+    const unsigned type = a & 31, level = (a >> 5) & 7;
+    if (type == 0) break;
+    if (type != 1 && type != 3) continue;  // data or unified
+    const long bytes = long((b >> 22) + 1) * long(((b >> 12) & 0x3ff) + 1) * long((b & 0xfff) + 1) * long(c + 1);
+    if (level == 1) out.l1d = bytes;
+    if (level == 2) out.l2 = bytes;
+    if (level == 3) out.l3 = bytes;
+  }
 #endif
-    for (int i = 0; b <= 0 && i < 8; ++i) {  // /sys/.../cache/indexN: level, size such as "1024K"
-      const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
-      std::ifstream level(dir + "level"), size(dir + "size");
-      int lv = 0;
-      std::string sz;
-      if (!(level >> lv) || !(size >> sz)) break;
-      if (lv != 2 || sz.empty()) continue;
-      try {
-        b = std::stol(sz) * (sz.back() == 'K' ? 1024L : sz.back() == 'M' ? 1024L * 1024L : 1L);
-      } catch (const std::exception&) {
-        b = 0;
-      }
-    }
-    return b > 0 ? b : 512L * 1024L;
-  }();
-  return bytes;
+  return out;
 }
+
+// A level's size from sysconf, else /sys (what the OS reports on any architecture); 0 where neither answers.
+long os_cache_bytes(int level) {
+  long b = 0;
+#if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE) && defined(_SC_LEVEL3_CACHE_SIZE)
+  b = sysconf(level == 1 ? _SC_LEVEL1_DCACHE_SIZE : level == 2 ? _SC_LEVEL2_CACHE_SIZE : _SC_LEVEL3_CACHE_SIZE);
+#endif
+  for (int i = 0; b <= 0 && i < 8; ++i) {  // /sys/.../cache/indexN: level, type, size such as "1024K"
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream lv_file(dir + "level"), type_file(dir + "type"), size_file(dir + "size");
+    int lv = 0;
+    std::string type, sz;
+    if (!(lv_file >> lv) || !(size_file >> sz)) break;
+    type_file >> type;
+    if (lv != level || sz.empty() || type == "Instruction") continue;
+    try {
+      b = std::stol(sz) * (sz.back() == 'K' ? 1024L : sz.back() == 'M' ? 1024L * 1024L : 1L);
+    } catch (const std::exception&) {
+      b = 0;
+    }
+  }
+  return b > 0 ? b : 0;
+}
+
+const Caches& caches() {
+  static const Caches c = [] {
+    Caches r = cpuid_caches();
+    // The OS's answer where CPUID gives none; then the smallest of current x86 server cores.
+    if (r.l1d <= 0) r.l1d = os_cache_bytes(1);
+    if (r.l2 <= 0) r.l2 = os_cache_bytes(2);
+    if (r.l3 <= 0) r.l3 = os_cache_bytes(3);
+    if (r.l1d <= 0) r.l1d = 32L << 10;
+    if (r.l2 <= 0) r.l2 = 512L << 10;
+    if (r.l3 <= 0) r.l3 = 0;  // none
+    return r;
+  }();
+  return c;
+}
+
+}  // namespace
+
+long l1d_cache_bytes() { return caches().l1d; }
+long l2_cache_bytes() { return caches().l2; }
+long l3_cache_bytes() { return caches().l3; }
 
 static std::atomic<double> g_min_parallel_work{double(1 << 17)};
 

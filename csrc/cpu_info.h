@@ -41,8 +41,12 @@ const char* level_name(Level level);
 Level level_from_name(const std::string& name);
 
 std::string cpu_model_name();
-// Bytes of L2 cache per core (sysconf, else /sys; 512 KiB, the smallest of current x86 server cores, if
-// neither answers). The GEMM's NC is sized from it (blocking.h).
+// Cache sizes in bytes, as the CPU reports them (CPUID's deterministic cache parameters: leaf 4 on Intel,
+// 0x8000001D on AMD), else as the OS does (sysconf, /sys): the L1 data cache and the L2 of a core, and
+// the L3 (shared; 0 where there is none). Without an answer: 32 KiB and 512 KiB, the smallest of current
+// x86 server cores. The GEMM's blocking is sized from them (blocking.h).
+long l1d_cache_bytes();
 long l2_cache_bytes();
+long l3_cache_bytes();
 
 }  // namespace dnnkit

@@ -48,9 +48,12 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, bool a_rows) {
   const index_t nsteps = steps(k), nkb = ceil_div(nsteps, 32);
   p.kc = ceil_div(nsteps, nkb) * kStep;
   const index_t panel_bytes = p.kc / kStep * kStepElems * index_t(sizeof(bf16));  // one 32-wide panel
-  // B block: half of L2 (its panels stream from there past each A panel); A block: 8 MiB of L3.
+  // B block: half of L2 (its panels stream from there past each A panel); A block: 8 MiB of L3, or a
+  // quarter of a smaller one.
+  const index_t l3 = static_cast<index_t>(l3_cache_bytes());
+  const index_t a_bytes = l3 > 0 ? std::min(index_t(8) << 20, l3 / 4) : index_t(8) << 20;
   const index_t nc_cap = std::max<index_t>(1, static_cast<index_t>(l2_cache_bytes()) / 2 / panel_bytes) * 32;
-  const index_t mc_cap = std::max<index_t>(1, (index_t(8) << 20) / panel_bytes) * 32;
+  const index_t mc_cap = std::max<index_t>(1, a_bytes / panel_bytes) * 32;
   p.mc = round_up(ceil_div(m, ceil_div(m, mc_cap)), 32);
   const index_t panels_m = ceil_div(m, 32), panels_n = ceil_div(n, 32);
   int nt = std::max(1, nthreads);

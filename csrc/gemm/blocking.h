@@ -1,28 +1,21 @@
-// Cache blocking for the GEMM driver: one table, one row per (ISA, dtype). MR and NR come from the
-// micro-kernel (ukernel_<isa>.cpp); MC, KC, NC are chosen so that
-//   - a packed A micro-panel (MR x KC) stays in L1 while the B micro-panels stream past it,
+// Cache blocking for the GEMM driver: one table, one row per (ISA, dtype), scaled to this CPU's caches as
+// it reports them (cpu_info.h). MR and NR come from the micro-kernel (ukernel_<isa>.cpp); MC, KC, NC are
+// chosen so that
+//   - a packed A micro-panel (MR x KC) stays in L1 while the B micro-panels stream past it: the table's
+//     KC is for the L1 data cache it was measured with (AVX-512: 48 KiB, a 14-row float32 micro-panel of
+//     35 KB at KC 640; AVX2: 32 KiB), and scales with this core's L1 (blocking_for);
 //   - the packed B block (KC x NC) stays in L2: NC is the table's cap, lowered (nc_for_l2, for the KC of
 //     the problem at hand) until the block fills at most two thirds of this core's L2 (the rest holds C's
-//     lines and the A micro-panels passing through),
-//   - the packed A block (MC x KC) stays in L3, shared by the threads. AVX-512's MC of 4116 (294 panels
-//     of 14) packs B once for any m up to 4116: 2016 packed B twice at m = 2048 (blocks of 1036 rows),
-//     and one block took 0.99 of the time at 2048^3 on one thread, 1.00 on two and at 1024-4096.
-// A B block larger than L2 streams from L3 instead; on a 1 MiB L2 (AVX-512, KC 336), NC 512 in place of
-// 1024 took 0.93-0.98 of the time at 2048^3 to 3072^3 and 0.91 for a batch-256 4096 x 4096 layer.
-// AVX-512's KC: each k block is a pass over C (a load and a store of every tile), so fewer, deeper
-// blocks pay as long as the A micro-panel (14 x KC) still fits L1 beside the B lines streaming past.
-// On a 2 MiB L2, float32 KC 640 (35 KB micro-panels) in place of 336 ran 1.02-1.04x as fast on one
-// thread (1024^3 to 4096^3) and 1.02-1.07x on two (squares, layers of batch 64 and 256, im2col's
-// shapes); 704 lost 2-3% on two threads at 2048^3 and 4096^3, and 1024 (micro-panels past L1) 3%
-// at 3072^3 and 4096^3. float64 KC 320 in place of 192: 1.02-1.05x, im2col's shapes level.
-// A deeper KC (the table's kc_alone) where the product runs alone, on one thread with dnnkit set to one
-// thread, and C outgrows L2 (deep_k_blocks). What stops KC on two threads is L3, not L1: a deeper block
-// means a narrower B block (NC from L2) and so more passes over the shared A block, which both threads
-// stream from L3 at once. One thread alone streams it at half that rate and keeps the saving, one pass
-// over C per k block fewer: float32 KC 1024 on AVX-512 ran 1.00-1.02x as fast as 640 on squares 1024 to
-// 4096 (2048^3: 83.7% -> 85.3% of the FMA peak), 1.02x on 4096 x 1024 x 1024 (two threads at 4096^3:
-// 0.95x); float64 512 in place of 320, 1.03-1.04x. A product on A blocks packed ahead of time
-// (pack_a_blocks) keeps the table's KC: its layout cannot depend on the thread count.
+//     lines and the A micro-panels passing through);
+//   - the packed A block (MC x KC) stays in L3, shared by the threads: at most a quarter of it
+//     (blocking_for). AVX-512's MC of 4116 (294 panels of 14) packs B once for any m up to 4116.
+// Each k block is a pass over C (a load and a store of every tile), so deeper blocks pay as long as the
+// A micro-panel fits L1. Where a product runs alone (one thread, dnnkit set to one thread) and C outgrows
+// L2, a deeper KC (kc_alone, deep_k_blocks): on two threads, a deeper block means a narrower B block and
+// more passes over the shared A block, which both threads stream from L3 at once. A product on A blocks
+// packed ahead of time (pack_a_blocks) keeps the table's KC: its layout cannot depend on the thread count.
+// The measurements behind the table are bench/RESULTS.md's GEMM sittings (AVX-512 on a 48 KiB L1 and a
+// 2 MiB L2); AVX2's, this ISA's table on a Zen 2 core (32 KiB, 512 KiB), in its AMD section.
 #pragma once
 #include <algorithm>
 
@@ -45,15 +38,37 @@ inline index_t nc_for_l2(const Blocking& b, index_t kc, index_t elem) {
   return std::max<index_t>(128, std::min(b.nc, fit));
 }
 
+// The table: per ISA and dtype, MC, KC, the cap on NC and KC alone, for an L1 data cache of l1d_kib.
+struct BlockingRow {
+  Blocking b;
+  index_t l1d_kib;
+};
+
 template <typename T>
-inline Blocking blocking_for(Isa isa) {
+inline BlockingRow blocking_table(Isa isa) {
   constexpr bool f32 = sizeof(T) == 4;
   switch (isa) {
-    //                      MC   KC   NC (the cap), KC alone
-    case Isa::avx512: return f32 ? Blocking{4116, 640, 1024, 1024} : Blocking{2016, 320, 768, 512};
-    case Isa::avx2:   return f32 ? Blocking{2016, 256, 1024, 256} : Blocking{2016, 256, 512, 256};
-    default:          return f32 ? Blocking{1024, 256, 512, 256} : Blocking{1024, 256, 256, 256};
+    //                               MC    KC    NC (the cap), KC alone; L1d
+    case Isa::avx512: return f32 ? BlockingRow{{4116, 640, 1024, 1024}, 48} : BlockingRow{{2016, 320, 768, 512}, 48};
+    case Isa::avx2:   return f32 ? BlockingRow{{2016, 256, 1024, 256}, 32} : BlockingRow{{2016, 256, 512, 256}, 32};
+    default:          return f32 ? BlockingRow{{1024, 256, 512, 256}, 32} : BlockingRow{{1024, 256, 256, 256}, 32};
   }
+}
+
+// The table's row for this CPU: KC (and KC alone) scaled by this core's L1 data cache against the one
+// the row was measured with, a multiple of 16 and at least 128; MC lowered, where the L3 is small, until
+// the A block fills at most a quarter of it (never under 256 rows).
+template <typename T>
+inline Blocking blocking_for(Isa isa) {
+  const BlockingRow row = blocking_table<T>(isa);
+  Blocking b = row.b;
+  const index_t l1d = static_cast<index_t>(l1d_cache_bytes()), tuned = row.l1d_kib << 10;
+  auto scale_kc = [&](index_t kc) { return std::max<index_t>(128, kc * l1d / tuned / 16 * 16); };
+  b.kc = scale_kc(b.kc);
+  b.kc_alone = std::max(b.kc, scale_kc(b.kc_alone));
+  const index_t l3 = static_cast<index_t>(l3_cache_bytes());
+  if (l3 > 0) b.mc = std::min(b.mc, std::max<index_t>(256, l3 / 4 / (b.kc * index_t(sizeof(T)))));
+  return b;
 }
 
 // Whether an m x n product of `elem`-byte values on `nthreads` threads takes kc_alone: it runs alone (on

@@ -41,7 +41,10 @@ def info() -> dict:
         "module": _cpu.__name__,
         "amx_available": _cpu.amx_available(),  # AMX-BF16 tiles: float32 products split into bfloat16 parts
         "amx": get_amx(),
-        "l2_cache_bytes": _cpu.l2_cache_bytes(),  # per core; sizes the GEMM's NC
+        # As the CPU reports them (CPUID); the GEMM's blocking is sized from them.
+        "l1d_cache_bytes": _cpu.l1d_cache_bytes(),
+        "l2_cache_bytes": _cpu.l2_cache_bytes(),
+        "l3_cache_bytes": _cpu.l3_cache_bytes(),
         "openmp": _cpu.has_openmp(),
         "threads": get_num_threads(),
         # How idle OpenMP threads wait (the environment's, read when the runtime loaded): see the README on
