@@ -44,6 +44,15 @@ ISA_FLAGS = {
     "amx": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16",
             "-mamx-tile", "-mamx-bf16"],
 }
+# Tuning flags, where the compiler has them (GCC 12 and newer): copies of a known size (std::memcpy into
+# and out of vectors, everywhere in the generic kernels) by whole vectors of the level's width. Under
+# -mtune=generic GCC otherwise copies 32 bytes as two 16-byte halves through the stack, and every such
+# vector load then waits on a failed store forwarding (packing a GEMM's A panels: 2.5x slower on a Zen 2).
+TUNE_FLAGS = {
+    "avx2": ["-mmove-max=256", "-mstore-max=256"],
+    "avx512": ["-mmove-max=512", "-mstore-max=512"],
+    "amx": ["-mmove-max=512", "-mstore-max=512"],
+}
 LEVELS = ["ref", *ISA_FLAGS]
 # The modules, each with the levels whose kernel files it holds; its generic code gets its own level's flags.
 MODULES = {"ref": ["ref"], "avx2": ["ref", "avx2"], "avx512": ["ref", "avx2", "avx512", "amx"]}
@@ -87,7 +96,7 @@ class BuildExt(build_ext):
     """Builds each level's module up to DNNKIT_BUILD_ISA and what the compiler supports (a level whose
     flags it lacks is left out, with those above it; AMX alone is left out of the AVX-512 module). Inside a
     module the generic files get the module's level flags and each kernel file its own set's
-    (ISA_FLAGS); DNNKIT_HAVE_<ISA> tells the code which kernel files are in, DNNKIT_MODULE names the module.
+    (ISA_FLAGS, with TUNE_FLAGS where the compiler has them); DNNKIT_HAVE_<ISA> tells the code which kernel files are in, DNNKIT_MODULE names the module.
     Every module compiles into its own temporary folder, one per set of flags. On x86-64, where the assembler supports it, no jump
     crosses or ends on a 32-byte boundary: Skylake-derived Intel cores (the JCC erratum's microcode fix)
     otherwise run such a jump from the legacy decoders, and an unrelated change that moves a kernel's
@@ -101,6 +110,7 @@ class BuildExt(build_ext):
                 print(f"dnnkit: the compiler does not support {isa}'s flags; building without {isa} and above")
                 break
             supported.append(isa)
+        flags = {isa: ISA_FLAGS[isa] + [f for f in TUNE_FLAGS[isa] if has_flag(self.compiler, f)] for isa in supported[1:]}
         jcc = "-Wa,-mbranches-within-32B-boundaries"
         extra = [jcc] if X86 and has_flag(self.compiler, jcc) else []
         kept = []
@@ -122,6 +132,7 @@ class BuildExt(build_ext):
             e.dnnkit_level = level
             kept.append(e)
         self.extensions = kept
+        self.dnnkit_flags = flags
         super().build_extensions()
 
     def build_extension(self, ext):
@@ -130,17 +141,19 @@ class BuildExt(build_ext):
 
         def compile_with_isa_flags(obj, src, ext_, cc_args, extra_postargs, pp_opts):
             isa = isa_of(src)
-            flags = ISA_FLAGS.get(isa if isa != "ref" else level, [])
+            flags = self.dnnkit_flags.get(isa if isa != "ref" else level, [])
             compile_one(obj, src, ext_, cc_args, extra_postargs + flags, pp_opts)
 
         # Its own folder per module and set of flags: objects built with other flags are never reused.
-        key = hashlib.sha1(repr((ext.extra_compile_args, level)).encode()).hexdigest()[:8]
+        key = hashlib.sha1(repr((ext.extra_compile_args, level, self.dnnkit_flags)).encode()).hexdigest()[:8]
         self.build_temp = os.path.join(temp, f"{ext.name}-{key}")
+        force = self.force
+        self.force = force or not os.path.isdir(self.build_temp)  # flags changed: rebuild, however new the module
         self.compiler._compile = compile_with_isa_flags
         try:
             super().build_extension(ext)
         finally:
-            self.build_temp, self.compiler._compile = temp, compile_one
+            self.build_temp, self.compiler._compile, self.force = temp, compile_one, force
 
 
 packages = find_packages(where="python") + ["dnnkit.kernels"]
