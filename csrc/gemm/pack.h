@@ -112,21 +112,36 @@ inline bool copy_rows_fixed(index_t k, int width, const T* src, index_t rs, T* d
 }
 
 // k lines of n contiguous values (lines ld apart) into panels of W values a line (panel q at
-// dst + q*W*k, line p of it at + p*W), lines outermost: each line is read once, front to back, and
-// scattered to the panels. The last panel, of n % W values a line, is zero-padded to W (kPad: B's
-// panels, which the micro-kernel reads whole) or stored at its own width (A's tail panel, which the
-// exact-height kernel runs). Panel by panel, each line of a panel would start on another cache line and
-// page of a wide operand (8 KB lines at n = 2048), which the hardware prefetchers do not follow.
+// dst + q*W*k, line p of it at + p*W), in groups of kLineGroup lines: a group's lines are read together,
+// front to back (as many streams, which the hardware prefetchers follow), and each panel receives the
+// group's lines as one contiguous run. The last panel, of n % W values a line, is zero-padded to W (kPad:
+// B's panels, which the micro-kernel reads whole) or stored at its own width (A's tail panel, which the
+// exact-height kernel runs). A line at a time, the stores of a line go to every panel, each k*W values
+// from the next: with k*W*sizeof(T) a multiple of 4 KiB they share an L1 set and evict each other (a
+// 256 x 320 float32 block: 0.18 ns a value, against 0.10 in groups of 8; bench/RESULTS.md, AMD section).
+constexpr index_t kLineGroup = 8;
+
 template <typename T, int W, bool kPad>
 void pack_panels_by_lines(index_t k, index_t n, const T* src, index_t ld, T* dst) {
   const index_t full = n / W, tail = n - full * W, tail_w = kPad ? W : tail;
-  for (index_t p = 0; p < k; ++p) {
-    const T* s = src + p * ld;
-    for (index_t q = 0; q < full; ++q) std::memcpy(dst + q * W * k + p * W, s + q * W, sizeof(T) * W);
+  for (index_t p0 = 0; p0 < k; p0 += kLineGroup) {
+    const index_t g = std::min(kLineGroup, k - p0);
+    const T* s = src + p0 * ld;
+    for (index_t q = 0; q < full; ++q) {
+      T* d = dst + q * W * k + p0 * W;
+      if (g == kLineGroup) {
+#pragma GCC unroll 8
+        for (index_t l = 0; l < kLineGroup; ++l) std::memcpy(d + l * W, s + l * ld + q * W, sizeof(T) * W);
+      } else {
+        for (index_t l = 0; l < g; ++l) std::memcpy(d + l * W, s + l * ld + q * W, sizeof(T) * W);
+      }
+    }
     if (tail) {
-      T* d = dst + full * W * k + p * tail_w;
-      std::memcpy(d, s + full * W, sizeof(T) * tail);
-      for (index_t j = tail; j < tail_w; ++j) d[j] = T(0);
+      T* d = dst + full * W * k + p0 * tail_w;
+      for (index_t l = 0; l < g; ++l) {
+        std::memcpy(d + l * tail_w, s + l * ld + full * W, sizeof(T) * tail);
+        for (index_t j = tail; j < tail_w; ++j) d[l * tail_w + j] = T(0);
+      }
     }
   }
 }
