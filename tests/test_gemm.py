@@ -63,6 +63,9 @@ def unsupported(algo, m, n, k, trans_a, trans_b, dtype):
     return algo.supports(GemmProblem(m, n, k, trans_a=trans_a, trans_b=trans_b, dtype=np.dtype(dtype).name))
 
 
+BLOCKED = dnnkit.algos.get("gemm", "cpu", "blocked_gemm")
+
+
 def check_gemm(algo, case: GemmCase):
     """Runs one case through dnnkit.gemm(algo=algo.name) and checks it against gemm_ref. When algo does
     not support the case, checks that asking for it is a ValueError naming it and the reason instead."""
@@ -145,6 +148,17 @@ def test_gemm_beyond_mc_and_nc(isa, num_threads, gemm_algo, dtype):
         ((g["MC"] + 3, g["NC"] + 1, g["KC"]), True, -0.5),
     ]:
         check_gemm(gemm_algo, GemmCase(m, n, k, dtype, False, trans_b, 1.0, beta, True, ("C", "C", "C"), m + n))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_gemm_wide_products_split_by_columns(isa, num_threads, dtype):
+    """Wide products, whose threads each take an equal share of the column panels (in blocks of at most
+    NC) and, from 512 columns a thread, each pack their own copy of the A block: shares that are not a
+    whole number of panels, several A blocks (m past MC) and depth blocks, beta 0 and 1."""
+    g = ukernel_geometry(isa, dtype)
+    for (m, n, k), beta in [((2 * g["MR"] + 1, 1043, g["KC"] + 5), 0.0), ((g["MC"] + 7, 1043, 9), 1.0),
+                            ((g["MR"] + 2, 2 * g["NC"] + 3 * g["NR"] + 1, 3), 1.0), ((5, 1024 + 1, 2), 0.0)]:
+        check_gemm(BLOCKED, GemmCase(m, n, k, dtype, False, False, 1.0, beta, True, ("C", "C", "C"), m + n))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

@@ -28,6 +28,7 @@ struct Plan {
   int mr, nr;
   int nthreads;
   bool split_n;  // true: each thread packs and runs its own B blocks; false: threads split the ir loop
+  bool own_a;    // split_n on several threads, each packing the whole A block itself: no barriers
 };
 
 // MC and KC for m and k: equal-ish blocks rather than full blocks and a sliver. They depend on m and k
@@ -46,6 +47,9 @@ inline index_t a_block_offset(index_t ic, index_t pc, index_t mc, index_t kc, in
   const index_t per_block = round_up(mc, mr) * kc;
   return ((ic / mc) * ceil_div(k, kc) + pc / kc) * per_block;
 }
+
+// Columns a thread from which threads that split n each pack their own copy of the A block (Plan::own_a).
+constexpr index_t kOwnACols = 512;
 
 // own_a: the plan packs A itself (no GemmArgs::a_packed), so its KC is free to follow the thread count.
 template <typename T>
@@ -70,6 +74,11 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   index_t njb = ceil_div(std::max<index_t>(n, 1), nc_for_l2(blk, p.kc, static_cast<index_t>(sizeof(T))));
   if (p.split_n) njb = round_up(njb, nt);
   p.nc = round_up(ceil_div(std::max<index_t>(n, 1), njb), uk.nr);
+  // Threads that split n all read the whole A block. Each packs its own copy where its share of the
+  // columns makes that copy cheap against the products that read it (kOwnACols or more columns a thread:
+  // packing a value costs under a cycle, the products read it 2n/nt/(FMAs a cycle) cycles): no thread
+  // then waits for another, at the A block or at the end of each depth block.
+  p.own_a = own_a && p.split_n && nt > 1 && n >= kOwnACols * nt;
   return p;
 }
 
@@ -253,7 +262,7 @@ index_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
   const index_t stream = gemm_stream_workspace_bytes<T>(m, n, k);
   if (transposing_helps<T>(m, n, uk)) return std::max(stream, gemm_workspace_bytes<T>(n, m, k, nthreads));
   const Plan p = make_plan<T>(m, n, k, nthreads > 0 ? nthreads : get_num_threads(), uk, true);
-  const index_t a_elems = round_up(p.mc, p.mr) * p.kc;
+  const index_t a_elems = round_up(p.mc, p.mr) * p.kc * (p.own_a ? p.nthreads : 1);
   const index_t b_elems = p.nc * p.kc * (p.split_n ? p.nthreads : 1);
   const index_t bytes = std::max(stream, (a_elems + b_elems) * static_cast<index_t>(sizeof(T)));
   // The tiles' plan where they may take the product (the FMA kernels' where an operand turns out not to
@@ -280,7 +289,8 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
   const Plan p = make_plan<T>(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), uk, !g.a_packed);
   const index_t b_block = p.nc * p.kc;
   // Allocated before the parallel region: an exception must not cross it.
-  AlignedBuffer<T> abuf(g.a_packed ? 0 : static_cast<std::size_t>(round_up(p.mc, p.mr) * p.kc));
+  const index_t a_block = round_up(p.mc, p.mr) * p.kc;
+  AlignedBuffer<T> abuf(g.a_packed ? 0 : static_cast<std::size_t>(a_block * (p.own_a ? p.nthreads : 1)));
   AlignedBuffer<T> bbuf(g.b_panels ? 0 : static_cast<std::size_t>(b_block * (p.split_n ? p.nthreads : 1)));
 
 #pragma omp parallel num_threads(p.nthreads) if (p.nthreads > 1)
@@ -300,9 +310,10 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
         const T beta = pc == 0 ? g.beta : T(1);
         const bool last = pc + kc >= g.k;
         // The A block: packed here, micro-panels [ir0, ir1) at a time, or already packed by the caller.
-        const T* const ap = g.a_packed ? g.a_packed + a_block_offset(ic, pc, p.mc, p.kc, g.k, p.mr) : abuf.data();
+        T* const own_a = abuf.data() + (p.own_a ? tid * a_block : 0);
+        const T* const ap = g.a_packed ? g.a_packed + a_block_offset(ic, pc, p.mc, p.kc, g.k, p.mr) : own_a;
         auto pack_a = [&](index_t ir0, index_t ir1) {
-          if (!g.a_packed) pack_a_block<T>(g.a, g.rs_a, g.cs_a, p.mr, ic, mc, pc, kc, ir0, ir1, abuf.data());
+          if (!g.a_packed) pack_a_block<T>(g.a, g.rs_a, g.cs_a, p.mr, ic, mc, pc, kc, ir0, ir1, own_a);
         };
         // The B block at column jc read in place from GemmArgs::b_panels: its panels NR*k apart.
         auto in_place = [&](index_t jc, index_t nc, index_t ir0, index_t ir1) {
@@ -310,17 +321,23 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
                           beta, last);
         };
         if (p.split_n) {
-          // Every thread reads the whole A block: pack it together, a run of panels each.
-          {
+          // Every thread reads the whole A block: its own copy (own_a), or one packed together, a run of
+          // panels each.
+          if (p.own_a || g.a_packed) {
+            pack_a(0, n_ir);
+          } else {
             const index_t chunk = ceil_div(n_ir, nt), r0 = std::min(n_ir, tid * chunk);
             pack_a(r0, std::min(n_ir, r0 + chunk));
-          }
 #pragma omp barrier  // A block complete
+          }
+          // This thread's columns: an equal share of the NR-wide panels (a share differs from another by
+          // at most one panel), in equal blocks of at most NC columns.
           T* const own = bbuf.data() + tid * b_block;
-          const index_t n_jc = ceil_div(g.n, p.nc);
-          for (index_t jb = tid; jb < n_jc; jb += nt) {
-            const index_t jc = jb * p.nc;
-            const index_t nc = std::min(p.nc, g.n - jc);
+          const index_t panels = ceil_div(g.n, index_t(p.nr)), q0 = panels * tid / nt, share = panels * (tid + 1) / nt - q0;
+          const index_t blocks = ceil_div(share, p.nc / p.nr);
+          for (index_t jb = 0; jb < blocks; ++jb) {
+            const index_t jc = (q0 + share * jb / blocks) * p.nr;
+            const index_t nc = std::min((q0 + share * (jb + 1) / blocks) * p.nr, g.n) - jc;
             if (g.b_panels) {
               in_place(jc, nc, 0, n_ir);
               continue;
@@ -350,7 +367,7 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
 #pragma omp barrier
           }
         }
-        if (p.split_n) {
+        if (p.split_n && !p.own_a && !g.a_packed) {
 #pragma omp barrier
         }  // the shared A block is free for the next pc
       }
