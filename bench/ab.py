@@ -21,7 +21,11 @@ import sys
 
 # name -> setup code defining call(); run with `dnnkit`, `np` and R(*shape) (float32 normal) in scope.
 CASES = {
+    "gemm 512^3": "a, b = R(512, 512), R(512, 512)\ndef call(): dnnkit.gemm(a, b)",
     "gemm 1024^3": "a, b = R(1024, 1024), R(1024, 1024)\ndef call(): dnnkit.gemm(a, b)",
+    "gemm 2048^3": "a, b = R(2048, 2048), R(2048, 2048)\ndef call(): dnnkit.gemm(a, b)",
+    "gemm 3200x1024x256": "a, b = R(3200, 256), R(256, 1024)\ndef call(): dnnkit.gemm(a, b)",
+    "gemm 784x128x1152": "a, b = R(784, 1152), R(1152, 128)\ndef call(): dnnkit.gemm(a, b)",
     "gemm 3136x64x576": "a, b = R(3136, 576), R(576, 64)\ndef call(): dnnkit.gemm(a, b)",
     "gemm 256x256x256 ta": "a, b = R(256, 256), R(256, 256)\ndef call(): dnnkit.gemm(a, b, trans_a=True)",
     "linear b64 1024x4096": "x, w = R(64, 1024), R(4096, 1024)\ndef call(): dnnkit.linear(x, w)",
