@@ -166,12 +166,30 @@ void deep_rows(index_t n, const T* a, index_t rs_a, index_t cs_a, const T* b, in
 template <typename T>
 using DeepRowsFn = void (*)(index_t, const T*, index_t, index_t, const T*, index_t, T, T, T*, index_t);
 
+// Vector registers of the level this file is compiled for (setup.py builds it once per level).
+#ifdef __AVX512F__
+constexpr int kVectorRegs = 32;
+#else
+constexpr int kVectorRegs = 16;
+#endif
+
+// Rows of C deep_rows computes at once for depth K: the most (of 4, 2, 1) whose R*K broadcasts of A, R
+// sums and, shared by the rows, K vectors of B fit the register file (one row takes B's vectors as
+// memory operands). More spill to the stack at every vector of C: K = 8 with 4 rows ran at 3.4 GB/s of
+// C on AVX2, one row at a time at memory speed.
+template <int K>
+constexpr int deep_rows_at_once() {
+  for (int r : {4, 2}) if (r * K + r + K <= kVectorRegs - 2) return r;
+  return 1;
+}
+
 template <typename T, int K>
 void deep_block(index_t rows, index_t n, const T* a, index_t rs_a, index_t cs_a, const T* b, index_t rs_b, T alpha,
                 T beta, T* c, index_t ldc) {
+  constexpr int R = deep_rows_at_once<K>();
   index_t i = 0;
-  for (; i + 4 <= rows; i += 4)
-    deep_rows<T, K, 4>(n, a + i * rs_a, rs_a, cs_a, b, rs_b, alpha, beta, c + i * ldc, ldc);
+  for (; i + R <= rows; i += R)
+    deep_rows<T, K, R>(n, a + i * rs_a, rs_a, cs_a, b, rs_b, alpha, beta, c + i * ldc, ldc);
   for (; i < rows; ++i) deep_rows<T, K, 1>(n, a + i * rs_a, rs_a, cs_a, b, rs_b, alpha, beta, c + i * ldc, ldc);
 }
 
