@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "../gemm/gemm.h"
+#include "../gemm/pack.h"
 #include "conv.h"
 
 namespace dnnkit {
@@ -57,6 +58,8 @@ void im2col(const ConvShape& sh, const T* x, index_t j0, index_t j1, T* col, ind
         for (index_t q = q0; q < std::min(a, q1); ++q) d[q - q0] = T(0);
         if (sh.sw == 1) {
           if (b > a) std::memcpy(d + (a - q0), xr + a, sizeof(T) * (b - a));
+        } else if (sh.sw == 2) {
+          if (b > a) copy_stride2(d + (a - q0), xr + 2 * a, b - a);
         } else {
           for (index_t q = a; q < b; ++q) d[q - q0] = xr[q * sh.sw];
         }

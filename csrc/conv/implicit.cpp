@@ -74,31 +74,6 @@ inline void copy_run(T* d, const T* s, index_t n) {
     }
 }
 
-// d[l] = s[2*l] for l < n: vectors of 2W source elements (W = 32 bytes of T), their even elements
-// picked by a shuffle. A vector reads one element past its last even one, so vectors are used only while
-// that element is still inside the run (l + W < n); the rest goes element by element.
-template <typename T>
-inline void copy_run_stride2(T* d, const T* s, index_t n) {
-  using V = TransposeVec<T>;
-  constexpr index_t W = kTransposeBlock<T>;
-  index_t l = 0;
-  for (; l + W < n; l += W) {
-    V a, b;
-    std::memcpy(&a, s + 2 * l, sizeof(V));
-    std::memcpy(&b, s + 2 * l + W, sizeof(V));
-    V even;
-    if constexpr (W == 8) {
-      typedef int i8 __attribute__((vector_size(32)));
-      even = __builtin_shuffle(a, b, i8{0, 2, 4, 6, 8, 10, 12, 14});
-    } else {
-      typedef long long i4 __attribute__((vector_size(32)));
-      even = __builtin_shuffle(a, b, i4{0, 2, 4, 6});
-    }
-    std::memcpy(d + l, &even, sizeof(V));
-  }
-  for (; l < n; ++l) d[l] = s[2 * l];
-}
-
 // One B panel: dst[p*nr + l] = col(pc + p, j + l) for l < n_t, 0 beyond. Row c*R*S + r*S + s of col,
 // column p*Q + q (an output pixel), is xp[c, p*sh + r*dh, q*sw + s*dw]: a fixed offset per row plus a
 // fixed offset per column. The columns form runs along output rows (merged when one continues the
@@ -148,7 +123,7 @@ void pack_b_im2col(const void* ctx, index_t pc, index_t kc, index_t j, index_t n
       if (sw == 1) {
         for (index_t kk = k0; kk < k1; ++kk) copy_run(d0 + kk * nr, base + row_off[kk - k0], len);
       } else if (sw == 2) {
-        for (index_t kk = k0; kk < k1; ++kk) copy_run_stride2(d0 + kk * nr, base + row_off[kk - k0], len);
+        for (index_t kk = k0; kk < k1; ++kk) copy_stride2(d0 + kk * nr, base + row_off[kk - k0], len);
       } else {
         for (index_t kk = k0; kk < k1; ++kk) {
           const T* sp = base + row_off[kk - k0];

@@ -89,6 +89,31 @@ inline void transpose_block_rows(int rows, const T* in, index_t ld_in, T* out, i
   transpose_block<T>(in, ld_in, out, ld_out);
 }
 
+// d[l] = s[2*l] for l < n: vectors of 2W source elements (W = 32 bytes of T), their even elements
+// picked by a shuffle. A vector reads one element past its last even one, so vectors are used only while
+// that element is still inside the run (l + W < n); the rest goes element by element.
+template <typename T>
+inline void copy_stride2(T* d, const T* s, index_t n) {
+  using V = TransposeVec<T>;
+  constexpr index_t W = kTransposeBlock<T>;
+  index_t l = 0;
+  for (; l + W < n; l += W) {
+    V a, b;
+    std::memcpy(&a, s + 2 * l, sizeof(V));
+    std::memcpy(&b, s + 2 * l + W, sizeof(V));
+    V even;
+    if constexpr (W == 8) {
+      typedef int i8 __attribute__((vector_size(32)));
+      even = __builtin_shuffle(a, b, i8{0, 2, 4, 6, 8, 10, 12, 14});
+    } else {
+      typedef long long i4 __attribute__((vector_size(32)));
+      even = __builtin_shuffle(a, b, i4{0, 2, 4, 6});
+    }
+    std::memcpy(d + l, &even, sizeof(V));
+  }
+  for (; l < n; ++l) d[l] = s[2 * l];
+}
+
 // k rows of N contiguous elements (rows rs apart) to k rows of exactly N: a copy of known size, which
 // the compiler turns into vector moves (a run-time size is a call to memcpy for every row).
 template <typename T, int N>
