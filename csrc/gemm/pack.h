@@ -55,8 +55,11 @@ __attribute__((always_inline)) inline void transpose_regs(const tv4d* r, tv4d* o
 }
 
 // R rows of W elements (rows ld_in apart) to W rows of R elements (ld_out apart), R <= W:
-// out[c*ld_out + r] = in[r*ld_in + c]. Rows past R are never read, columns past R never written.
-template <typename T, int R = static_cast<int>(kTransposeBlock<T>)>
+// out[c*ld_out + r] = in[r*ld_in + c]. Rows past R are never read. Columns past R are never written,
+// unless kWhole: then every output row is stored as a whole vector of W, its last W - R elements
+// garbage, which the caller overwrites later (a panel written in increasing order: the next output row,
+// or the next block's, starts there); one vector store an output row instead of a few narrower ones.
+template <typename T, int R = static_cast<int>(kTransposeBlock<T>), bool kWhole = false>
 __attribute__((always_inline)) inline void transpose_block(const T* in, index_t ld_in, T* out, index_t ld_out) {
   using V = TransposeVec<T>;
   constexpr int W = static_cast<int>(kTransposeBlock<T>);
@@ -65,28 +68,28 @@ __attribute__((always_inline)) inline void transpose_block(const T* in, index_t 
   for (int i = 0; i < R; ++i) std::memcpy(&r[i], in + i * ld_in, sizeof(V));
   for (int i = R; i < W; ++i) r[i] = V{};
   transpose_regs(r, t);
-  for (int i = 0; i < W; ++i) std::memcpy(out + i * ld_out, &t[i], sizeof(T) * R);
+  for (int i = 0; i < W; ++i) std::memcpy(out + i * ld_out, &t[i], kWhole ? sizeof(V) : sizeof(T) * R);
 }
 
 // transpose_block for a run-time row count 1 <= rows <= W.
-template <typename T>
+template <typename T, bool kWhole = false>
 inline void transpose_block_rows(int rows, const T* in, index_t ld_in, T* out, index_t ld_out) {
   switch (rows) {
-    case 1: return transpose_block<T, 1>(in, ld_in, out, ld_out);
-    case 2: return transpose_block<T, 2>(in, ld_in, out, ld_out);
-    case 3: return transpose_block<T, 3>(in, ld_in, out, ld_out);
+    case 1: return transpose_block<T, 1, kWhole>(in, ld_in, out, ld_out);
+    case 2: return transpose_block<T, 2, kWhole>(in, ld_in, out, ld_out);
+    case 3: return transpose_block<T, 3, kWhole>(in, ld_in, out, ld_out);
     default: break;
   }
   if constexpr (kTransposeBlock<T> == 8) {
     switch (rows) {
-      case 4: return transpose_block<T, 4>(in, ld_in, out, ld_out);
-      case 5: return transpose_block<T, 5>(in, ld_in, out, ld_out);
-      case 6: return transpose_block<T, 6>(in, ld_in, out, ld_out);
-      case 7: return transpose_block<T, 7>(in, ld_in, out, ld_out);
+      case 4: return transpose_block<T, 4, kWhole>(in, ld_in, out, ld_out);
+      case 5: return transpose_block<T, 5, kWhole>(in, ld_in, out, ld_out);
+      case 6: return transpose_block<T, 6, kWhole>(in, ld_in, out, ld_out);
+      case 7: return transpose_block<T, 7, kWhole>(in, ld_in, out, ld_out);
       default: break;
     }
   }
-  transpose_block<T>(in, ld_in, out, ld_out);
+  transpose_block<T, static_cast<int>(kTransposeBlock<T>), kWhole>(in, ld_in, out, ld_out);
 }
 
 // d[l] = s[2*l] for l < n: vectors of 2W source elements (W = 32 bytes of T), their even elements
@@ -212,18 +215,27 @@ void pack_a_panel(index_t m, index_t k, const T* a, index_t rs, index_t cs, int 
   }
   if (cs == 1) {
     // Row-major A: groups of W rows by W k steps transposed in registers and stored as W panel rows
-    // (a scalar scatter with stride mr writes each cache line of the panel mr times over). The last
-    // group of a panel whose height is not a multiple of W (MR = 14 or 6 with W = 8) loads only its
-    // rows and stores rows of exactly that width.
+    // (a scalar scatter with stride mr writes each cache line of the panel mr times over). A group of
+    // fewer than W rows (the last of a panel whose height is not a multiple of W: MR = 14 or 6 with W = 8)
+    // loads only its rows. Each panel row is stored as whole vectors, the last group's overrunning the
+    // row into the next ones: the groups of a block of W steps run last to first, so that a group's
+    // overrun lands where a group run after it writes (the next panel rows, or the next block's). Where
+    // an overrun would pass the end of the panel (k*mr values: the last blocks), exact widths.
     constexpr index_t W = kTransposeBlock<T>;
+    const index_t last_group = (m - 1) / W * W;
     index_t p = 0;
     for (; p + W <= k; p += W) {
-      for (index_t i0 = 0; i0 < m; i0 += W) {
+      const bool whole = (p + W - 1) * mr + last_group + W <= k * mr;
+      for (index_t i0 = last_group; i0 >= 0; i0 -= W) {
         const index_t rows = std::min<index_t>(W, m - i0);  // m <= mr: the group ends inside the panel
+        const T* src = a + i0 * rs + p;
+        T* dst = ap + p * mr + i0;
         if (rows == W)
-          transpose_block<T>(a + i0 * rs + p, rs, ap + p * mr + i0, mr);
+          transpose_block<T>(src, rs, dst, mr);
+        else if (whole)
+          transpose_block_rows<T, true>(static_cast<int>(rows), src, rs, dst, mr);
         else
-          transpose_block_rows<T>(static_cast<int>(rows), a + i0 * rs + p, rs, ap + p * mr + i0, mr);
+          transpose_block_rows<T>(static_cast<int>(rows), src, rs, dst, mr);
       }
     }
     for (; p < k; ++p)
