@@ -14,8 +14,8 @@
 // L2, a deeper KC (kc_alone, deep_k_blocks): on two threads, a deeper block means a narrower B block and
 // more passes over the shared A block, which both threads stream from L3 at once. A product on A blocks
 // packed ahead of time (pack_a_blocks) keeps the table's KC: its layout cannot depend on the thread count.
-// The measurements behind the table are bench/RESULTS.md's GEMM sittings (AVX-512 on a 48 KiB L1 and a
-// 2 MiB L2); AVX2's, this ISA's table on a Zen 2 core (32 KiB, 512 KiB), in its AMD section.
+// The measurements behind the AVX-512 rows are the GEMM sittings of bench/log/2026-11-22-to-24.md (a
+// 48 KiB L1 and a 2 MiB L2); the AVX2 rows run a Zen 2 core (32 KiB, 512 KiB) in bench/RESULTS.md.
 #pragma once
 #include <algorithm>
 

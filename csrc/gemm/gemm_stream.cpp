@@ -9,8 +9,9 @@
 // Here each thread reads contiguous runs of the streamed operand, front to back: rows of B (few rows),
 // rows of C (few deep). A GRU cell's backward at H1024, batch 1 (12 MiB weights, two of each product):
 // 2.5 ms a call on the blocked GEMM, 0.95 ms here, where reading both weights and updating both
-// gradients by hand-written loops takes 0.9 ms on the same two cores (bench/RESULTS.md). At 8 rows and
-// 4096 columns the blocked GEMM was faster (2.7 ms against 3.3), so the few-rows path stops at 4 rows.
+// gradients by hand-written loops takes 0.9 ms on the same two cores (bench/log/2026-11-22-to-24.md).
+// At 8 rows and 4096 columns the blocked GEMM was faster (2.7 ms against 3.3), so the few-rows path
+// stops at 4 rows.
 //
 // Sums. Few rows: B's rows are cut into chunks whose number depends on m, n and k alone; each chunk's
 // partial product sums its rows in order, and C sums the partials in chunk order. Few deep: every

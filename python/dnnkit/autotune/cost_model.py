@@ -6,9 +6,10 @@ measure_ceilings) and kept in the tuning cache per device; until they are measur
 (the active ISA's FMA width at 2.5 GHz per thread, 10 GB/s per thread) stand in.
 
 Efficiencies: the formulas below carry efficiencies first fitted to bench/conv.py's ResNet-50
-measurements (RESULTS.md). On top, every algorithm gets a correction factor fitted from the measured
-records in the tuning cache for this device and version: the median of measured / predicted over its
-records (at least MIN_SAMPLES of them), clamped to [1/8, 8]. So the model improves as the cache grows.
+measurements (bench/log/2026-11-22-to-24.md). On top, every algorithm gets a correction factor fitted
+from the measured records in the tuning cache for this device and version: the median of measured /
+predicted over its records (at least MIN_SAMPLES of them), clamped to [1/8, 8]. So the model improves
+as the cache grows.
 
 predict() returns None for algorithms it has no formula for (GEMM's two algorithms are told apart by
 their supports() rules); dispatch then keeps the registry's order.
@@ -28,7 +29,7 @@ from ..algos.conv_cpu import as_forward
 _FLOPS_PER_CYCLE = {"avx512": 64, "avx2": 32, "ref": 4}  # float32 FMA throughput per core, nominal
 _GHZ = 2.5
 _COPY_BYTES_PER_S = 10e9  # per thread
-# Winograd, fitted to bench/conv.py's ResNet-50 3x3 layers (RESULTS.md, cache-resident schedule):
+# Winograd, fitted to bench/conv.py's ResNet-50 3x3 layers (bench/log/2026-11-22-to-24.md, cache-resident schedule):
 _TRANSFORM_S_PER_ELEMENT = 1.2e-9  # per thread: one input or output transform element
 _FILTER_S_PER_ELEMENT = 3.0e-9  # per thread: one element of U, transformed, stored and read back
 _FILTER_FEW_S_PER_ELEMENT = 0.6e-9  # the same in the few-tiles schedule (U^T built in L2, never stored)
