@@ -151,6 +151,28 @@ def test_gemm_beyond_mc_and_nc(isa, num_threads, gemm_algo, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_gemm_a_rows_read_in_place(isa, num_threads, dtype):
+    """Products of few columns (up to 512) on an A with contiguous rows, which micro-kernels that can read A
+    where it lies (AVX2) do not pack: row tails, several depth blocks, rows in reverse order (a negative
+    row stride), a row stride past the row, beta, a bias per column and an activation."""
+    g = ukernel_geometry(isa, dtype)
+    rng = np.random.default_rng(11)
+    for m, n, k in [(g["MR"] + 1, 17, 2 * g["KC"] + 3), (2 * g["MR"] - 1, 512, 33), (1, 300, 5), (100, 64, g["KC"])]:
+        base = rng.standard_normal((m, k + 7)).astype(dtype)
+        for a in (base[:, 3:3 + k], base[::-1, :k]):
+            b = rng.standard_normal((k, n)).astype(dtype)
+            bias = rng.standard_normal(n).astype(dtype)
+            c0 = rng.standard_normal((m, n)).astype(dtype)
+            c = c0.copy()
+            dnnkit.gemm(a, b, c, alpha=0.5, beta=-1.0)
+            want = 0.5 * a.astype(np.float64) @ b.astype(np.float64) - c0
+            assert rel_l2(c, want) <= tolerance(BLOCKED, dtype), (m, n, k)
+            y = dnnkit.linear(np.ascontiguousarray(a), np.ascontiguousarray(b.T), bias, activation="relu")
+            want = np.maximum(a.astype(np.float64) @ b.astype(np.float64) + bias, 0)
+            assert rel_l2(y, want) <= tolerance(BLOCKED, dtype), (m, n, k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_gemm_wide_products_split_by_columns(isa, num_threads, dtype):
     """Wide products, whose threads each take an equal share of the column panels (in blocks of at most
     NC) and, from 512 columns a thread, each pack their own copy of the A block: shares that are not a

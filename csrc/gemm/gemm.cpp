@@ -29,6 +29,7 @@ struct Plan {
   int nthreads;
   bool split_n;  // true: each thread packs and runs its own B blocks; false: threads split the ir loop
   bool own_a;    // split_n on several threads, each packing the whole A block itself: no barriers
+  bool a_in_place;  // A not packed: the micro-kernel reads its rows where they lie (UKernel::fn_a)
 };
 
 // MC and KC for m and k: equal-ish blocks rather than full blocks and a sliver. They depend on m and k
@@ -50,10 +51,16 @@ inline index_t a_block_offset(index_t ic, index_t pc, index_t mc, index_t kc, in
 
 // Columns a thread from which threads that split n each pack their own copy of the A block (Plan::own_a).
 constexpr index_t kOwnACols = 512;
+// Columns up to which an A with contiguous rows is read where it lies rather than packed (Plan::a_in_place,
+// where the micro-kernel has fn_a). Packing a value costs a fixed time, while the products that read it
+// take time in proportion to n: below this many columns the packing is a share of the product worth
+// saving.
+constexpr index_t kAInPlaceCols = 512;
 
 // own_a: the plan packs A itself (no GemmArgs::a_packed), so its KC is free to follow the thread count.
 template <typename T>
-Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& uk, bool own_a) {
+// a_rows: A's rows are contiguous (cs_a == 1), so that the micro-kernel may read them where they lie.
+Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& uk, bool own_a, bool a_rows = false) {
   const Blocking blk = blocking_for<T>(active_isa());
   Plan p;
   p.mr = uk.mr;
@@ -78,18 +85,20 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   // columns makes that copy cheap against the products that read it (kOwnACols or more columns a thread:
   // packing a value costs under a cycle, the products read it 2n/nt/(FMAs a cycle) cycles): no thread
   // then waits for another, at the A block or at the end of each depth block.
-  p.own_a = own_a && p.split_n && nt > 1 && n >= kOwnACols * nt;
+  p.a_in_place = own_a && a_rows && uk.fn_a && n <= kAInPlaceCols;
+  p.own_a = own_a && !p.a_in_place && p.split_n && nt > 1 && n >= kOwnACols * nt;
   return p;
 }
 
 // The micro-panels of one packed A block (mc rows: full MR-row panels, then a tail panel of exactly the
 // remaining rows, stride m_t, run by the exact-height kernel) against the B block's panels, b_stride
 // elements apart (NR*KC when packed here, NR*k when read in place from GemmArgs::b_panels).
-// A micro-panel outermost: it stays in L1 while the B block streams from L2.
+// A micro-panel outermost: it stays in L1 while the B block streams from L2. ap null: A read where it
+// lies (Plan::a_in_place), rows of depth [pc, pc + kc) of it, by UKernel::fn_a.
 template <typename T>
 void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const T* bp, index_t b_stride, index_t ic,
-                  index_t mc, index_t ir_begin, index_t ir_end, index_t jc, index_t nc, index_t kc, T beta,
-                  bool last) {
+                  index_t mc, index_t ir_begin, index_t ir_end, index_t jc, index_t nc, index_t pc, index_t kc,
+                  T beta, bool last) {
   const int mr = uk.mr, nr = uk.nr;
   const index_t n_jr = ceil_div(nc, nr);
   // The bias (per column, or per row: a convolution's output channels, the transposed problem's) goes
@@ -100,7 +109,7 @@ void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const
     const index_t i = ic + ir * mr;
     const int m_t = static_cast<int>(std::min<index_t>(mr, ic + mc - i));
     const ukernel_fn<T> fn = m_t == mr ? uk.fn : uk.rows[m_t - 1];
-    const T* a_panel = ap + ir * mr * kc;
+    const T* a_panel = ap ? ap + ir * mr * kc : nullptr;
     // The row's first tile reads its A micro-panel from L3 (the packed A block outgrows L2), the rest
     // from L1: that tile prefetches A ahead as well (UKernel::far_a).
     const ukernel_fn<T> first_a = m_t == mr ? uk.far_a : nullptr;
@@ -108,9 +117,14 @@ void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const
       const index_t j = jc + jr * nr;
       const int n_t = static_cast<int>(std::min<index_t>(nr, jc + nc - j));
       T* c = g.c + i * g.rs_c + j * g.cs_c;
-      const ukernel_fn<T> tile = jr == 0 && first_a ? first_a : fn;
-      tile(kc, a_panel, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t,
-           k_bias ? k_bias + (g.bias_per_row ? i : j) : nullptr, g.bias_per_row);
+      const T* bias = k_bias ? k_bias + (g.bias_per_row ? i : j) : nullptr;
+      if (!ap) {
+        uk.fn_a(kc, g.a + i * g.rs_a + pc, g.rs_a, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, bias,
+                g.bias_per_row);
+      } else {
+        const ukernel_fn<T> tile = jr == 0 && first_a ? first_a : fn;
+        tile(kc, a_panel, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, bias, g.bias_per_row);
+      }
       if (epilogue) apply_epilogue<T>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
     }
   }
@@ -286,11 +300,13 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
   const UKernel<T> uk = select_ukernel<T>(active_isa());
   if (g.b_group_cols == 0 && !g.pack_b && !g.a_packed && !g.b_panels && transposing_helps<T>(g.m, g.n, uk))
     return gemm<T>(transposed(g), nthreads);
-  const Plan p = make_plan<T>(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), uk, !g.a_packed);
+  const Plan p = make_plan<T>(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), uk, !g.a_packed,
+                              g.cs_a == 1);
   const index_t b_block = p.nc * p.kc;
   // Allocated before the parallel region: an exception must not cross it.
   const index_t a_block = round_up(p.mc, p.mr) * p.kc;
-  AlignedBuffer<T> abuf(g.a_packed ? 0 : static_cast<std::size_t>(a_block * (p.own_a ? p.nthreads : 1)));
+  const bool a_buffer = !g.a_packed && !p.a_in_place;
+  AlignedBuffer<T> abuf(a_buffer ? static_cast<std::size_t>(a_block * (p.own_a ? p.nthreads : 1)) : 0);
   AlignedBuffer<T> bbuf(g.b_panels ? 0 : static_cast<std::size_t>(b_block * (p.split_n ? p.nthreads : 1)));
 
 #pragma omp parallel num_threads(p.nthreads) if (p.nthreads > 1)
@@ -310,20 +326,20 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
         const T beta = pc == 0 ? g.beta : T(1);
         const bool last = pc + kc >= g.k;
         // The A block: packed here, micro-panels [ir0, ir1) at a time, or already packed by the caller.
-        T* const own_a = abuf.data() + (p.own_a ? tid * a_block : 0);
+        T* const own_a = p.a_in_place ? nullptr : abuf.data() + (p.own_a ? tid * a_block : 0);
         const T* const ap = g.a_packed ? g.a_packed + a_block_offset(ic, pc, p.mc, p.kc, g.k, p.mr) : own_a;
         auto pack_a = [&](index_t ir0, index_t ir1) {
-          if (!g.a_packed) pack_a_block<T>(g.a, g.rs_a, g.cs_a, p.mr, ic, mc, pc, kc, ir0, ir1, own_a);
+          if (a_buffer) pack_a_block<T>(g.a, g.rs_a, g.cs_a, p.mr, ic, mc, pc, kc, ir0, ir1, own_a);
         };
         // The B block at column jc read in place from GemmArgs::b_panels: its panels NR*k apart.
         auto in_place = [&](index_t jc, index_t nc, index_t ir0, index_t ir1) {
-          macro_kernel<T>(g, uk, ap, g.b_panels + jc * g.k + pc * p.nr, p.nr * g.k, ic, mc, ir0, ir1, jc, nc, kc,
+          macro_kernel<T>(g, uk, ap, g.b_panels + jc * g.k + pc * p.nr, p.nr * g.k, ic, mc, ir0, ir1, jc, nc, pc, kc,
                           beta, last);
         };
         if (p.split_n) {
           // Every thread reads the whole A block: its own copy (own_a), or one packed together, a run of
           // panels each.
-          if (p.own_a || g.a_packed) {
+          if (p.own_a || g.a_packed || p.a_in_place) {
             pack_a(0, n_ir);
           } else {
             const index_t chunk = ceil_div(n_ir, nt), r0 = std::min(n_ir, tid * chunk);
@@ -343,7 +359,7 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
               continue;
             }
             pack_b_block<T>(g, p.nr, pc, kc, jc, nc, 0, ceil_div(nc, p.nr), own);
-            macro_kernel<T>(g, uk, ap, own, p.nr * kc, ic, mc, 0, n_ir, jc, nc, kc, beta, last);
+            macro_kernel<T>(g, uk, ap, own, p.nr * kc, ic, mc, 0, n_ir, jc, nc, pc, kc, beta, last);
           }
         } else {
           // Each thread packs and runs only its own A micro-panels: no barrier for A.
@@ -360,14 +376,14 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
 #pragma omp for schedule(static)
               for (index_t jr = 0; jr < n_jr; ++jr) pack_b_block<T>(g, p.nr, pc, kc, jc, nc, jr, jr + 1, bp);
               // implicit barrier: B block complete
-              macro_kernel<T>(g, uk, ap, bp, p.nr * kc, ic, mc, ir0, ir1, jc, nc, kc, beta, last);
+              macro_kernel<T>(g, uk, ap, bp, p.nr * kc, ic, mc, ir0, ir1, jc, nc, pc, kc, beta, last);
             }
             // The shared B block, and the A buffer: a thread's micro-panels of the next (ic, pc) block
             // (another kc, another block height) may lie where another thread's of this block still are.
 #pragma omp barrier
           }
         }
-        if (p.split_n && !p.own_a && !g.a_packed) {
+        if (p.split_n && !p.own_a && !g.a_packed && !p.a_in_place) {
 #pragma omp barrier
         }  // the shared A block is free for the next pc
       }

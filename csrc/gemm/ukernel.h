@@ -30,6 +30,11 @@ template <typename T>
 using ukernel_fn = void (*)(index_t k, const T* a, const T* b, T* c, index_t rs_c, index_t cs_c, T alpha,
                             T beta, int m, int n, const T* bias, bool bias_rows);
 
+// ukernel_fn with A read where it lies (UKernel::fn_a): row i of A at a + i*lda, contiguous along k.
+template <typename T>
+using ukernel_a_fn = void (*)(index_t k, const T* a, index_t lda, const T* b, T* c, index_t rs_c, index_t cs_c, T alpha,
+                              T beta, int m, int n, const T* bias, bool bias_rows);
+
 template <typename T>
 struct UKernel {
   const char* name;  // geometry and ISA: "ukernel_12x32_avx512"
@@ -46,6 +51,10 @@ struct UKernel {
   // fn prefetching A ahead too, for the first tile of a row of tiles, whose A micro-panel comes from L3
   // (the blocked GEMM's packed A block outgrows L2); null: fn.
   ukernel_fn<T> far_a = nullptr;
+  // The same contract on A read where it lies (ukernel_a_fn), for any 1 <= m <= MR: rows i >= m of it are
+  // never read. The blocked GEMM skips packing an A with contiguous rows for few columns
+  // (gemm.cpp, a_in_place); null: the ISA has none.
+  ukernel_a_fn<T> fn_a = nullptr;
 };
 
 // Small-M dot kernel (gemm_small_m.cpp): out[i*ldo + j] = sum_p x[i*ldx + p] * w[j*ldw + p] for

@@ -69,6 +69,16 @@ void uk_far_f64(dnnkit::index_t k, const double* a, const double* b, double* c, 
                 dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias, bool bias_rows) {
   ukernel_tile<Avx2F64, kMR, 2, kFarK>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
 }
+// UKernel::fn_a: A read where it lies.
+void uk_a_f32(dnnkit::index_t k, const float* a, dnnkit::index_t lda, const float* b, float* c, dnnkit::index_t rs_c,
+              dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias, bool bias_rows) {
+  ukernel_tile<Avx2F32, kMR, 2, 8, 0, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, lda);
+}
+void uk_a_f64(dnnkit::index_t k, const double* a, dnnkit::index_t lda, const double* b, double* c,
+              dnnkit::index_t rs_c, dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias,
+              bool bias_rows) {
+  ukernel_tile<Avx2F64, kMR, 2, 8, 0, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, lda);
+}
 double probe(dnnkit::index_t iters, double* flops) { return fma_probe<Avx2F32, 12>(iters, flops); }
 
 // Exact-row variants (UKernel::rows): ukernel_tile with M = 1..kMR rows and A panels of stride M.
@@ -113,10 +123,10 @@ void dot_f64(int mi, dnnkit::index_t k, const double* x, dnnkit::index_t ldx, co
 
 namespace dnnkit {
 template <> UKernel<float> ukernel_avx2<float>() {
-  return {"ukernel_6x16_avx2", kMR, 16, uk_f32, kRowsF32, uk_far_f32};
+  return {"ukernel_6x16_avx2", kMR, 16, uk_f32, kRowsF32, uk_far_f32, nullptr, uk_a_f32};
 }
 template <> UKernel<double> ukernel_avx2<double>() {
-  return {"ukernel_6x8_avx2", kMR, 8, uk_f64, kRowsF64, uk_far_f64};
+  return {"ukernel_6x8_avx2", kMR, 8, uk_f64, kRowsF64, uk_far_f64, nullptr, uk_a_f64};
 }
 double fma_probe_avx2(index_t iters, double* flops) { return probe(iters, flops); }
 // 4 x 24: 12 accumulators, 3 vector loads and 4 broadcasts per 12 FMAs (16 registers).

@@ -7,10 +7,13 @@
 
 namespace {
 
-template <class V, int MR, int NV, int kPrefetchK = 8, int kPrefetchA = 0>
+// kStridedA: A read where it lies (UKernel::fn_a), row i at a + i*lda, contiguous along k; rows i >= m
+// are never read (row 0 is read in their place). Else a packed micro-panel (lda unused).
+template <class V, int MR, int NV, int kPrefetchK = 8, int kPrefetchA = 0, bool kStridedA = false>
 void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const typename V::T* __restrict b,
                   typename V::T* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, typename V::T alpha,
-                  typename V::T beta, int m, int n, const typename V::T* bias, bool bias_rows) {
+                  typename V::T beta, int m, int n, const typename V::T* bias, bool bias_rows,
+                  dnnkit::index_t lda = 0) {
   using T = typename V::T;
   using R = typename V::reg;
   constexpr int W = V::width;
@@ -33,6 +36,11 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
   // B streams from L2 (a KC x NR micro-panel is larger than L1 for NR = 64): prefetch it
   // kPrefetchK steps ahead, one prefetch per cache line of a B row (further where B comes from memory).
   constexpr int kRowBytes = NR * static_cast<int>(sizeof(T));
+  const T* ar[MR];
+  if constexpr (kStridedA) {
+#pragma GCC unroll 64
+    for (int i = 0; i < MR; ++i) ar[i] = a + (i < m ? i : 0) * lda;
+  }
 #pragma GCC unroll 4
   for (dnnkit::index_t p = 0; p < k; ++p) {
     R bv[NV];
@@ -45,11 +53,11 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
     for (int j = 0; j < NV; ++j) bv[j] = V::load(b + j * W);
 #pragma GCC unroll 64
     for (int i = 0; i < MR; ++i) {
-      R av = V::broadcast(a + i);
+      R av = kStridedA ? V::broadcast(ar[i] + p) : V::broadcast(a + i);
 #pragma GCC unroll 8
       for (int j = 0; j < NV; ++j) acc[i][j] = V::fma(av, bv[j], acc[i][j]);
     }
-    a += MR;
+    if constexpr (!kStridedA) a += MR;
     b += NR;
   }
 
