@@ -75,7 +75,7 @@ def build_level() -> str:
     return want
 
 
-common_args = ["-fopenmp", "-Wall", "-Wno-unknown-pragmas"]
+common_args = ["-fopenmp", "-Wall", "-Wno-unknown-pragmas", "-Wno-psabi"]
 common_args += ["-O0", "-g"] if os.environ.get("DNNKIT_DEBUG") == "1" else ["-O3"]
 if os.environ.get("DNNKIT_NATIVE") == "1":
     common_args += ["-march=native"]

@@ -35,6 +35,8 @@ CASES = {
     "gemm 256x256x256 ta": "a, b = R(256, 256), R(256, 256)\ndef call(): dnnkit.gemm(a, b, trans_a=True)",
     "linear b64 1024x4096": "x, w = R(64, 1024), R(4096, 1024)\ndef call(): dnnkit.linear(x, w)",
     "linear b8 1024x1024": "x, w = R(8, 1024), R(1024, 1024)\ndef call(): dnnkit.linear(x, w)",
+    "linear b16 1024x1024": "x, w = R(16, 1024), R(1024, 1024)\ndef call(): dnnkit.linear(x, w)",
+    "linear b1 1000x2048": "x, w = R(1, 2048), R(1000, 2048)\ndef call(): dnnkit.linear(x, w)",
     "linear b256 gelu": "x, w, b = R(256, 1024), R(1024, 1024), R(1024)\n"
                         "def call(): dnnkit.linear(x, w, b, activation='gelu')",
     "linear b256 tanh bwd": "x, w = R(256, 1024), R(1024, 1024)\ny = dnnkit.linear(x, w, activation='tanh')\n"

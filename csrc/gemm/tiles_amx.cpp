@@ -19,6 +19,7 @@ namespace amx {
 // GCC's headers build some conversions on _mm512_undefined_*: not a use of anything uninitialized.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace {
 

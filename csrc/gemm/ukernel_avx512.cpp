@@ -12,6 +12,10 @@
 #include "pack.h"
 #include "ukernel.h"
 
+// GCC 12 warns that the _mm512_undefined_*() inside the unmasked intrinsics may be used uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 namespace {
 
 struct Avx512F32 {

@@ -10,6 +10,7 @@
 // GCC 12 warns that the _mm512_undefined_ps() inside the unmasked intrinsics may be used uninitialized.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include "gates_simd.h"
 
