@@ -1,6 +1,6 @@
 """dnnkit's fused RNNs beside PyTorch CPU (oneDNN/MKL) in one process.
 
-    python bench/rnn.py [--quick] [--threads N] [--budget SECONDS] [--filter TEXT] [--markdown] [--passes N]
+    python bench/rnn.py [--quick | --long] [--threads N] [--budget SECONDS] [--filter TEXT] [--markdown] [--passes N]
 
 Sequences (torch.nn.LSTM / GRU, input size = hidden size; LSTMs with projections, "P<n>", take inputs of
 the projection's size): inference (torch under no_grad) and a training step (forward, then backward of
@@ -42,6 +42,8 @@ FULL = [(m, h, b, 50, 1) for m in ("lstm", "gru") for h in (256, 512, 1024) for 
 ] + [(m, 128, b, 100, 2) for m in ("lstm", "gru") for b in (1, 16)] + PROJ  # the wavefront pipeline; LSTMP
 QUICK = [(m, h, b, 25, 1) for m in ("lstm", "gru") for h in (256, 512) for b in (1, 64)] + [
     ("lstm", 512, 16, 25, 2), ("lstm", 128, 16, 50, 2), ("lstm", 1024, 16, 25, 1, 256)]
+# Sequence length at a fixed shape: the share of a step that streams the recurrent weights grows with T.
+LONG = [(m, 512, 16, t, 1) for m in ("lstm", "gru") for t in (10, 50, 200)]
 CELLS_FULL = [(m, h, b) for m in ("lstm", "gru") for h in (256, 512, 1024) for b in (1, 16, 64)]
 CELLS_QUICK = [(m, h, b) for m in ("lstm", "gru") for h in (256, 1024) for b in (1, 64)]
 CELL_STEPS = 25
@@ -214,6 +216,7 @@ def bandwidth_table(plan, timings, args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a short subset")
+    ap.add_argument("--long", action="store_true", help="only sequence inference at H512 B16, T 10 to 200")
     ap.add_argument("--threads", type=int, default=2, help="threads for both libraries (default 2)")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing per problem")
     ap.add_argument("--filter", default="", help="only problems whose name contains this")
@@ -261,9 +264,10 @@ def main(argv=None):
         sys.stdout.flush()
 
     # Every problem as (section, name, the summary's group, a maker of its two calls, its flops).
-    problems = QUICK if args.quick else FULL
+    problems = LONG if args.long else QUICK if args.quick else FULL
+    cells = [] if args.long else CELLS_QUICK if args.quick else CELLS_FULL
     plan = []
-    for train in (False, True):
+    for train in (False,) if args.long else (False, True):
         section = "training step (fwd+bwd)" if train else "sequence inference"
         for mode, H, B, T, L, *proj in problems:
             P = proj[0] if proj else 0
@@ -277,7 +281,7 @@ def main(argv=None):
     for packed in (False, True):
         section = (f"cell on weights packed once (dnnkit.pack_weight), {CELL_STEPS} steps in a Python loop" if packed
                    else f"cell, {CELL_STEPS} steps in a Python loop")
-        for mode, H, B in (CELLS_QUICK if args.quick else CELLS_FULL):
+        for mode, H, B in cells:
             name = f"{mode}_cell{' packed' if packed else ''} H{H} B{B} x{CELL_STEPS}"
             if args.filter and args.filter not in name:
                 continue
@@ -285,7 +289,7 @@ def main(argv=None):
                     cell_calls(torch, mode, H, B, np.random.default_rng(seed), packed))
             plan.append((section, name, section, make, flops(mode, H, B, CELL_STEPS, 1)))
     section = f"cell training step: {CELL_STEPS} steps forward, then backward through time in a Python loop"
-    for mode, H, B in (CELLS_QUICK if args.quick else CELLS_FULL):
+    for mode, H, B in cells:
         name = f"{mode}_cell train H{H} B{B} x{CELL_STEPS}"
         if args.filter and args.filter not in name:
             continue
