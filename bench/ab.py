@@ -86,6 +86,13 @@ for mode, h, b, t in (("lstm", 256, 64, 50), ("gru", 512, 16, 50), ("lstm", 1024
         "def call():\n"
         "    out, _, res = fn(*args, train=True)\n"
         "    bwd(out, *((None, None) if fn is dnnkit.lstm else (None,)), res)")
+for h in (256, 1024):
+    CASES[f"lstm_cell packed H{h} B1 x25"] = (
+        f"x, h, c = R(1, {h}), R(1, {h}), R(1, {h})\n"
+        f"ws = [dnnkit.pack_weight(0.05 * R({4 * h}, {h})), dnnkit.pack_weight(0.05 * R({4 * h}, {h})), R({4 * h}), R({4 * h})]\n"
+        "def call():\n    s = (h, c)\n    for _ in range(25): s = dnnkit.lstm_cell(x, s, *ws)")
+    CASES[f"linear packed b1 {h}x{4 * h}"] = (
+        f"x, w = R(1, {h}), dnnkit.pack_weight(R({4 * h}, {h}))\ndef call(): dnnkit.linear(x, w)")
 CASES["lstm_cell H512 B64 x20"] = (
     "x, h, c = R(64, 512), R(64, 512), R(64, 512)\nws = [0.05 * R(2048, 512), 0.05 * R(2048, 512), R(2048), R(2048)]\n"
     "def call():\n    s = (h, c)\n    for _ in range(20): s = dnnkit.lstm_cell(x, s, *ws)")

@@ -73,6 +73,24 @@ def test_linear_on_a_packed_weight_at_larger_sizes(num_threads, m, n, k):
         assert rel_l2(dnnkit.linear(x, pw, b, activation=act), linear_ref(x, w, b, act)) <= 1e-5
 
 
+@pytest.mark.parametrize("n,k", [(229, 700), (64, 9), (1000, 2048), (17, 300)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_one_row_on_a_packed_weight_sums_as_the_tiles_do(isa, num_threads, n, k, dtype, bias):
+    """One row runs several panels at once where the ISA has a kernel for it (UKernel::row_panels): every
+    output is the same sum, in the same order, as a tile of two rows gives its first row (groups of
+    panels and the panels left over, depths over one k block, a ragged last panel)."""
+    rng = np.random.default_rng(n + k)
+    x = rng.standard_normal((2, k)).astype(dtype)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype) if bias else None
+    pw = dnnkit.pack_weight(w)
+    for act in (None, "relu"):
+        one = dnnkit.linear(x[:1], pw, b, activation=act)
+        assert np.array_equal(one, dnnkit.linear(x, pw, b, activation=act)[:1])
+        assert rel_l2(one, linear_ref(x[:1], w, b, act)) <= dtype_tolerance(dtype)
+
+
 @pytest.mark.parametrize("num_threads", [1], indirect=True)
 @pytest.mark.parametrize("m", [200, 300])
 def test_one_thread_on_an_output_past_l2_packed_and_unpacked_agree_exactly(isa, num_threads, m, no_amx):

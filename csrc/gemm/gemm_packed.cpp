@@ -98,8 +98,25 @@ void gemm_packed_b(index_t m, const T* ap, const PackedB<T>& b, index_t jp0, ind
   // k blocks as gemm() cuts them for this product (k_block, deep_k_blocks), so that both sum every
   // element in the same order.
   const index_t kc_max = k_block<T>(k, deep_k_blocks(m, n, static_cast<index_t>(sizeof(T)), thread_count()));
-  for (index_t q = jp0; q < jp1; ++q) {
-    const index_t jp = reverse ? jp0 + jp1 - 1 - q : q;
+  // One row: whole groups of row_np panels at once (UKernel::row_panels, the same sums as the one-row
+  // tile's); the panels left over, and fewer than row_np, by the tile below.
+  index_t q_begin = jp0;
+  if (m == 1 && uk.row_panels && jp1 - jp0 >= uk.row_np) {
+    const index_t np = uk.row_np, groups = (jp1 - jp0) / np;
+    for (index_t g = 0; g < groups; ++g) {
+      const index_t q0 = jp0 + (reverse ? groups - 1 - g : g) * np;
+      const index_t j = q0 * nr;
+      const int n_g = static_cast<int>(std::min<index_t>((q0 + np) * nr, n) - j);
+      for (index_t pc = 0; pc < k; pc += kc_max) {
+        const index_t kc = std::min(kc_max, k - pc);
+        uk.row_panels(kc, ap + pc, b.panel(q0) + pc * nr, nr * k, c + j, pc == 0 ? beta : T(1), n_g,
+                      bias && pc + kc >= k ? bias + j : nullptr);
+      }
+    }
+    q_begin = jp0 + groups * np;
+  }
+  for (index_t q = q_begin; q < jp1; ++q) {
+    const index_t jp = reverse ? q_begin + jp1 - 1 - q : q;
     const index_t j = jp * nr;
     const int n_t = static_cast<int>(std::min<index_t>(nr, n - j));
     const T* bpanel = b.panel(jp);
@@ -147,7 +164,9 @@ void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* 
   // Blocks of equal height (multiples of MR): 256 rows as 252 + 4 left a thread to stream the whole
   // weight for 4 rows (batch 256, 4096 x 4096: 0.89x of the unpacked GEMM, which packs per call).
   const index_t mc = round_up(ceil_div(m, ceil_div(m, mc_max)), mr);
-  const index_t mblocks = ceil_div(m, mc), panels = w.panels(), units = mblocks * panels;
+  // Panels a unit: row_np for one row (gemm_packed_b runs them at once), else one.
+  const index_t per_unit = m == 1 && uk.row_panels ? uk.row_np : 1;
+  const index_t mblocks = ceil_div(m, mc), panels = ceil_div(w.panels(), per_unit), units = mblocks * panels;
   int nt = nthreads > 0 ? nthreads : get_num_threads();
   if (double(m) * double(n) * double(k + k2) < min_parallel_work()) nt = 1;
   nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nt, units)));
@@ -164,14 +183,14 @@ void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* 
     if (w2) pack_a_rows_part<T>(uk, m, k2, a2, lda2, 1, ap2, tid, nth);
 #pragma omp barrier
     for_each_unit(share ? &*share : nullptr, units, reverse, [&](index_t u) {
-      const index_t mb = u / panels, jp = u % panels;
+      const index_t mb = u / panels, jp0 = u % panels * per_unit, jp1 = std::min(w.panels(), jp0 + per_unit);
       const index_t i0 = mb * mc, rows = std::min(mc, m - i0);
       T* const cb = c + i0 * ldc;
-      gemm_packed_b<T>(rows, ap1 + i0 * k, w, jp, jp + 1, T(0), cb, ldc, false, w2 ? nullptr : bias);
-      if (w2) gemm_packed_b<T>(rows, ap2 + i0 * k2, *w2, jp, jp + 1, T(1), cb, ldc, false, bias);
+      gemm_packed_b<T>(rows, ap1 + i0 * k, w, jp0, jp1, T(0), cb, ldc, false, w2 ? nullptr : bias);
+      if (w2) gemm_packed_b<T>(rows, ap2 + i0 * k2, *w2, jp0, jp1, T(1), cb, ldc, false, bias);
       if (epilogue) {
-        const index_t j = jp * nr;
-        apply_epilogue<T>(cb + j, ldc, 1, rows, std::min<index_t>(nr, n - j), nullptr, act);
+        const index_t j = jp0 * nr;
+        apply_epilogue<T>(cb + j, ldc, 1, rows, std::min<index_t>(jp1 * nr, n) - j, nullptr, act);
       }
     });
   }

@@ -35,6 +35,16 @@ template <typename T>
 using ukernel_a_fn = void (*)(index_t k, const T* a, index_t lda, const T* b, T* c, index_t rs_c, index_t cs_c, T alpha,
                               T beta, int m, int n, const T* bias, bool bias_rows);
 
+// One row of A (a[p], contiguous) against np <= UKernel::row_np packed k x NR panels of B, b_stride
+// elements apart: for j < n (n <= np*NR; panel q holds columns [q*NR, q*NR + NR)),
+//     c[j] := beta * c[j] + sum_p a[p] B(p, j)  [+ bias[j]]
+// summed in the order of ukernel_fn on a one-row panel (one FMA a step of depth per element), so that
+// either gives the same result bit for bit (alpha 1, beta 0 or 1). The one-row tile keeps one vector
+// chain per NR/width columns and waits on the FMA's latency; np panels at once keep np times as many.
+template <typename T>
+using row_panels_fn = void (*)(index_t k, const T* a, const T* b, index_t b_stride, T* c, T beta, int n,
+                               const T* bias);
+
 template <typename T>
 struct UKernel {
   const char* name;  // geometry and ISA: "ukernel_12x32_avx512"
@@ -55,6 +65,9 @@ struct UKernel {
   // never read. The blocked GEMM skips packing an A with contiguous rows for few columns
   // (gemm.cpp, a_in_place); null: the ISA has none.
   ukernel_a_fn<T> fn_a = nullptr;
+  // One row of A against up to row_np packed B panels at once (row_panels_fn); null: the ISA has none.
+  row_panels_fn<T> row_panels = nullptr;
+  int row_np = 0;
 };
 
 // Small-M dot kernel (gemm_small_m.cpp): out[i*ldo + j] = sum_p x[i*ldx + p] * w[j*ldw + p] for

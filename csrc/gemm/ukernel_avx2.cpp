@@ -79,6 +79,16 @@ void uk_a_f64(dnnkit::index_t k, const double* a, dnnkit::index_t lda, const dou
               bool bias_rows) {
   ukernel_tile<Avx2F64, kMR, 2, 8, 0, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, lda);
 }
+// UKernel::row_panels: 4 panels, 8 accumulators.
+constexpr int kRowNP = 4;
+void row_f32(dnnkit::index_t k, const float* a, const float* b, dnnkit::index_t b_stride, float* c, float beta, int n,
+             const float* bias) {
+  ukernel_row_panels<Avx2F32, 2, kRowNP>(k, a, b, b_stride, c, beta, n, bias);
+}
+void row_f64(dnnkit::index_t k, const double* a, const double* b, dnnkit::index_t b_stride, double* c, double beta,
+             int n, const double* bias) {
+  ukernel_row_panels<Avx2F64, 2, kRowNP>(k, a, b, b_stride, c, beta, n, bias);
+}
 double probe(dnnkit::index_t iters, double* flops) { return fma_probe<Avx2F32, 12>(iters, flops); }
 
 // Exact-row variants (UKernel::rows): ukernel_tile with M = 1..kMR rows and A panels of stride M.
@@ -123,10 +133,10 @@ void dot_f64(int mi, dnnkit::index_t k, const double* x, dnnkit::index_t ldx, co
 
 namespace dnnkit {
 template <> UKernel<float> ukernel_avx2<float>() {
-  return {"ukernel_6x16_avx2", kMR, 16, uk_f32, kRowsF32, uk_far_f32, nullptr, uk_a_f32};
+  return {"ukernel_6x16_avx2", kMR, 16, uk_f32, kRowsF32, uk_far_f32, nullptr, uk_a_f32, row_f32, kRowNP};
 }
 template <> UKernel<double> ukernel_avx2<double>() {
-  return {"ukernel_6x8_avx2", kMR, 8, uk_f64, kRowsF64, uk_far_f64, nullptr, uk_a_f64};
+  return {"ukernel_6x8_avx2", kMR, 8, uk_f64, kRowsF64, uk_far_f64, nullptr, uk_a_f64, row_f64, kRowNP};
 }
 double fma_probe_avx2(index_t iters, double* flops) { return probe(iters, flops); }
 // 4 x 24: 12 accumulators, 3 vector loads and 4 broadcasts per 12 FMAs (16 registers).

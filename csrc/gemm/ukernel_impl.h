@@ -112,6 +112,60 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
   }
 }
 
+// UKernel::row_panels: one row of A against up to NP panels of NV vectors each (row_panels_fn).
+template <class V, int NV, int NP>
+void ukernel_row_panels(dnnkit::index_t k, const typename V::T* __restrict a, const typename V::T* __restrict b,
+                        dnnkit::index_t b_stride, typename V::T* c, typename V::T beta, int n,
+                        const typename V::T* bias) {
+  using T = typename V::T;
+  using R = typename V::reg;
+  constexpr int W = V::width;
+  constexpr int NR = NV * W;
+  const int np = (n + NR - 1) / NR;
+  const T* bq[NP];
+#pragma GCC unroll 8
+  for (int q = 0; q < NP; ++q) bq[q] = b + (q < np ? q : 0) * b_stride;  // panels past n re-read panel 0
+  R acc[NP][NV];
+#pragma GCC unroll 8
+  for (int q = 0; q < NP; ++q)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[q][v] = V::zero();
+#pragma GCC unroll 2
+  for (dnnkit::index_t p = 0; p < k; ++p) {
+    const R av = V::broadcast(a + p);
+#pragma GCC unroll 8
+    for (int q = 0; q < NP; ++q) {
+      __builtin_prefetch(bq[q] + (p + 64) * NR, 0, 3);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[q][v] = V::fma(av, V::load(bq[q] + p * NR + v * W), acc[q][v]);
+    }
+  }
+  // The stores of ukernel_tile at alpha 1: acc + bias, then beta * c + that.
+  const R vb = V::set1(beta);
+#pragma GCC unroll 8
+  for (int q = 0; q < NP; ++q) {
+    if (q >= np) break;
+    const int cols = n - q * NR < NR ? n - q * NR : NR;
+    T* cq = c + q * NR;
+    if (cols == NR) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        const R t = V::fma(acc[q][v], V::set1(T(1)),
+                           V::add(bias ? V::loadu(bias + q * NR + v * W) : V::zero(), V::zero()));
+        V::storeu(cq + v * W, beta == T(0) ? t : V::fma(vb, V::loadu(cq + v * W), t));
+      }
+      continue;
+    }
+    alignas(64) T tile[NR];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) V::store(tile + v * W, acc[q][v]);
+    for (int j = 0; j < cols; ++j) {
+      const T t = bias ? tile[j] + bias[q * NR + j] : tile[j];
+      cq[j] = beta == T(0) ? t : beta * cq[j] + t;
+    }
+  }
+}
+
 // The strided-A tile (SaKernel in ukernel.h): MR rows of A read in place (row i at a + i*lda), B a packed
 // k x NR panel. Per k step: NV vector loads of B, MR broadcasts, MR*NV FMAs, as in ukernel_tile.
 template <class V, int MR, int NV>
