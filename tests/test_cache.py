@@ -6,6 +6,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 
@@ -175,3 +176,153 @@ def test_several_processes_tuning_into_one_store(tmp_path):
     conn.close()
     want = {cache.problem_key(GemmProblem(8 + w, 16 + j, 8)) for w in range(4) for j in range(6)}
     assert keys == want
+
+
+def _populated(path, n=20):
+    s = cache.Store(path)
+    for i in range(n):
+        s.put(_result(p=ConvProblem.parse(f"mb{i + 1}ic8ih12oc8oh12kh3ph1")))
+    s.close()
+
+
+def _count(path):
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("journal", ["wal", "delete"])
+def test_a_store_locked_for_a_while_is_busy_not_damaged(tmp_path, journal):
+    """Another connection holding the store's lock past the busy timeout: reads go on (WAL) or miss
+    (a store still in rollback-journal mode), writes are skipped with a warning, and nothing is moved
+    aside or lost."""
+    path = str(tmp_path / cache.FILENAME)
+    _populated(path)
+    holder = sqlite3.connect(path, isolation_level=None)
+    if journal == "delete":
+        holder.execute("PRAGMA journal_mode = DELETE")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        s = cache.Store(path, timeout_s=0.2)
+        if journal == "wal":
+            assert s.get(P).best.algorithm == "direct"
+        else:
+            with pytest.warns(RuntimeWarning, match="busy"):
+                assert s.get(P) is None
+        with pytest.warns(RuntimeWarning, match="busy"):
+            s.put(_result(p=GemmProblem(3, 5, 7)))
+        assert not _set_aside_files(str(tmp_path))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert s.get(P).best.algorithm == "direct" and _count(path) == 20
+    s.put(_result(p=GemmProblem(3, 5, 7)))
+    s.close()
+    assert _count(path) == 21 and not _set_aside_files(str(tmp_path))
+
+
+_READ_ONLY = textwrap.dedent("""
+    import subprocess, sys, warnings
+    from dnnkit.autotune import cache
+    from dnnkit.autotune.tuner import TuneRecord, TuneResult
+    from dnnkit.problem import ConvProblem, GemmProblem
+    path = sys.argv[1]
+    P = ConvProblem.parse("mb1ic8ih12oc8oh12kh3ph1")
+    s = cache.Store(path)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert s.get(P).best.algorithm == "direct"
+        assert len(s.rows()) == 20
+        for m in (3, 4):
+            s.put(TuneResult(GemmProblem(m, 5, 7), [TuneRecord("blocked_gemm", "ok", median_s=1e-3)], 0.1))
+        assert s.get(GemmProblem(3, 5, 7)) is None
+        assert s.clear() == 0 and s.import_rows(s.rows()) == 0
+        s.put_ceilings(1e11, 1e10)
+        assert s.get(P).best.algorithm == "direct"
+    messages = [str(x.message) for x in w]
+    assert sum("read-only" in m for m in messages) == 1, messages
+    assert not any("unusable" in m or "busy" in m for m in messages), messages
+    for action in ("list", "clear"):
+        r = subprocess.run([sys.executable, "-m", "dnnkit", "cache", action], capture_output=True, text=True)
+        assert r.returncode == 0 and "Traceback" not in r.stderr and "unusable" not in r.stderr, r.stderr
+    print("ok")
+""")
+
+
+def _without_file_permission_override():
+    """A command prefix under which the file modes bind this process (root's DAC override dropped)."""
+    if os.geteuid() != 0:
+        return []
+    import shutil
+
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: file modes do not bind root")
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX file modes")
+@pytest.mark.parametrize("what", ["file", "directory"])
+def test_a_read_only_store_is_read_and_never_moved(tmp_path, what):
+    """A pre-tuned store that this process may not write (the file 444, or its directory 555): read and
+    used; writes, clear and import skipped with one warning, never a traceback; the file stays."""
+    prefix = _without_file_permission_override()
+    d = tmp_path / "store"
+    d.mkdir()
+    path = str(d / cache.FILENAME)
+    _populated(path)
+    before = sorted(os.listdir(d))
+    os.chmod(path if what == "file" else d, 0o444 if what == "file" else 0o555)
+    try:
+        env = dict(os.environ, DNNKIT_CACHE_DIR=str(d))
+        r = subprocess.run(prefix + [sys.executable, "-c", _READ_ONLY, path], env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+    finally:
+        os.chmod(d, 0o755)
+        os.chmod(path, 0o644)
+    # (SQLite may leave its -wal and -shm files beside a store read in WAL mode.)
+    assert sorted(f for f in os.listdir(d) if not f.endswith(("-wal", "-shm"))) == before and _count(path) == 20
+
+
+@pytest.mark.parametrize("field,value", [("workspace_bytes", "big"), ("median_s", -1.0), ("reps", 2.5),
+                                         ("median_s", "fast"), ("algorithm", 7), ("reason", ["x"])])
+def test_a_record_of_wrong_types_is_refused_on_import_and_skipped_in_the_store(store, field, value):
+    import json
+
+    import numpy as np
+
+    import dnnkit
+
+    store.put(_result())
+    rows = store.rows()
+    bad = json.loads(json.dumps(rows))
+    bad[0]["records"][0][field] = value
+    store.clear()
+    with pytest.raises(ValueError, match=f"entry 1 .*{field}.*nothing imported"):
+        store.import_rows(rows + bad)
+    assert store.rows() == []  # all or nothing
+    # The same record already in the store (written behind dnnkit's back): a miss, and calls go on.
+    store.import_rows(rows)
+    conn = sqlite3.connect(store.path)
+    conn.execute("UPDATE results SET records = ?", (json.dumps(bad[0]["records"]),))
+    conn.commit()
+    conn.close()
+    cache._generation[0] += 1
+    assert store.get(P) is None
+    x = np.ones((2, 8, 12, 12), np.float32)
+    w = np.ones((8, 8, 3, 3), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither the call nor the cost model's calibration trips on it
+        assert dnnkit.conv2d(x, w, padding=1).shape == (2, 8, 12, 12)
+
+
+def test_a_record_of_an_unknown_algorithm_gives_way_to_the_next_measured(store):
+    from dnnkit import dispatch
+
+    store.put(TuneResult(P, [TuneRecord("renamed_since", "ok", median_s=1e-5, workspace_bytes=0),
+                             TuneRecord("direct", "ok", median_s=1e-3, workspace_bytes=0),
+                             TuneRecord("im2col_gemm", "ok", median_s=2e-3, workspace_bytes=0)], 0.5))
+    assert dispatch.choose(P).name == "direct"

@@ -105,12 +105,15 @@ def _choose(p, algo, workspace_limit) -> Algorithm:
 
 
 def _by_name(result, supported, workspace_limit):
+    """The fastest accurate record of result within the limit that names a supported algorithm (a
+    record of an algorithm this build does not have gives way to the next, not to re-tuning)."""
     if result is None:
         return None
-    rec = result.fastest(workspace_limit)
-    if rec is None:
-        return None
-    return next((a for a in supported if a.name == rec.algorithm), None)
+    by_name = {a.name: a for a in supported}
+    for r in result:
+        if r.ok and r.algorithm in by_name and (workspace_limit is None or (r.workspace_bytes or 0) <= workspace_limit):
+            return by_name[r.algorithm]
+    return None
 
 
 def cached_result(p):

@@ -12,11 +12,14 @@ What a record is keyed by, and so what invalidates it:
   - the schema version of the store: a store written with another schema is set aside as a whole.
 Records are never deleted by dnnkit except through `dnnkit cache clear`.
 
-Safety: several processes may tune into one store at once. Each write is one short transaction
-(SQLite locks the file; a writer waits up to 30 s for another). A store that is not a valid SQLite
-database, fails its integrity check, or carries another schema is renamed aside (kept for inspection)
-with a warning and a new one is started: never a crash, never a wrong answer. If the directory cannot
-be written, the cache lives in memory for the process, with a warning.
+Safety: several processes may tune into one store at once. The store is in SQLite's WAL mode, so that
+readers never wait for a writer; each write is one short transaction, and a writer waits up to 30 s for
+another, then skips its write with a warning. A store that is busy for longer is busy, not damaged:
+nothing is moved and nothing is lost. Only a file that is not a valid SQLite database, fails its
+integrity check, or carries another schema is renamed aside (kept for inspection) with a warning, and a
+new one is started: never a crash, never a wrong answer. A store that cannot be written (a read-only
+file, or a read-only directory: a shared, pre-tuned store) is read and used; writes are skipped with one
+warning. If the directory cannot be created, the cache lives in memory for the process, with a warning.
 """
 from __future__ import annotations
 
@@ -122,14 +125,38 @@ class _Foreign(Exception):
     pass
 
 
+class _Busy(Exception):
+    """Another connection holds the store's lock for longer than the busy timeout."""
+
+
+def _is_busy(e: Exception) -> bool:
+    msg = str(e).lower()
+    return "locked" in msg or "busy" in msg
+
+
+def _is_read_only(e: Exception) -> bool:
+    """A write refused by the file system (file or directory modes, a read-only mount)."""
+    msg = str(e).lower()
+    return "readonly" in msg or "read-only" in msg or "unable to open database file" in msg
+
+
+def _writable(path: str) -> bool:
+    """Whether this process may write the store and create its journal files beside it."""
+    d = os.path.dirname(path) or "."
+    return os.access(d, os.W_OK | os.X_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
+
+
 class Store:
     """One tuning store (an SQLite file, or ":memory:")."""
 
-    def __init__(self, path):
+    def __init__(self, path, timeout_s: float = 30.0):
         self.path = str(path)
+        self.timeout_s = float(timeout_s)  # how long a writer waits for another's lock
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.RLock()
         self._memory_fallback = False
+        self.read_only = False  # writes are skipped (the file or its directory cannot be written)
+        self._warned_read_only = False
 
     # ------------------------------------------------------------------------------------------ opening
     def _connect(self, create: bool) -> sqlite3.Connection | None:
@@ -141,16 +168,31 @@ class Store:
                 return None
             try:
                 os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+                if not _writable(self.path):
+                    raise PermissionError("no write permission")
             except OSError as e:
-                self._fall_back_to_memory(f"cannot create {os.path.dirname(self.path)} ({e})")
+                self._fall_back_to_memory(f"cannot create {self.path} ({e})")
         for attempt in (1, 2):
             try:
-                self._conn = self._open(self.path)
+                self.read_only = self.path != ":memory:" and not _writable(self.path)
+                self._conn = self._open(self.path, self.timeout_s, self.read_only)
                 return self._conn
+            except _Busy as e:
+                warnings.warn(f"dnnkit: tuning cache {self.path} is busy ({e}); skipped", RuntimeWarning,
+                              stacklevel=4)
+                return None
+            except sqlite3.OperationalError as e:
+                if not _is_read_only(e):
+                    raise
+                # A store this process cannot open at all: a miss, and the file stays where it is.
+                warnings.warn(f"dnnkit: tuning cache {self.path} cannot be opened ({e}); not used",
+                              RuntimeWarning, stacklevel=4)
+                return None
             except (sqlite3.DatabaseError, _Foreign) as e:
                 if attempt == 2 or self.path == ":memory:":
                     self._fall_back_to_memory(f"{self.path} still unusable after a fresh start ({e})")
-                    self._conn = self._open(self.path)
+                    self.read_only = False
+                    self._conn = self._open(self.path, self.timeout_s, False)
                     return self._conn
                 self._set_aside(e)
             except OSError as e:
@@ -158,27 +200,59 @@ class Store:
         return self._conn
 
     @staticmethod
-    def _open(path: str) -> sqlite3.Connection:
-        conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        try:
-            conn.execute("PRAGMA busy_timeout = 30000")
-            ok = conn.execute("PRAGMA quick_check").fetchone()
-            if ok is None or ok[0] != "ok":
-                raise sqlite3.DatabaseError(f"integrity check failed: {ok}")
-            conn.execute("BEGIN IMMEDIATE")
+    def _open(path: str, timeout_s: float = 30.0, read_only: bool = False) -> sqlite3.Connection:
+        """A connection to a valid store of this schema. Raises _Busy where another connection's lock
+        outlasts the timeout, _Foreign for another schema, sqlite3.DatabaseError for a damaged file."""
+        if read_only:
+            # mode=ro: SQLite never writes; a store in WAL mode whose directory cannot hold its -shm
+            # file opens as immutable (nothing else can be changing it there either).
+            from urllib.parse import quote
+
+            uri = f"file:{quote(os.path.abspath(path))}?mode=ro"
             try:
+                conn = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None,
+                                       check_same_thread=False)
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            except sqlite3.OperationalError as e:
+                if _is_busy(e):
+                    raise _Busy(str(e)) from None
+                conn = sqlite3.connect(uri + "&immutable=1", uri=True, timeout=timeout_s, isolation_level=None,
+                                       check_same_thread=False)
+        else:
+            conn = sqlite3.connect(path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+            try:
+                ok = conn.execute("PRAGMA quick_check").fetchone()
+                if ok is None or ok[0] != "ok":
+                    raise sqlite3.DatabaseError(f"integrity check failed: {ok}")
                 tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
                 if tables:
                     row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() \
                         if "meta" in tables else None
                     if row is None or row[0] != str(SCHEMA_VERSION):
                         raise _Foreign(f"schema {row[0] if row else 'unknown'}, this dnnkit writes {SCHEMA_VERSION}")
-                for stmt in _SCHEMA:
-                    conn.execute(stmt)
-                conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
+                if read_only:
+                    if not {"meta", "results", "ceilings"} <= tables:
+                        raise sqlite3.OperationalError("unable to open database file: a read-only store "
+                                                       "without dnnkit's tables")
+                    return conn
+                # WAL: readers go on while another connection writes (a no-op once the store is in it).
+                conn.execute("PRAGMA journal_mode = WAL")
+                if {"meta", "results", "ceilings"} <= tables:
+                    return conn
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for stmt in _SCHEMA:
+                        conn.execute(stmt)
+                    conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as e:
+                if _is_busy(e):
+                    raise _Busy(str(e)) from None
                 raise
             return conn
         except BaseException:
@@ -213,20 +287,42 @@ class Store:
         self.path = ":memory:"
         self._memory_fallback = True
 
-    def _run(self, create: bool, fn, default=None):
-        """fn(conn) under the lock; a store found corrupt mid-way is set aside and fn retried once.
-        A store locked by other processes for longer than the busy timeout: a warning and default."""
+    def _skip_write(self, why) -> None:
+        if not self._warned_read_only:
+            self._warned_read_only = True
+            warnings.warn(f"dnnkit: tuning cache {self.path} is read-only ({why}); it is read and used, and "
+                          "new results are not stored", RuntimeWarning, stacklevel=4)
+
+    def _run(self, create: bool, fn, default=None, write: bool = False):
+        """fn(conn) under the lock; a store found damaged mid-way is set aside and fn retried once.
+        A store locked by another connection for longer than the busy timeout: a warning and default;
+        a write to a store that cannot be written: one warning for the store, and default."""
         with self._lock:
             for attempt in (1, 2):
+                if write and self.read_only:
+                    self._skip_write("no write permission")
+                    return default
                 conn = self._connect(create)
                 if conn is None:
+                    return default
+                if write and self.read_only:
+                    self._skip_write("no write permission")
                     return default
                 try:
                     return fn(conn)
                 except sqlite3.OperationalError as e:
-                    if "locked" in str(e) or "busy" in str(e):
+                    if conn.in_transaction:
+                        try:
+                            conn.execute("ROLLBACK")
+                        except sqlite3.Error:
+                            pass
+                    if _is_busy(e):
                         warnings.warn(f"dnnkit: tuning cache {self.path} is busy ({e}); skipped", RuntimeWarning,
                                       stacklevel=3)
+                        return default
+                    if _is_read_only(e):
+                        self.read_only = True
+                        self._skip_write(e)
                         return default
                     if attempt == 2:
                         raise
@@ -255,7 +351,7 @@ class Store:
         def write(conn):
             conn.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
-        self._run(True, write)
+        self._run(True, write, write=True)
         _generation[0] += 1
 
     def get(self, p, device: str | None = None, version: str | None = None):
@@ -302,7 +398,7 @@ class Store:
             conn.execute("COMMIT")
             return n
 
-        n = self._run(False, wipe, default=0)
+        n = self._run(False, wipe, default=0, write=True)
         _generation[0] += 1
         return n
 
@@ -321,7 +417,9 @@ class Store:
                               json.dumps([r.to_dict() for r in records]), float(d["tuned_at"]),
                               float(d.get("elapsed_s") or 0.0)))
             except (KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"cache import: entry {i} is not a tuning result ({e})") from None
+                name = d.get("problem") if isinstance(d, dict) else None
+                raise ValueError(f"cache import: entry {i}{f' ({name})' if name else ''} is not a tuning result "
+                                 f"({e}); nothing imported") from None
 
         def write(conn):
             conn.execute("BEGIN IMMEDIATE")
@@ -335,14 +433,14 @@ class Store:
             conn.execute("COMMIT")
             return n
 
-        n = self._run(True, write, default=0)
+        n = self._run(True, write, default=0, write=True)
         _generation[0] += 1
         return n
 
     # ----------------------------------------------------------------------------------------- ceilings
     def put_ceilings(self, peak_flops: float, copy_bytes_per_s: float, device: str | None = None) -> None:
         row = (device or device_fingerprint(), float(peak_flops), float(copy_bytes_per_s), time.time())
-        self._run(True, lambda c: c.execute("INSERT OR REPLACE INTO ceilings VALUES (?, ?, ?, ?)", row))
+        self._run(True, lambda c: c.execute("INSERT OR REPLACE INTO ceilings VALUES (?, ?, ?, ?)", row), write=True)
         _generation[0] += 1
 
     def get_ceilings(self, device: str | None = None) -> dict | None:

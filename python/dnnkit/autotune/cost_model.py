@@ -233,6 +233,7 @@ _fitted: dict = {}
 def _calibration() -> dict:
     """Ceilings and correction factors from the default cache, refitted when the cache changes."""
     from . import cache
+    from .tuner import TuneRecord
 
     key = (cache.generation(), str(cache.cache_path()), cache.device_fingerprint())
     hit = _fitted.get("key")
@@ -249,12 +250,13 @@ def _calibration() -> dict:
                 continue
             try:
                 p = cache.parse_problem_key(row["problem"])
-            except ValueError:
-                continue
-            for r in row["records"]:
-                t = raw_predict(r.get("algorithm", ""), p) if r.get("status") == "ok" else None
-                if t and r.get("median_s"):
-                    ratios.setdefault((p.op, r["algorithm"]), []).append(r["median_s"] / t)
+                records = [TuneRecord.from_dict(r) for r in row["records"]]
+            except (ValueError, TypeError):
+                continue  # a row this dnnkit cannot read is skipped, never fitted
+            for r in records:
+                t = raw_predict(r.algorithm, p) if r.ok else None
+                if t and r.median_s:
+                    ratios.setdefault((p.op, r.algorithm), []).append(r.median_s / t)
         value["factors"] = {
             k: min(_CLAMP, max(1 / _CLAMP, float(statistics.median(v))))
             for k, v in ratios.items() if len(v) >= MIN_SAMPLES

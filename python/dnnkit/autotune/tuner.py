@@ -67,10 +67,44 @@ class TuneRecord:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TuneRecord":
+        """The record a to_dict() gave; ValueError naming the field where d is not one (a wrong key,
+        type or range: a stored or imported record is checked before anything compares its values)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"not a tuning record: {d!r}")
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - fields
-        if unknown or "algorithm" not in d or d.get("status") not in STATUSES:
-            raise ValueError(f"not a tuning record: {d!r}")
+        if unknown:
+            raise ValueError(f"not a tuning record: unknown field(s) {sorted(unknown)}")
+        if not isinstance(d.get("algorithm"), str) or not d["algorithm"]:
+            raise ValueError(f"tuning record: algorithm must be a name, got {d.get('algorithm')!r}")
+        if d.get("status") not in STATUSES:
+            raise ValueError(f"tuning record {d['algorithm']!r}: status must be one of {STATUSES}, got "
+                             f"{d.get('status')!r}")
+
+        def check(name, kind, optional=True):
+            v = d.get(name)
+            if v is None and optional:
+                return
+            number = isinstance(v, (int, float)) and not isinstance(v, bool)
+            if kind == "int":
+                good = number and isinstance(v, int) and v >= 0
+            elif kind == "error":  # an output of NaN or Inf measures as such (an "inaccurate" record)
+                good = number and not v < 0
+            else:
+                good = number and math.isfinite(v) and v >= 0
+            if not good:
+                want = {"int": "a count", "error": "a number >= 0"}.get(kind, "a finite number >= 0")
+                raise ValueError(f"tuning record {d['algorithm']!r}: {name} must be {want}, got {v!r}")
+
+        for name in ("median_s", "spread", "gflops", "tolerance", "predicted_s"):
+            check(name, "float")
+        check("error", "error")
+        check("reps", "int")
+        check("workspace_bytes", "int")
+        if d.get("reason") is not None and not isinstance(d["reason"], str):
+            raise ValueError(f"tuning record {d['algorithm']!r}: reason must be text, got {d['reason']!r}")
+        if d["status"] == "ok" and d.get("median_s") is None:
+            raise ValueError(f"tuning record {d['algorithm']!r}: an ok record needs its median_s")
         d = dict(d)
         if d.get("median_s") is None:
             d["median_s"] = math.inf
