@@ -11,15 +11,12 @@ class Algorithm:
     op:        the operator and direction ("gemm", "conv2d_fwd", ...)
     backend:   "cpu" or "cuda"
     tolerance: bound on the relative L2 error against the float64 reference, for float32 inputs
-    trusted:   its float64 output is accurate enough to be the autotuner's oracle for other algorithms
-               (a GEMM-based algorithm: plain dot products, no transforms)
     """
 
     name: str = ""
     op: str = ""
     backend: str = "cpu"
     tolerance: float = 1e-5
-    trusted: bool = False
 
     def supports(self, p) -> str | None:
         """None when this algorithm can run p, else the reason it cannot."""

@@ -75,7 +75,6 @@ class _CpuConv(Algorithm):
 
 class _Im2col(_CpuConv):
     tolerance = 1e-5
-    trusted = True
     batch_images = False  # forward only: several small images side by side in one GEMM
 
     def batch(self, p) -> bool:

@@ -46,7 +46,6 @@ class BlockedGemm(Algorithm):
     op = "gemm"
     backend = "cpu"
     tolerance = 1e-5
-    trusted = True
 
     def supports(self, p) -> str | None:
         return cpu_float_reason(p)
