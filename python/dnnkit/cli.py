@@ -33,7 +33,11 @@ def _cmd_info(args) -> int:
 
     info = dnnkit.info()
     if args.peak:
+        from .autotune.cost_model import ceilings
+
         info["peak_gflops_fp32"] = round(dnnkit.machine.peak_gflops(), 1)
+        used = ceilings()
+        info["cost_model_peak"] = f"{used['peak_flops'] / 1e9:.1f} GFLOP/s, {used['source']}"
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -202,7 +206,7 @@ class _Progress:
 def _cmd_autotune(args) -> int:
     from . import __version__
     from .autotune import cache
-    from .autotune.cost_model import measure_ceilings
+    from .autotune.cost_model import measure_ceilings, plausible_peak
     from .autotune.tuner import find
 
     problems = _problems(args)
@@ -210,7 +214,8 @@ def _cmd_autotune(args) -> int:
     if not args.json:
         print(f"dnnkit {__version__} autotune: {len(problems)} problem(s) on {cache.device_fingerprint()}; "
               f"cache {store.path}")
-    if store.get_ceilings() is None or args.force:
+    stored = store.get_ceilings()
+    if stored is None or not plausible_peak(stored["peak_flops"]) or args.force:
         measure_ceilings(store)
     results = []
     progress = _Progress(len(problems), not args.json)

@@ -2,8 +2,10 @@
 extra passes move, against this machine's ceilings, with a per-algorithm efficiency.
 
 Ceilings: the float32 FMA peak and the per-thread copy bandwidth, measured by `dnnkit autotune` (see
-measure_ceilings) and kept in the tuning cache per device; until they are measured, nominal values
-(the active ISA's FMA width at 2.5 GHz per thread, 10 GB/s per thread) stand in.
+measure_ceilings) and kept in the tuning cache per device; until they are measured, or where the stored
+peak is implausible (plausible_peak: under 40% of the nominal figure), nominal values (the active ISA's
+FMA width at 2.5 GHz per thread, 10 GB/s per thread) stand in. ceilings() says which are in use;
+`dnnkit info --peak` prints it.
 
 Efficiencies: the formulas below carry efficiencies first fitted to bench/conv.py's ResNet-50
 measurements (bench/log/2026-11-22-to-24.md). On top, every algorithm gets a correction factor fitted
@@ -47,16 +49,38 @@ def nominal_peak_flops() -> float:
     return _FLOPS_PER_CYCLE.get(_cpu.active_isa(), 4) * _GHZ * 1e9 * get_num_threads()
 
 
-def _peak(p) -> float:
+# A measured float32 peak under this share of the nominal figure was taken while other work held the
+# cores (six tuners starting at once stored 28 GFLOP/s where one alone measures 166-267): not a ceiling.
+PLAUSIBLE_PEAK_SHARE = 0.4
+
+
+def plausible_peak(flops: float) -> bool:
+    """Whether a measured float32 peak (FLOP/s, dnnkit's threads) can be this machine's ceiling."""
+    return flops >= PLAUSIBLE_PEAK_SHARE * nominal_peak_flops()
+
+
+def ceilings() -> dict:
+    """The ceilings the model uses now: peak_flops, copy_bytes_per_s (per thread), and source, which says
+    whether they were measured (measure_ceilings, kept in the tuning cache) or are nominal, and why."""
     measured = _calibration()["ceilings"]
-    flops = measured["peak_flops"] if measured else nominal_peak_flops()
+    nominal = {"peak_flops": nominal_peak_flops(), "copy_bytes_per_s": _COPY_BYTES_PER_S}
+    if measured is None:
+        return {**nominal, "source": "nominal: not measured on this device yet (dnnkit autotune measures them)"}
+    if not plausible_peak(measured["peak_flops"]):
+        return {**nominal, "source": f"nominal: the stored peak of {measured['peak_flops'] / 1e9:.0f} GFLOP/s is "
+                                     f"under {PLAUSIBLE_PEAK_SHARE:.0%} of the ISA's nominal figure, measured under "
+                                     "load (dnnkit autotune measures again)"}
+    return {**measured, "source": "measured"}
+
+
+def _peak(p) -> float:
+    flops = ceilings()["peak_flops"]
     return flops if p.itemsize == 4 else flops / 2
 
 
 def _copy_bytes_per_s() -> float:
     """Copy bandwidth per thread."""
-    measured = _calibration()["ceilings"]
-    return measured["copy_bytes_per_s"] if measured else _COPY_BYTES_PER_S
+    return ceilings()["copy_bytes_per_s"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -267,15 +291,28 @@ def _calibration() -> dict:
     return value
 
 
-def measure_ceilings(store=None, seconds: float = 0.2) -> dict:
+def measure_ceilings(store=None, seconds: float = 0.2, attempts: int = 3) -> dict:
     """Measure the float32 FMA peak (all threads) and the copy bandwidth of one thread, and keep them in
-    the cache for this device. Takes about half a second."""
+    the cache for this device (about half a second). A peak that is implausible (plausible_peak), or on
+    several threads under 0.6x one thread's times their count (other work holds some of the cores), is
+    measured again, up to `attempts` times; if it stays so, nothing is stored (the model keeps what it
+    had), with a warning. Returns the figures and whether they were stored."""
     import numpy as np
 
     from . import cache
-    from .. import machine
 
-    peak = machine.peak_gflops(isa_name=_cpu.active_isa(), seconds=seconds) * 1e9
+    isa, nt = _cpu.active_isa(), get_num_threads()
+    for attempt in range(attempts):
+        peak = _cpu.measure_peak_gflops(isa, nt, seconds) * 1e9
+        one = _cpu.measure_peak_gflops(isa, 1, seconds) * 1e9 if nt > 1 else peak
+        if plausible_peak(peak) and peak >= 0.6 * nt * one:
+            break
+        time.sleep(0.2)
+    else:
+        warnings.warn(f"dnnkit: the float32 peak measured {peak / 1e9:.0f} GFLOP/s on {nt} thread(s) "
+                      f"({one / 1e9:.0f} on one): other work holds the cores; not stored", RuntimeWarning,
+                      stacklevel=2)
+        return {"peak_flops": peak, "copy_bytes_per_s": None, "stored": False}
     src = np.ones(8 << 20, np.float32)  # 32 MiB: beyond the L2 of current CPUs
     dst = np.empty_like(src)
     best = math.inf
@@ -285,4 +322,4 @@ def measure_ceilings(store=None, seconds: float = 0.2) -> dict:
         best = min(best, time.perf_counter() - t0)
     copy = 2 * src.nbytes / best
     (store or cache.default_store()).put_ceilings(peak, copy)
-    return {"peak_flops": peak, "copy_bytes_per_s": copy}
+    return {"peak_flops": peak, "copy_bytes_per_s": copy, "stored": True}
