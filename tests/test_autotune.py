@@ -305,3 +305,44 @@ def test_autotune_measures_again_over_an_implausible_peak(fresh_cache, monkeypat
     assert main(["autotune", "--problem", "m8n8k8", "--budget", "0.01"]) == 0
     assert fresh_cache.get_ceilings()["peak_flops"] == pytest.approx(1.1 * nominal)
     assert cost_model.ceilings()["source"] == "measured"
+
+
+class _Logged(_Planted):
+    """im2col_gemm that logs each call (its name and its input array) into a shared list; with fail_after,
+    it raises from that call on."""
+
+    def __init__(self, name, log, fail_after=None):
+        super().__init__(name)
+        self.log, self.fail_after = log, fail_after
+
+    def run(self, p, a0, a1, *, out, bias=None, workspace=None):
+        self.log.append((self.name, id(a0)))
+        if self.fail_after is not None and self.runs >= self.fail_after:
+            self.runs += 1
+            raise RuntimeError("fault after warm-up")
+        return super().run(p, a0, a1, out=out, bias=bias, workspace=workspace)
+
+
+def test_candidates_are_timed_in_alternating_rounds_on_rotated_inputs(planted, fresh_cache):
+    log = []
+    for name in ("logged_a", "logged_b"):
+        planted(_Logged(name, log))
+    p = ConvProblem.parse(SMALL_CONV)
+    result = find(p, budget=0.05, prune=None, store=False)
+    calls = [name for name, _ in log if name.startswith("logged")]
+    switches = sum(1 for x, y in zip(calls, calls[1:]) if x != y)
+    assert switches >= 2 * tuner.ROUNDS - 1, calls  # warm-ups, then each round a run of each
+    by_name = {r.algorithm: r for r in result}
+    # A small problem's operands fit the last-level cache: its calls cycle through copies of them.
+    assert "rotated over" in by_name["logged_a"].inputs
+    assert len({a0 for name, a0 in log if name == "logged_a"}) > 1
+
+
+def test_a_candidate_failing_while_timed_is_failed_and_the_others_ranked(planted, fresh_cache):
+    log = []
+    planted(_Logged("fails_later", log, fail_after=2))
+    planted(_Logged("steady", log))
+    result = find(ConvProblem.parse(SMALL_CONV), budget=0.05, prune=None, store=False)
+    by_name = {r.algorithm: r for r in result}
+    assert by_name["fails_later"].status == "failed" and "fault after warm-up" in by_name["fails_later"].reason
+    assert by_name["steady"].ok and by_name["steady"].reps >= tuner.MIN_REPS
