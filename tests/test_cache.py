@@ -244,8 +244,8 @@ _READ_ONLY = textwrap.dedent("""
     messages = [str(x.message) for x in w]
     assert sum("read-only" in m for m in messages) == 1, messages
     assert not any("unusable" in m or "busy" in m for m in messages), messages
-    for action in ("list", "clear"):
-        r = subprocess.run([sys.executable, "-m", "dnnkit", "cache", action], capture_output=True, text=True)
+    for action in (["list"], ["clear", "--all"], ["clear", "mb1"]):
+        r = subprocess.run([sys.executable, "-m", "dnnkit", "cache"] + action, capture_output=True, text=True)
         assert r.returncode == 0 and "Traceback" not in r.stderr and "unusable" not in r.stderr, r.stderr
     print("ok")
 """)
@@ -326,3 +326,12 @@ def test_a_record_of_an_unknown_algorithm_gives_way_to_the_next_measured(store):
                              TuneRecord("direct", "ok", median_s=1e-3, workspace_bytes=0),
                              TuneRecord("im2col_gemm", "ok", median_s=2e-3, workspace_bytes=0)], 0.5))
     assert dispatch.choose(P).name == "direct"
+
+
+def test_clear_by_pattern_and_device(store):
+    store.put(_result())
+    store.put(_result(p=GemmProblem(3, 5, 7)))
+    store.put(_result(p=GemmProblem(3, 5, 9)), device="cpu|another machine|avx2|2t")
+    assert store.clear(pattern="gemm m3n5k9", device=cache.device_fingerprint()) == 0  # another device's
+    assert store.clear(pattern="gemm m3n5") == 2 and len(store.rows()) == 1
+    assert store.clear() == 1 and store.rows() == []

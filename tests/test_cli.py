@@ -175,7 +175,13 @@ def test_cache_commands(tmp_path):
     assert missing.returncode == 1 and "no tuning result" in missing.stderr
     export = tmp_path / "export.json"
     assert run_in(tmp_path, "cache", "export", str(export)).returncode == 0
-    assert "removed 1" in run_in(tmp_path, "cache", "clear").stdout
+    refused = run_in(tmp_path, "cache", "clear")
+    assert refused.returncode == 2 and "--all" in refused.stderr  # no pattern: nothing is wiped by accident
+    assert "no tuning results match" in run_in(tmp_path, "cache", "clear", "m9n32").stdout
+    assert "removed 1" in run_in(tmp_path, "cache", "clear", "m8n32").stdout
+    assert run_in(tmp_path, "cache", "show", "m8n32k16tb_f32").returncode == 1
+    assert run_in(tmp_path, "cache", "import", str(export)).returncode == 0
+    assert "removed 1" in run_in(tmp_path, "cache", "clear", "--all").stdout
     assert run_in(tmp_path, "cache", "show", "m8n32k16tb_f32").returncode == 1
     imported = run_in(tmp_path, "cache", "import", str(export))
     assert imported.returncode == 0 and "imported 1 of 1" in imported.stdout
@@ -190,3 +196,36 @@ def test_autotune_plot(tmp_path):
     r = run_in(tmp_path, "autotune", "--problem", "mb2ic8ih12oc8oh12kh3ph1", "--budget", "0.02", "--plot", str(png))
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name,value,expect", [
+    ("DNNKIT_TUNING", "bogus", "get_tuning() == 'heuristic'"),
+    ("DNNKIT_NUM_THREADS", "two", "get_num_threads() >= 1"),
+    ("DNNKIT_NUM_THREADS", "0", "get_num_threads() >= 1"),
+    ("DNNKIT_WORKSPACE_LIMIT", "lots", "get_workspace_limit() is None"),
+])
+def test_a_bad_environment_variable_is_ignored_with_a_warning(name, value, expect):
+    env = dict(os.environ, **{name: value})
+    r = subprocess.run([sys.executable, "-c", f"import dnnkit; assert dnnkit.{expect}; print('ok')"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+    assert name in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_workspace_limit_variable_takes_units_as_the_option_does():
+    env = dict(os.environ, DNNKIT_WORKSPACE_LIMIT="64M")
+    r = subprocess.run([sys.executable, "-c", "import dnnkit; print(dnnkit.get_workspace_limit())"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == [str(64 << 20)], r.stderr
+
+
+def test_a_closed_pipe_ends_the_command_quietly():
+    """`dnnkit ... | head`: the reader gone, the command stops without a traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run([sys.executable, "-m", "dnnkit", "info"], stdout=write_end, stderr=subprocess.PIPE,
+                           text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr

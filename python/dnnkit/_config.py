@@ -1,8 +1,12 @@
 """Process-wide settings: threads, tuning mode, workspace limit, AMX tiles. Environment variables are read
-once, at import: DNNKIT_NUM_THREADS, DNNKIT_TUNING, DNNKIT_WORKSPACE_LIMIT (bytes), DNNKIT_AMX (0: off)."""
+once, at import: DNNKIT_NUM_THREADS, DNNKIT_TUNING, DNNKIT_WORKSPACE_LIMIT (bytes: 1048576, 64K, 64M, 2G),
+DNNKIT_AMX (0: off). A value that does not parse is ignored with a warning naming the variable, and the
+default stands: a typo in the environment never keeps `import dnnkit` from working."""
 from __future__ import annotations
 
+import math
 import os
+import warnings
 
 from . import _cpu
 
@@ -16,17 +20,47 @@ def _default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _env_int(name: str, minimum: int) -> int | None:
+def parse_bytes(text: str) -> int:
+    """'1048576', '64K', '64M', '2G', '1.5GiB' (binary units) -> bytes; ValueError otherwise."""
+    t = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    digits = t[:-1] if scale > 1 else t
+    try:
+        value = float(digits)
+    except ValueError:
+        raise ValueError(f"not a byte count: {text!r} (e.g. 1048576, 64M, 2G)") from None
+    if value < 0 or not math.isfinite(value):
+        raise ValueError(f"a byte count must be >= 0, got {text!r}")
+    return int(value * scale)
+
+
+def _env(name: str, parse):
+    """parse(value) of the environment variable, or None where it is unset, empty or does not parse
+    (then with a warning that names it)."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return None
     try:
+        return parse(raw.strip())
+    except ValueError as e:
+        warnings.warn(f"dnnkit: ignoring {name}={raw!r} ({e}); using the default", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def _positive_int(raw: str) -> int:
+    try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise ValueError("not an integer") from None
+    if value < 1:
+        raise ValueError("must be >= 1")
     return value
+
+
+def _tuning_mode(raw: str) -> str:
+    if raw not in TUNING_MODES:
+        raise ValueError(f"must be one of {TUNING_MODES}")
+    return raw
 
 
 def set_num_threads(n: int) -> None:
@@ -93,14 +127,12 @@ def get_workspace_limit() -> int | None:
 
 
 def _init_from_env() -> None:
-    n = _env_int("DNNKIT_NUM_THREADS", 1)
+    n = _env("DNNKIT_NUM_THREADS", _positive_int)
     _cpu.set_num_threads(n if n is not None else _default_threads())
-    mode = os.environ.get("DNNKIT_TUNING")
-    if mode:
-        if mode not in TUNING_MODES:
-            raise ValueError(f"DNNKIT_TUNING must be one of {TUNING_MODES}, got {mode!r}")
+    mode = _env("DNNKIT_TUNING", _tuning_mode)
+    if mode is not None:
         _state["tuning"] = mode
-    _state["workspace_limit"] = _env_int("DNNKIT_WORKSPACE_LIMIT", 0)
+    _state["workspace_limit"] = _env("DNNKIT_WORKSPACE_LIMIT", parse_bytes)
 
 
 _init_from_env()

@@ -6,7 +6,8 @@
   dnnkit autotune --problem DESCRIPTOR ... | --batch FILE | --model resnet50|lstm|fc [--mb N]
                   [--direction D] [--dtype T] [--budget S] [--workspace-limit BYTES] [--force]
                   [--no-prune] [--json] [--plot FILE.png]
-  dnnkit cache path | list [--json] | show DESCRIPTOR | clear | export FILE | import FILE
+  dnnkit cache path | list [--json] | show DESCRIPTOR | clear (PATTERN [--device any] | --all) [--yes] |
+               export FILE | import FILE
 
 Errors are one line on stderr, "dnnkit: error: ...", with exit status 2.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -63,17 +65,13 @@ def _cmd_explain(args) -> int:
 
 # --------------------------------------------------------------------------------------------- autotune
 def _bytes_arg(text: str) -> int:
-    """'1048576', '64K', '64M', '2G' (binary units) -> bytes."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    digits = t[:-1] if scale > 1 else t
+    """'1048576', '64K', '64M', '2G' (binary units) -> bytes (_config.parse_bytes, as DNNKIT_WORKSPACE_LIMIT)."""
+    from ._config import parse_bytes
+
     try:
-        value = float(digits)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 1048576, 64M, 2G)") from None
-    if value < 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return int(value * scale)
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _ints_arg(n):
@@ -318,7 +316,21 @@ def _cmd_cache(args) -> int:
         print(store.path)
         return 0
     if args.action == "clear":
-        n = store.clear()
+        if bool(args.arg) == bool(args.all):
+            raise ValueError("cache clear: give a pattern (text the problem keys contain, as `dnnkit cache list` "
+                             "shows them) or --all, not both")
+        device = None if args.all or args.device == "any" else cache.device_fingerprint()
+        doomed = [r for r in store.rows() if args.all or (args.arg in r["problem"] and device in (None, r["device"]))]
+        what = "every record and ceiling" if args.all else f"{len(doomed)} record(s) matching {args.arg!r}" + (
+            f" on {device}" if device else "")
+        if not doomed and not args.all:
+            print(f"no tuning results match {args.arg!r}" + (f" on {device}" if device else ""))
+            return 0
+        if not args.yes and sys.stdin.isatty():
+            if input(f"remove {what} from {store.path}? [y/N] ").strip().lower() not in ("y", "yes"):
+                print("nothing removed")
+                return 1
+        n = store.clear() if args.all else store.clear(pattern=args.arg, device=device)
         print(f"removed {n} tuning result(s) from {store.path}")
         return 0
     if args.action == "list":
@@ -430,7 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_cache = sub.add_parser("cache", help="the tuning cache: path, list, show, clear, export, import")
     p_cache.add_argument("action", choices=("path", "list", "show", "clear", "export", "import"))
-    p_cache.add_argument("arg", nargs="?", metavar="DESCRIPTOR|FILE", help="show: a descriptor; export/import: a file")
+    p_cache.add_argument("arg", nargs="?", metavar="DESCRIPTOR|FILE|PATTERN",
+                         help="show: a descriptor; export/import: a file; clear: text the problem keys contain")
+    p_cache.add_argument("--all", action="store_true", help="clear: every record of every device and version")
+    p_cache.add_argument("--device", choices=("here", "any"), default="here",
+                         help="clear PATTERN: records of this device only (default), or of any")
+    p_cache.add_argument("--yes", action="store_true", help="clear: do not ask")
     p_cache.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter"), default="fwd")
     p_cache.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p_cache.add_argument("--json", action="store_true", help="list: print JSON")
@@ -452,6 +469,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("dnnkit: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`dnnkit autotune ... | head`): stop quietly; nothing more reaches stdout.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

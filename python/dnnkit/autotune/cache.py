@@ -388,13 +388,17 @@ class Store:
                 "cuda" if d["problem"].endswith(" cuda") or d["problem"].endswith("_cuda") else "cpu")]
         return out
 
-    def clear(self) -> int:
-        """Delete every result and ceiling; returns how many results there were."""
+    def clear(self, pattern: str | None = None, device: str | None = None) -> int:
+        """Delete results; returns how many. With neither argument every result and ceiling; else the
+        results whose problem key contains `pattern` (all, where None), of `device` only (any, where None)."""
         def wipe(conn):
-            n = conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("DELETE FROM results")
-            conn.execute("DELETE FROM ceilings")
+            if pattern is None and device is None:
+                n = conn.execute("DELETE FROM results").rowcount
+                conn.execute("DELETE FROM ceilings")
+            else:
+                n = conn.execute("DELETE FROM results WHERE instr(problem, ?) > 0 AND (? IS NULL OR device = ?)",
+                                 (pattern or "", device, device)).rowcount
             conn.execute("COMMIT")
             return n
 
