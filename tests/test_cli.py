@@ -229,3 +229,20 @@ def test_a_closed_pipe_ends_the_command_quietly():
     finally:
         os.close(write_end)
     assert r.returncode != 0 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+
+
+def test_autotune_skips_what_is_not_tunable_and_tunes_the_rest(tmp_path):
+    batch = tmp_path / "layers.txt"
+    batch.write_text("lstm_l1t25mb16slc512sic512_f32\nm8n8k8\n")
+    r = run_in(tmp_path, "autotune", "--batch", str(batch), "--budget", "0.01", "--json")
+    assert r.returncode == 0 and "not tunable yet" in r.stderr, r.stderr
+    out = json.loads(r.stdout)
+    assert [p["descriptor"] for p in out["problems"]] == ["m8n8k8_f32"]
+    assert out["summary"]["heuristic_compared"] == 0  # GEMM's algorithms have no formula: nothing to score
+
+
+def test_autotune_options_that_would_be_ignored(tmp_path):
+    r = run_in(tmp_path, "autotune", "--problem", "m8n8k8", "--mb", "4")
+    assert r.returncode == 2 and "--mb" in r.stderr
+    r = run_in(tmp_path, "autotune", "--problem", "m8n8k8", "--dtype", "float64", "--budget", "0.01", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["problems"][0]["descriptor"] == "m8n8k8_f64", r.stderr

@@ -113,6 +113,8 @@ def _problems(args) -> list:
     sources = [bool(args.op), bool(args.problem), bool(args.batch), bool(args.model)]
     if sum(sources) != 1:
         raise ValueError("autotune: give exactly one of: conv2d --input/--weight, --problem, --batch, --model")
+    if args.mb is not None and not args.model:
+        raise ValueError("autotune: --mb sets the minibatch of --model's layers; a descriptor carries its own (mb<N>)")
     dtype, direction = args.dtype, args.direction
     if args.op == "conv2d":
         if args.input is None or args.weight is None:
@@ -130,7 +132,7 @@ def _problems(args) -> list:
         return out
     if args.batch:
         return load_batch(args.batch, direction=direction, dtype=dtype)
-    return model_problems(args.model, mb=args.mb, direction=direction, dtype=dtype)
+    return model_problems(args.model, mb=8 if args.mb is None else args.mb, direction=direction, dtype=dtype)
 
 
 def _picks(result):
@@ -144,7 +146,8 @@ def _picks(result):
         return None, None
     default = usable[order[0]]
     predicted = [(usable[n].predicted_s, i, usable[n]) for i, n in enumerate(order) if usable[n].predicted_s]
-    heuristic = min(predicted, key=lambda t: (t[0], t[1]))[2] if predicted else default
+    # No prediction (GEMM's algorithms have no formula): the model made no pick of its own to score.
+    heuristic = min(predicted, key=lambda t: (t[0], t[1]))[2] if predicted else None
     return default, heuristic
 
 
@@ -207,7 +210,17 @@ def _cmd_autotune(args) -> int:
     from .autotune.cost_model import measure_ceilings, plausible_peak
     from .autotune.tuner import find
 
+    from .autotune import harness
+
     problems = _problems(args)
+    skipped = [p for p in problems if not harness.tunable(p)]
+    if skipped:
+        ops = sorted({p.op for p in skipped})
+        print(f"dnnkit autotune: skipping {len(skipped)} problem(s) of {', '.join(ops)}: not tunable yet (they run "
+              "on the cost model's choice)", file=sys.stderr)
+        problems = [p for p in problems if harness.tunable(p)]
+        if not problems:
+            raise ValueError("autotune: none of the problems given is of a tunable operator")
     store = cache.default_store()
     if not args.json:
         print(f"dnnkit {__version__} autotune: {len(problems)} problem(s) on {cache.device_fingerprint()}; "
@@ -425,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a GEMM or benchdnn convolution descriptor (repeatable)")
     p_tune.add_argument("--batch", metavar="FILE", help="a file of descriptors, one a line")
     p_tune.add_argument("--model", choices=("resnet50", "lstm", "fc"), help="a layer list shipped with dnnkit")
-    p_tune.add_argument("--mb", type=int, default=8, help="minibatch for --model (default 8)")
+    p_tune.add_argument("--mb", type=int, default=None, help="minibatch for --model (default 8)")
     p_tune.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter"), default="fwd",
                         help="convolution direction (default fwd)")
     p_tune.add_argument("--dtype", choices=("float32", "float64"), default="float32")

@@ -15,6 +15,8 @@ e.g. "lstm_l2t50mb16slc512sic512_bidir_f32"; mode is lstm, gru, rnn_tanh or rnn_
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numbers
 import os
 import re
@@ -534,7 +536,9 @@ def parse_descriptor(text: str, *, direction: str = "fwd", dtype: str = "float32
     if text.strip().startswith(RNN_MODES):
         return RnnProblem.parse(text, direction="bwd" if direction.startswith("bwd") else "fwd")
     try:
-        return GemmProblem.parse(text)
+        g = GemmProblem.parse(text)
+        # A descriptor's own _f32/_f64 wins; without one, the dtype asked for.
+        return g if text.strip().endswith(("_f32", "_f64")) else dataclasses.replace(g, dtype=dtype)
     except ValueError as gemm_error:
         try:
             return ConvProblem.parse(text, direction=direction, dtype=dtype, bias=bias, device=device)
