@@ -703,3 +703,25 @@ def test_bad_input_messages_name_the_argument():
     ]:
         with pytest.raises((ValueError, TypeError), match=pattern):
             call()
+
+
+@pytest.mark.parametrize("kernel,dilation", [((4, 4), 1), ((2, 3), 1), ((3, 2), (2, 3)), ((4, 3), (1, 2))])
+def test_same_padding_with_an_odd_total_pads_one_more_on_the_bottom_right(kernel, dilation):
+    """torch's padding='same' where dilation * (kernel - 1) is odd: one more row/column of padding on the
+    bottom/right than on the top/left, in all three directions."""
+    rng = np.random.default_rng(sum(kernel))
+    x = rng.standard_normal((2, 4, 7, 6)).astype(np.float32)
+    w = rng.standard_normal((5, 4) + kernel).astype(np.float32)
+    dy = rng.standard_normal((2, 5, 7, 6)).astype(np.float32)
+    d = (dilation, dilation) if isinstance(dilation, int) else dilation
+    total = [d[i] * (kernel[i] - 1) for i in range(2)]
+    pads = ((0, 0), (0, 0), (total[0] // 2, total[0] - total[0] // 2), (total[1] // 2, total[1] - total[1] // 2))
+    xp = np.pad(x, pads)
+    y = dnnkit.conv2d(x, w, padding="same", dilation=dilation)
+    assert y.shape == (2, 5, 7, 6)
+    assert rel_l2(y, conv2d_ref(xp, w, dilation=dilation)) <= 1e-5
+    dx = dnnkit.conv2d_backward_data(x.shape, w, dy, padding="same", dilation=dilation)
+    dxp = conv2d_backward_data_ref(xp.shape, w, dy, dilation=dilation)
+    assert rel_l2(dx, dxp[:, :, pads[2][0]:pads[2][0] + 7, pads[3][0]:pads[3][0] + 6]) <= 1e-5
+    dw = dnnkit.conv2d_backward_filter(x, w.shape, dy, padding="same", dilation=dilation)
+    assert rel_l2(dw, conv2d_backward_filter_ref(xp, w.shape, dy, dilation=dilation)) <= 1e-5

@@ -450,6 +450,27 @@ def _workspace(algorithm, p, dtype):
         raise MemoryError(f"{p.op}: cannot allocate a workspace of {nbytes} bytes") from None
 
 
+def _odd_same(weight_shape, stride, padding, dilation):
+    """For padding='same' at stride 1 where dilation * (kernel - 1) is odd along a dimension (torch then pads
+    one more on the bottom/right): ((rows, cols) to pad on the bottom/right by hand, the symmetric padding
+    for the rest). None otherwise, and wherever the arguments are not valid (the usual checks report them)."""
+    if not (isinstance(padding, str) and padding == "same") or len(weight_shape) != 4:
+        return None
+    try:
+        pair = lambda v: (int(v), int(v)) if isinstance(v, (int, np.integer)) else (int(v[0]), int(v[1]))  # noqa: E731
+        (sh, sw), (dh, dw) = pair(stride), pair(dilation)
+    except (TypeError, ValueError, IndexError):
+        return None
+    th, tw = dh * (weight_shape[2] - 1), dw * (weight_shape[3] - 1)
+    if (sh, sw) != (1, 1) or min(th, tw) < 0 or (th % 2 == 0 and tw % 2 == 0):
+        return None
+    return (th % 2, tw % 2), (th // 2, tw // 2)
+
+
+def _pad_bottom_right(x: np.ndarray, extra) -> np.ndarray:
+    return np.pad(x, ((0, 0), (0, 0), (0, extra[0]), (0, extra[1])))
+
+
 def _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups):
     op = "conv2d"
     x = _array(op, "input", input, ndim=4)
@@ -469,6 +490,11 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     """2-D convolution (cross-correlation), as torch.nn.functional.conv2d: input N x C x H x W, weight
     K x C/groups x R x S, bias K or None; stride, dilation int or pair; padding int, pair, "same" or "valid".
     Returns N x K x P x Q."""
+    odd = _odd_same(np.shape(weight), stride, padding, dilation)
+    if odd is not None and np.ndim(input) == 4:
+        # The one extra row/column of padding on the bottom/right, by hand; the rest as usual.
+        x = _array("conv2d", "input", input, ndim=4)
+        return conv2d(_pad_bottom_right(x, odd[0]), weight, bias, stride, odd[1], dilation, groups, algo=algo)
     p, x, w, bias = _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups)
     algorithm = _choose("conv2d", p, algo)
     y = _empty("conv2d", (p.mb, p.oc, p.oh, p.ow), x.dtype)
@@ -492,6 +518,12 @@ def _conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, 
 def conv2d_backward_data(input_shape, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
                          algo="auto"):
     """Gradient of conv2d with respect to its input, as torch.nn.grad.conv2d_input."""
+    odd = _odd_same(np.shape(weight), stride, padding, dilation)
+    if odd is not None:
+        n, c, h, w_ = _shape4("conv2d_backward_data", "input_shape", input_shape)
+        dx = conv2d_backward_data((n, c, h + odd[0][0], w_ + odd[0][1]), weight, grad_output, stride, odd[1], dilation,
+                                  groups, algo=algo)
+        return np.ascontiguousarray(dx[:, :, :h, :w_])  # the hand-padded row/column's gradient dropped
     p, w, dy = _conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation, groups)
     algorithm = _choose("conv2d_backward_data", p, algo)
     dx = _empty("conv2d_backward_data", (p.mb, p.ic, p.ih, p.iw), w.dtype)
@@ -515,6 +547,15 @@ def _conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding
 def conv2d_backward_filter(input, weight_shape, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
                            algo="auto"):
     """Gradient of conv2d with respect to its weight, as torch.nn.grad.conv2d_weight."""
+    try:
+        shape = tuple(int(v) for v in weight_shape)
+    except (TypeError, ValueError):
+        shape = ()  # the usual checks report it
+    odd = _odd_same(shape, stride, padding, dilation)
+    if odd is not None and np.ndim(input) == 4:
+        x = _array("conv2d_backward_filter", "input", input, ndim=4)
+        return conv2d_backward_filter(_pad_bottom_right(x, odd[0]), weight_shape, grad_output, stride, odd[1],
+                                      dilation, groups, algo=algo)
     p, x, dy = _conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding, dilation, groups)
     algorithm = _choose("conv2d_backward_filter", p, algo)
     dw = _empty("conv2d_backward_filter", (p.oc, p.ic // p.g, p.kh, p.kw), x.dtype)

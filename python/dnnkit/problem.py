@@ -390,7 +390,8 @@ class ConvProblem:
         "same" follows torch: stride must be 1, and the total padding along a dimension is
         dilation * (kernel - 1). When that is odd torch pads one more on the right/bottom than on the
         left/top; a ConvProblem has one padding for both sides, so that case is a ValueError ("asymmetric
-        'same' padding is not supported"); a caller can pad the input itself and pass padding 0.
+        'same' padding is not supported"). The array API (conv2d and its backward functions) takes it: it
+        pads the one extra row or column itself and runs the symmetric problem.
 
         Errors are ValueError (bad values) or TypeError (bad types) whose messages start with op.
         """
