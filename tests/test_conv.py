@@ -725,3 +725,29 @@ def test_same_padding_with_an_odd_total_pads_one_more_on_the_bottom_right(kernel
     assert rel_l2(dx, dxp[:, :, pads[2][0]:pads[2][0] + 7, pads[3][0]:pads[3][0] + 6]) <= 1e-5
     dw = dnnkit.conv2d_backward_filter(x, w.shape, dy, padding="same", dilation=dilation)
     assert rel_l2(dw, conv2d_backward_filter_ref(xp, w.shape, dy, dilation=dilation)) <= 1e-5
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_filter"])
+def test_a_workspace_the_caller_owns(direction):
+    """workspace=: the named algorithm runs in the caller's array (the same result as in dnnkit's own);
+    "auto" picks among the algorithms that fit in it; too small, or not an array, is an error naming it."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 16, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((2, 16, 12, 12)).astype(np.float32)
+    name = {"fwd": "conv2d", "bwd_data": "conv2d_backward_data", "bwd_filter": "conv2d_backward_filter"}[direction]
+    call = {"fwd": lambda **kw: dnnkit.conv2d(x, w, padding=1, **kw),
+            "bwd_data": lambda **kw: dnnkit.conv2d_backward_data(x.shape, w, dy, padding=1, **kw),
+            "bwd_filter": lambda **kw: dnnkit.conv2d_backward_filter(x, w.shape, dy, padding=1, **kw)}[direction]
+    algo = "winograd_f4x4_3x3"
+    ws = np.full(1 << 22, 0xAB, np.uint8)
+    assert np.array_equal(call(algo=algo, workspace=ws), call(algo=algo))
+    assert (ws != 0xAB).any()  # the algorithm's scratch went there
+    with pytest.raises(ValueError, match=f"^{name}: .*{algo}.*workspace"):
+        call(algo=algo, workspace=np.empty(16, np.uint8))
+    none = call(workspace=np.empty(0, np.float32))  # auto: an algorithm that needs no workspace
+    assert rel_l2(none, call()) <= 1e-5
+    with pytest.raises(TypeError, match=f"^{name}: workspace must be a NumPy array"):
+        call(workspace=[0] * 1024)
+    with pytest.raises(ValueError, match=f"^{name}: workspace must be a C-contiguous"):
+        call(workspace=np.empty((64, 64), np.float32)[:, ::2])

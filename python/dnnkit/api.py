@@ -125,10 +125,10 @@ def _unshared(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     return x.copy() if np.may_share_memory(x, out) else x
 
 
-def _choose(op: str, p, algo):
+def _choose(op: str, p, algo, workspace_limit=None):
     """dispatch.choose, its errors naming the public function op (linear's problems are GEMM problems)."""
     try:
-        return choose(p, algo)
+        return choose(p, algo, workspace_limit)
     except (TypeError, ValueError) as e:
         msg = str(e)
         if op == p.op or not msg.startswith(f"{p.op}: "):
@@ -450,6 +450,39 @@ def _workspace(algorithm, p, dtype):
         raise MemoryError(f"{p.op}: cannot allocate a workspace of {nbytes} bytes") from None
 
 
+_WORKSPACE_ALIGN = 64  # bytes: a caller's workspace is used from its first 64-byte boundary
+
+
+def _caller_workspace(op: str, workspace):
+    """The caller's workspace= as flat bytes (None for none), or a TypeError/ValueError naming op."""
+    if workspace is None:
+        return None
+    if not isinstance(workspace, np.ndarray):
+        raise TypeError(f"{op}: workspace must be a NumPy array (any dtype), got {type(workspace).__name__}")
+    if not workspace.flags.c_contiguous or not workspace.flags.writeable:
+        raise ValueError(f"{op}: workspace must be a C-contiguous, writable array")
+    return workspace.reshape(-1).view(np.uint8)
+
+
+def _choose_conv(op: str, p, algo, ws):
+    """The algorithm for p; with a caller's workspace ws, one whose workspace fits in it (its limit)."""
+    return _choose(op, p, algo, None if ws is None else max(0, ws.nbytes - (_WORKSPACE_ALIGN - 1)))
+
+
+def _conv_workspace(op: str, algorithm, p, dtype, ws):
+    """The workspace for the run: the library's (ws None), or the first aligned bytes of the caller's."""
+    if ws is None:
+        return _workspace(algorithm, p, dtype)
+    need = int(algorithm.workspace_bytes(p))
+    if need == 0:
+        return None
+    off = -ws.ctypes.data % _WORKSPACE_ALIGN
+    if ws.nbytes < off + need:
+        raise ValueError(f"{op}: workspace holds {ws.nbytes} bytes; {algorithm.name} needs {need} from a "
+                         f"{_WORKSPACE_ALIGN}-byte boundary ({need + _WORKSPACE_ALIGN - 1} bytes always suffice)")
+    return ws[off:off + need - need % dtype.itemsize].view(dtype)
+
+
 def _odd_same(weight_shape, stride, padding, dilation):
     """For padding='same' at stride 1 where dilation * (kernel - 1) is odd along a dimension (torch then pads
     one more on the bottom/right): ((rows, cols) to pad on the bottom/right by hand, the symmetric padding
@@ -486,20 +519,27 @@ def _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups):
     return p, x, w, bias
 
 
-def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algo="auto"):
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algo="auto", workspace=None):
     """2-D convolution (cross-correlation), as torch.nn.functional.conv2d: input N x C x H x W, weight
     K x C/groups x R x S, bias K or None; stride, dilation int or pair; padding int, pair, "same" or "valid".
-    Returns N x K x P x Q."""
+    Returns N x K x P x Q.
+
+    workspace: an array the caller owns (any dtype, C-contiguous) for the algorithm's scratch, as cuDNN's
+    workspace: "auto" then picks among the algorithms whose workspace fits in it, and an algorithm named
+    by algo that needs more is an error saying how much (explain() lists each one's). None: dnnkit's own."""
     odd = _odd_same(np.shape(weight), stride, padding, dilation)
     if odd is not None and np.ndim(input) == 4:
         # The one extra row/column of padding on the bottom/right, by hand; the rest as usual.
         x = _array("conv2d", "input", input, ndim=4)
-        return conv2d(_pad_bottom_right(x, odd[0]), weight, bias, stride, odd[1], dilation, groups, algo=algo)
+        return conv2d(_pad_bottom_right(x, odd[0]), weight, bias, stride, odd[1], dilation, groups, algo=algo,
+                      workspace=workspace)
+    ws = _caller_workspace("conv2d", workspace)
     p, x, w, bias = _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups)
-    algorithm = _choose("conv2d", p, algo)
+    algorithm = _choose_conv("conv2d", p, algo, ws)
     y = _empty("conv2d", (p.mb, p.oc, p.oh, p.ow), x.dtype)
     algorithm.run(p, np.ascontiguousarray(x), np.ascontiguousarray(w), out=y,
-                  bias=None if bias is None else np.ascontiguousarray(bias), workspace=_workspace(algorithm, p, x.dtype))
+                  bias=None if bias is None else np.ascontiguousarray(bias),
+                  workspace=_conv_workspace("conv2d", algorithm, p, x.dtype, ws))
     return y
 
 
@@ -516,19 +556,21 @@ def _conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, 
 
 
 def conv2d_backward_data(input_shape, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
-                         algo="auto"):
-    """Gradient of conv2d with respect to its input, as torch.nn.grad.conv2d_input."""
+                         algo="auto", workspace=None):
+    """Gradient of conv2d with respect to its input, as torch.nn.grad.conv2d_input (workspace: as conv2d's)."""
     odd = _odd_same(np.shape(weight), stride, padding, dilation)
     if odd is not None:
         n, c, h, w_ = _shape4("conv2d_backward_data", "input_shape", input_shape)
         dx = conv2d_backward_data((n, c, h + odd[0][0], w_ + odd[0][1]), weight, grad_output, stride, odd[1], dilation,
-                                  groups, algo=algo)
+                                  groups, algo=algo, workspace=workspace)
         return np.ascontiguousarray(dx[:, :, :h, :w_])  # the hand-padded row/column's gradient dropped
+    op = "conv2d_backward_data"
+    ws = _caller_workspace(op, workspace)
     p, w, dy = _conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation, groups)
-    algorithm = _choose("conv2d_backward_data", p, algo)
-    dx = _empty("conv2d_backward_data", (p.mb, p.ic, p.ih, p.iw), w.dtype)
+    algorithm = _choose_conv(op, p, algo, ws)
+    dx = _empty(op, (p.mb, p.ic, p.ih, p.iw), w.dtype)
     algorithm.run(p, np.ascontiguousarray(w), np.ascontiguousarray(dy), out=dx,
-                  workspace=_workspace(algorithm, p, w.dtype))
+                  workspace=_conv_workspace(op, algorithm, p, w.dtype, ws))
     return dx
 
 
@@ -545,8 +587,8 @@ def _conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding
 
 
 def conv2d_backward_filter(input, weight_shape, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
-                           algo="auto"):
-    """Gradient of conv2d with respect to its weight, as torch.nn.grad.conv2d_weight."""
+                           algo="auto", workspace=None):
+    """Gradient of conv2d with respect to its weight, as torch.nn.grad.conv2d_weight (workspace: as conv2d's)."""
     try:
         shape = tuple(int(v) for v in weight_shape)
     except (TypeError, ValueError):
@@ -555,12 +597,14 @@ def conv2d_backward_filter(input, weight_shape, grad_output, stride=1, padding=0
     if odd is not None and np.ndim(input) == 4:
         x = _array("conv2d_backward_filter", "input", input, ndim=4)
         return conv2d_backward_filter(_pad_bottom_right(x, odd[0]), weight_shape, grad_output, stride, odd[1],
-                                      dilation, groups, algo=algo)
+                                      dilation, groups, algo=algo, workspace=workspace)
+    op = "conv2d_backward_filter"
+    ws = _caller_workspace(op, workspace)
     p, x, dy = _conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding, dilation, groups)
-    algorithm = _choose("conv2d_backward_filter", p, algo)
-    dw = _empty("conv2d_backward_filter", (p.oc, p.ic // p.g, p.kh, p.kw), x.dtype)
+    algorithm = _choose_conv(op, p, algo, ws)
+    dw = _empty(op, (p.oc, p.ic // p.g, p.kh, p.kw), x.dtype)
     algorithm.run(p, np.ascontiguousarray(x), np.ascontiguousarray(dy), out=dw,
-                  workspace=_workspace(algorithm, p, x.dtype))
+                  workspace=_conv_workspace(op, algorithm, p, x.dtype, ws))
     return dw
 
 
