@@ -29,6 +29,9 @@ using namespace dnnkit;
 
 namespace {
 
+// Bumped by every setting a dispatch decision depends on (settings_generation): the ISA, AMX, threads.
+unsigned long long g_settings_generation = 0;
+
 struct View2D {
   index_t rows, cols, rs, cs;  // strides in elements
 };
@@ -1101,10 +1104,13 @@ PYBIND11_MODULE(DNNKIT_MODULE, m) {
   m.def("set_isa", [](const std::string& name) {
     try {
       set_isa(isa_from_name(name));
+      ++g_settings_generation;
     } catch (const std::invalid_argument& e) {
       throw py::value_error(e.what());
     }
   });
+  m.def("settings_generation", [] { return g_settings_generation; },
+        "A count bumped by set_isa, set_amx and set_num_threads: what a remembered choice was made under.");
   m.def("amx_available", &amx::available,
         "Whether the kernels may use AMX-BF16 tiles (float32 products split into bfloat16 parts, amx.h): the "
         "CPU and OS run them, this build has them, DNNKIT_ISA allows them.");
@@ -1123,6 +1129,7 @@ PYBIND11_MODULE(DNNKIT_MODULE, m) {
   m.def("set_amx", [](bool on) {
     try {
       amx::set_enabled(on);
+      ++g_settings_generation;
     } catch (const std::invalid_argument& e) {
       throw py::value_error(e.what());
     }
@@ -1135,6 +1142,7 @@ PYBIND11_MODULE(DNNKIT_MODULE, m) {
   m.def("set_num_threads", [](int n) {
     if (n < 1) throw py::value_error("set_num_threads: n must be >= 1");
     set_num_threads(n);
+    ++g_settings_generation;
   });
   m.def("block_cache_release", [] { return block_cache_release(); },
         "Frees the blocks kept for reuse (DNNKIT_BLOCK_CACHE_MB); returns the bytes released.");

@@ -82,3 +82,44 @@ def test_heuristic_result_is_correct_end_to_end(restore_tuning):
     ref = dnnkit.conv2d(x.astype(np.float64), w.astype(np.float64), padding=1, algo="direct")
     y = dnnkit.conv2d(x, w, padding=1)
     assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-4
+
+
+def test_a_choice_follows_the_thread_count_it_was_tuned_for(tmp_path, monkeypatch):
+    """The dispatch memo is keyed by what a cached record is keyed by: after set_num_threads, the record
+    of the new thread count decides, not the decision remembered for the old one."""
+    from dnnkit.autotune import cache
+    from dnnkit.autotune.tuner import TuneRecord, TuneResult
+
+    monkeypatch.setenv("DNNKIT_CACHE_DIR", str(tmp_path))
+    p = ConvProblem.parse("mb1ic8ih12oc8oh12kh3ph1")
+    store = cache.default_store()
+    before = dnnkit.get_num_threads()
+    try:
+        for threads, best in ((1, "direct"), (2, "im2col_gemm")):
+            dnnkit.set_num_threads(threads)
+            store.put(TuneResult(p, [TuneRecord(best, "ok", median_s=1e-4, workspace_bytes=0)], 0.1))
+        for threads, best in ((1, "direct"), (2, "im2col_gemm"), (1, "direct")):
+            dnnkit.set_num_threads(threads)
+            assert choose(p).name == best
+    finally:
+        dnnkit.set_num_threads(before)
+        store.close()
+
+
+def test_a_record_tuned_under_a_tighter_workspace_limit_does_not_decide_without_it(tmp_path, monkeypatch):
+    """autotune --workspace-limit 0 leaves the algorithms that need workspace untimed (over_limit): its
+    record decides for callers under that limit, not for one without it."""
+    from dnnkit import dispatch
+    from dnnkit.autotune import cache
+    from dnnkit.autotune.tuner import TuneRecord, TuneResult
+
+    monkeypatch.setenv("DNNKIT_CACHE_DIR", str(tmp_path))
+    p = ConvProblem.parse("mb1ic32ih28oc32oh28kh3ph1")
+    store = cache.default_store()
+    store.put(TuneResult(p, [TuneRecord("direct", "ok", median_s=4.9e-4, workspace_bytes=0),
+                             TuneRecord("winograd_f4x4_3x3", "over_limit", workspace_bytes=1 << 20)], 0.1))
+    supported = [a for a, reason, _ in dispatch.candidates(p, None) if reason is None]
+    assert dispatch._tuned(p, supported, 0).name == "direct"
+    assert dispatch._tuned(p, supported, 1 << 10).name == "direct"
+    assert dispatch._tuned(p, supported, None) is None and dispatch._tuned(p, supported, 1 << 20) is None
+    store.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 
-from . import algos
+from . import _cpu, algos
 from ._config import get_tuning, get_workspace_limit
 from .autotune import cache
 from .autotune.cost_model import predict
@@ -41,15 +41,17 @@ def candidates(p, workspace_limit: int | None = None) -> list[tuple[Algorithm, s
     return out
 
 
-# Decisions already made: (problem, algo, workspace limit, registry version, mode, cache generation)
-# -> Algorithm.
+# Decisions already made: (problem, algo, workspace limit, registry version, mode, cache generation,
+# settings generation: threads, ISA, AMX) -> Algorithm.
 _decisions: dict = {}
 
 
 def dispatch_state() -> tuple:
     """What a dispatch decision depends on besides the problem, the algo argument and the workspace
-    limit: the registry, the tuning mode and the tuning cache's generation."""
-    return algos.version(), get_tuning(), cache.generation()
+    limit: the registry, the tuning mode, the tuning cache's generation, and the settings a cached record
+    is keyed by on this machine (the thread count, the active ISA, AMX tiles on or off: a count that
+    each of their setters bumps)."""
+    return algos.version(), get_tuning(), cache.generation(), _cpu.settings_generation()
 
 
 def choose(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) -> Algorithm:
@@ -106,8 +108,13 @@ def _choose(p, algo, workspace_limit) -> Algorithm:
 
 def _by_name(result, supported, workspace_limit):
     """The fastest accurate record of result within the limit that names a supported algorithm (a
-    record of an algorithm this build does not have gives way to the next, not to re-tuning)."""
+    record of an algorithm this build does not have gives way to the next, not to re-tuning). None where
+    the result was tuned under a tighter workspace limit than this one: a candidate it left untimed
+    (over_limit) fits here, so its choice is not this limit's."""
     if result is None:
+        return None
+    if any(r.status == "over_limit" and (workspace_limit is None or (r.workspace_bytes or 0) <= workspace_limit)
+           for r in result):
         return None
     by_name = {a.name: a for a in supported}
     for r in result:
