@@ -47,7 +47,7 @@ ISA_FLAGS = {
 # Tuning flags, where the compiler has them (GCC 12 and newer): copies of a known size (std::memcpy into
 # and out of vectors, everywhere in the generic kernels) by whole vectors of the level's width. Under
 # -mtune=generic GCC otherwise copies 32 bytes as two 16-byte halves through the stack, and every such
-# vector load then waits on a failed store forwarding (packing a GEMM's A panels: 2.5x slower on a Zen 2).
+# vector load then waits on a failed store forwarding (bench/RESULTS.md, "The AVX2 path's changes").
 TUNE_FLAGS = {
     "avx2": ["-mmove-max=256", "-mstore-max=256"],
     "avx512": ["-mmove-max=512", "-mstore-max=512"],

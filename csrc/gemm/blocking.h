@@ -9,7 +9,7 @@
 //     lines and the A micro-panels passing through);
 //   - the packed A block (MC x KC) stays in L3, shared by the threads: at most a quarter of it
 //     (blocking_for). A float32 MC of 4116 (294 panels of 14, 686 of 6) packs B once for any m up to
-//     4116 where L3 holds it (4096^3 on two Zen 2 threads: 1-2% faster than three blocks of 1368).
+//     4116 where L3 holds it (bench/RESULTS.md, "The AVX2 path's changes").
 // Each k block is a pass over C (a load and a store of every tile), so deeper blocks pay as long as the
 // A micro-panel fits L1. Where a product runs alone (one thread, dnnkit set to one thread) and C outgrows
 // L2, a deeper KC (kc_alone, deep_k_blocks): on two threads, a deeper block means a narrower B block and

@@ -74,10 +74,9 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   p.nthreads = nt;
   if (own_a && deep_k_blocks(m, n, static_cast<index_t>(sizeof(T)), nt)) p.kc = k_block<T>(k, true);
   // Splitting n keeps each B block in one core's L2 and reuses each A micro-panel over all of it; it
-  // needs 8 or more panels per thread (measured, 2 threads: n = 512 gains 15% from splitting n, n = 256
-  // 6% from splitting m), and panels that share out about as evenly as A's: the thread with one panel
-  // more than another sets the time (25 panels on 2 threads: 13 against 12.5, 4% lost). Otherwise,
-  // splitting m reuses each A micro-panel over all columns.
+  // needs 8 or more panels per thread, and panels that share out about as evenly as A's, since the
+  // thread with one panel more than another sets the time (bench/RESULTS.md, "The AVX2 path's
+  // changes"). Otherwise, splitting m reuses each A micro-panel over all columns.
   auto uneven = [nt](index_t panels) { return double(ceil_div(panels, index_t(nt)) * nt) / double(panels); };
   p.split_n = nt == 1 || panels_n >= panels_m ||
               (panels_n >= 8 * nt && uneven(panels_n) <= uneven(panels_m) + 0.02);

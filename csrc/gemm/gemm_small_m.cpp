@@ -184,9 +184,8 @@ void wt_direct(const GemmArgs<T>& g, const SaKernel<T>& sk, int nthreads) {
   const index_t n_ib = ceil_div(n, mr);
   int nt = static_cast<int>(std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), n_ib)));
   if (double(m) * double(n) * double(k) < min_parallel_work()) nt = 1;
-  // One shared copy of the panels. A copy a thread, as the cells pack them (gemm_wt_direct_cell), gave
-  // nothing a run could tell from noise (+-3-5%): bench/gemm.py's fc rows ran 1.01-1.05x as fast at
-  // batch 16 in one run and 1.01x in another, 0.99x at batch 64 (bench/log/2026-11-22-to-24.md).
+  // One shared copy of the panels: a copy a thread, as the cells pack them (gemm_wt_direct_cell), is no
+  // faster here within the noise of bench/gemm.py's fc rows (bench/log/2026-11-22-to-24.md).
   const bool own = false;
   AlignedBuffer<T> ap(static_cast<std::size_t>(elems));
   // Tiles of W rows shared as gemm_small_m shares its units: each thread runs its own range, in the
@@ -254,9 +253,8 @@ void gemm_wt_direct_cell(index_t m, index_t n, index_t k1, const T* x, index_t l
   int nt = static_cast<int>(
       std::max<index_t>(1, std::min<index_t>(nthreads > 0 ? nthreads : get_num_threads(), units)));
   if (double(m) * double(ngroups * n) * double(k) < min_parallel_work()) nt = 1;
-  // The batch panels, one copy a thread up to kOwnPanelBytes (pack_panels). bench/rnn.py's cells, 2
-  // threads, before and after: GRU H256 batch 64 4.07 -> 3.93 ms, batch 16 1.47 -> 1.32; LSTM H256
-  // batch 16 and 64 0.97 (bench/log/2026-11-22-to-24.md).
+  // The batch panels, one copy a thread up to kOwnPanelBytes (pack_panels): each thread then reads its
+  // own copy from its own L2 (bench/rnn.py's cell rows, bench/log/2026-11-22-to-24.md).
   const index_t panels_elems = npan * nr * k;
   const bool own = own_panels<T>(nt, panels_elems);
   AlignedBuffer<T> ap(static_cast<std::size_t>(own ? nt * panels_elems : panels_elems));

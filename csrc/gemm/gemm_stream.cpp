@@ -7,11 +7,9 @@
 //              dW += dY^T X. The blocked GEMM walks C in tiles of 14 rows, each row's two lines a row
 //              stride apart (4 KB and more), which the prefetchers do not follow.
 // Here each thread reads contiguous runs of the streamed operand, front to back: rows of B (few rows),
-// rows of C (few deep). A GRU cell's backward at H1024, batch 1 (12 MiB weights, two of each product):
-// 2.5 ms a call on the blocked GEMM, 0.95 ms here, where reading both weights and updating both
-// gradients by hand-written loops takes 0.9 ms on the same two cores (bench/log/2026-11-22-to-24.md).
-// At 8 rows and 4096 columns the blocked GEMM was faster (2.7 ms against 3.3), so the few-rows path
-// stops at 4 rows.
+// rows of C (few deep), so that a product bound by reading its operands runs at the read bandwidth
+// (a GRU cell's backward at batch 1: bench/gemm.py's bwd rows, bench/log/2026-11-22-to-24.md). From 8
+// rows on the blocked GEMM is faster, so the few-rows path stops at 4 rows.
 //
 // Sums. Few rows: B's rows are cut into chunks whose number depends on m, n and k alone; each chunk's
 // partial product sums its rows in order, and C sums the partials in chunk order. Few deep: every
@@ -176,8 +174,7 @@ constexpr int kVectorRegs = 16;
 
 // Rows of C deep_rows computes at once for depth K: the most (of 4, 2, 1) whose R*K broadcasts of A, R
 // sums and, shared by the rows, K vectors of B fit the register file (one row takes B's vectors as
-// memory operands). More spill to the stack at every vector of C: K = 8 with 4 rows ran at 3.4 GB/s of
-// C on AVX2, one row at a time at memory speed.
+// memory operands). More would spill to the stack at every vector of C (bench/gemm.py's bwd:dw rows).
 template <int K>
 constexpr int deep_rows_at_once() {
   for (int r : {4, 2}) if (r * K + r + K <= kVectorRegs - 2) return r;

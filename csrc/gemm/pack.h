@@ -145,8 +145,8 @@ inline bool copy_rows_fixed(index_t k, int width, const T* src, index_t rs, T* d
 // group's lines as one contiguous run. The last panel, of n % W values a line, is zero-padded to W (kPad:
 // B's panels, which the micro-kernel reads whole) or stored at its own width (A's tail panel, which the
 // exact-height kernel runs). A line at a time, the stores of a line go to every panel, each k*W values
-// from the next: with k*W*sizeof(T) a multiple of 4 KiB they share an L1 set and evict each other (a
-// 256 x 320 float32 block: 0.18 ns a value, against 0.10 in groups of 8; bench/RESULTS.md, AMD section).
+// from the next: with k*W*sizeof(T) a multiple of 4 KiB they share an L1 set and evict each other; in
+// groups of 8 lines they do not (bench/RESULTS.md, "The AVX2 path's changes").
 constexpr index_t kLineGroup = 8;
 
 template <typename T, int W, bool kPad>

@@ -14,7 +14,7 @@ from .algos.gemm_cpu import ACTIVATION_CODES, LINEAR_RUN_KINDS
 from ._config import get_num_threads, get_workspace_limit
 from .dispatch import choose, dispatch_state, explain_problem
 from .packed import PackedWeight
-from .problem import ACTIVATIONS, RNN_MODES, ConvProblem, GemmProblem, RnnProblem, parse_descriptor
+from .problem import ACTIVATIONS, RNN_MODES, ConvProblem, GemmProblem, RnnProblem, _conv_pair, parse_descriptor
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
@@ -490,9 +490,8 @@ def _odd_same(weight_shape, stride, padding, dilation):
     if not (isinstance(padding, str) and padding == "same") or len(weight_shape) != 4:
         return None
     try:
-        pair = lambda v: (int(v), int(v)) if isinstance(v, (int, np.integer)) else (int(v[0]), int(v[1]))  # noqa: E731
-        (sh, sw), (dh, dw) = pair(stride), pair(dilation)
-    except (TypeError, ValueError, IndexError):
+        (sh, sw), (dh, dw) = _conv_pair("conv2d", "stride", stride, 1), _conv_pair("conv2d", "dilation", dilation, 1)
+    except (TypeError, ValueError):
         return None
     th, tw = dh * (weight_shape[2] - 1), dw * (weight_shape[3] - 1)
     if (sh, sw) != (1, 1) or min(th, tw) < 0 or (th % 2 == 0 and tw % 2 == 0):

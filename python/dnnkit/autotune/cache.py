@@ -299,9 +299,6 @@ class Store:
         a write to a store that cannot be written: one warning for the store, and default."""
         with self._lock:
             for attempt in (1, 2):
-                if write and self.read_only:
-                    self._skip_write("no write permission")
-                    return default
                 conn = self._connect(create)
                 if conn is None:
                     return default

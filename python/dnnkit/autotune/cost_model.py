@@ -50,7 +50,7 @@ def nominal_peak_flops() -> float:
 
 
 # A measured float32 peak under this share of the nominal figure was taken while other work held the
-# cores (six tuners starting at once stored 28 GFLOP/s where one alone measures 166-267): not a ceiling.
+# cores: not a ceiling of this machine.
 PLAUSIBLE_PEAK_SHARE = 0.4
 
 

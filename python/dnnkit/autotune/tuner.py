@@ -356,15 +356,17 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
             # Alternating rounds; the top two again where the figures do not tell them apart.
             live = list(timed)
             for extra in (False, True):
-                _time_rounds(live, p, sets, outs, budget if not extra else budget / 2, ROUNDS)
-                ranked = sorted((x for x in timed if x[1].status == "ok" and x[2]), key=lambda x: _stats(x[2])[0])
-                if extra or len(ranked) < 1:
+                _time_rounds(live, p, sets, outs, budget / 2 if extra else budget, ROUNDS)
+                if extra:
                     break
-                (m1, s1) = _stats(ranked[0][2])
-                close = len(ranked) >= 2 and (_stats(ranked[1][2])[0] - m1) / m1 < max(s1, _stats(ranked[1][2])[1])
-                if not (close or s1 > NOISY_SPREAD):
+                ranked = sorted(((_stats(x[2]), x) for x in timed if x[1].status == "ok" and x[2]),
+                                key=lambda e: e[0][0])
+                if not ranked:
                     break
-                live = ranked[:2]
+                (m1, s1), (m2, s2) = ranked[0][0], ranked[1][0] if len(ranked) > 1 else (math.inf, 0.0)
+                if m2 - m1 >= max(s1, s2) * m1 and s1 <= NOISY_SPREAD:
+                    break  # the fastest is told apart from the next
+                live = [x for _, x in ranked[:2]]
             for a, r, times in timed:
                 if r.status != "ok" or not times:
                     continue
