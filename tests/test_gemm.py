@@ -198,6 +198,22 @@ def test_gemm_zero_size(isa, gemm_algo, dtype, m, n, k, beta, with_c):
         assert np.array_equal(out, np.full((m, n), 3.0 * beta, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("beta, with_c", [(0.0, True), (0.0, False), (1.0, True), (-0.5, True)])
+def test_gemm_alpha_zero_reads_neither_a_nor_b(gemm_algo, dtype, beta, with_c):
+    """alpha == 0: C = beta * C, as BLAS, which does not read a and b (their NaN and Inf do not reach C);
+    beta == 0 does not read c either."""
+    if unsupported(gemm_algo, 5, 4, 3, False, True, dtype):
+        pytest.skip(f"{gemm_algo.name} does not run this product")
+    a = np.full((5, 3), np.nan, dtype)
+    b = np.full((4, 3), np.inf, dtype)
+    c = np.arange(20, dtype=dtype).reshape(5, 4) if beta else np.full((5, 4), np.nan, dtype)
+    want = np.zeros((5, 4), dtype) if not with_c or beta == 0.0 else c * dtype(beta)
+    out = dnnkit.gemm(a, b, c.copy() if with_c else None, alpha=0.0, beta=beta, trans_b=True,
+                      algo=gemm_algo.name)
+    assert np.array_equal(out, want)
+
+
 @given(data=st.data())
 def test_gemm_propagates_nan_and_inf(isa, gemm_algo, data):
     """NaN and Inf in a, b (and c when beta != 0) propagate as in a float64 NumPy computation."""

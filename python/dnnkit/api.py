@@ -167,9 +167,22 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, alg
     """C := alpha * op(a) @ op(b) + beta * C, with op(x) = x.T when trans_x, as BLAS sgemm/dgemm.
 
     a, b: 2-D float32 or float64 arrays of one dtype, any strides. When c is given it is updated in place
-    and returned; when beta == 0 it is not read (it may hold NaN). Without c a new array is returned.
+    and returned; when beta == 0 it is not read (it may hold NaN), and when alpha == 0 neither are a and b.
+    Without c a new array is returned.
     """
     p, A, B, alpha, beta = _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b)
+    if alpha == 0.0:
+        # As BLAS: a and b are not read (a NaN or Inf in them does not reach C); C = beta * C.
+        if algo != "auto":
+            choose(p, algo)  # a named algorithm is still checked
+        if c is None:
+            c = _empty("gemm", (p.m, p.n), A.dtype)
+            c.fill(0.0)
+        elif beta == 0.0:
+            c.fill(0.0)
+        elif beta != 1.0:
+            c *= beta
+        return c
     algorithm = choose(p, algo)
     if c is None:
         c = _empty("gemm", (p.m, p.n), A.dtype)

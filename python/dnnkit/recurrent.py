@@ -302,6 +302,8 @@ def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_fir
     T, B, I = xt.shape
     if T < 1:
         raise ValueError(f"{op}: input must have a sequence length >= 1, got shape {x.shape}")
+    if I < 1:
+        raise ValueError(f"{op}: input must have a feature size (its last dimension) >= 1, got shape {x.shape}")
     arrays, names, as_dict, has_bias = _weights(op, weights, num_layers, dirs, P > 0)
     flat, H = _check_weights(op, mode, arrays, names, as_dict, has_bias, x.dtype, I, num_layers, dirs, P)
     S = P or H  # the size of h
@@ -620,6 +622,8 @@ def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
     dtype = x.dtype
     unbatched = x.ndim == 1
     B, I = (1, x.shape[0]) if unbatched else x.shape
+    if I < 1:
+        raise ValueError(f"{op}: input must have a feature size (its last dimension) >= 1, got shape {x.shape}")
     G = _GATES[mode]
     packed = [isinstance(w, PackedWeight) for w in (w_ih, w_hh)]
     if any(packed):
