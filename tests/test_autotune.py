@@ -278,9 +278,9 @@ def test_a_stored_peak_under_the_nominal_floor_is_not_used(fresh_cache):
 
 
 def _fake_peak(monkeypatch, per_thread_gflops, *, all_threads=None):
-    def fake(isa, nthreads, seconds):
-        return all_threads if all_threads is not None and nthreads > 1 else per_thread_gflops * nthreads
-    monkeypatch.setattr(cost_model._cpu, "measure_peak_gflops", fake)
+    def fake(nthreads, seconds, isa=None):
+        return 1e9 * (all_threads if all_threads is not None and nthreads > 1 else per_thread_gflops * nthreads)
+    monkeypatch.setattr(cost_model._cpu, "measure_peak_flops", fake)
 
 
 def test_a_peak_measured_under_load_is_not_stored(fresh_cache, monkeypatch):

@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from dnnkit.autotune import cache
-from dnnkit.autotune.tuner import TuneRecord, TuneResult
+from dnnkit.autotune.records import TuneRecord, TuneResult
 from dnnkit.problem import ConvProblem, GemmProblem
 
 P = ConvProblem.parse("mb2ic8ih12oc8oh12kh3ph1")
@@ -226,7 +226,7 @@ def test_a_store_locked_for_a_while_is_busy_not_damaged(tmp_path, journal):
 _READ_ONLY = textwrap.dedent("""
     import subprocess, sys, warnings
     from dnnkit.autotune import cache
-    from dnnkit.autotune.tuner import TuneRecord, TuneResult
+    from dnnkit.autotune.records import TuneRecord, TuneResult
     from dnnkit.problem import ConvProblem, GemmProblem
     path = sys.argv[1]
     P = ConvProblem.parse("mb1ic8ih12oc8oh12kh3ph1")

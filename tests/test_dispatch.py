@@ -88,7 +88,7 @@ def test_a_choice_follows_the_thread_count_it_was_tuned_for(tmp_path, monkeypatc
     """The dispatch memo is keyed by what a cached record is keyed by: after set_num_threads, the record
     of the new thread count decides, not the decision remembered for the old one."""
     from dnnkit.autotune import cache
-    from dnnkit.autotune.tuner import TuneRecord, TuneResult
+    from dnnkit.autotune.records import TuneRecord, TuneResult
 
     monkeypatch.setenv("DNNKIT_CACHE_DIR", str(tmp_path))
     p = ConvProblem.parse("mb1ic8ih12oc8oh12kh3ph1")
@@ -111,7 +111,7 @@ def test_a_record_tuned_under_a_tighter_workspace_limit_does_not_decide_without_
     record decides for callers under that limit, not for one without it."""
     from dnnkit import dispatch
     from dnnkit.autotune import cache
-    from dnnkit.autotune.tuner import TuneRecord, TuneResult
+    from dnnkit.autotune.records import TuneRecord, TuneResult
 
     monkeypatch.setenv("DNNKIT_CACHE_DIR", str(tmp_path))
     p = ConvProblem.parse("mb1ic32ih28oc32oh28kh3ph1")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 
-__version__ = "0.2.0"
+from ._version import __version__
 
-from ._extension import cpu as _cpu  # dnnkit._cpu: the kernel module for this CPU
 from ._config import (
     empty_cache, get_amx, get_num_threads, get_tuning, get_workspace_limit, set_amx, set_num_threads, set_tuning,
     set_workspace_limit,
@@ -21,31 +20,34 @@ from .recurrent import (
     RnnReserve, gru, gru_backward, gru_cell, gru_cell_backward, lstm, lstm_backward, lstm_cell, lstm_cell_backward,
     rnn, rnn_backward, rnn_cell_backward, rnn_relu_cell, rnn_tanh_cell,
 )
-from . import algos, machine
+from . import algos, backends, machine
 
 
-def info() -> dict:
-    """What dnnkit runs on here: version, backends, ISA and micro-kernels, threads."""
-    return {
-        "version": __version__,
-        "backends": ["cpu"],
-        "cpu": _cpu.cpu_model_name(),
+def info(gpu: bool = True) -> dict:
+    """What dnnkit runs on here: version, backends (each available or why not), the CPU's ISA levels,
+    caches and micro-kernels, threads, and the GPU (gpu=False skips asking the CUDA driver)."""
+    from .backends import cpu, cuda
+
+    out = {"version": __version__, "backends": {"cpu": {"available": cpu.available(),
+                                                        "reason": cpu.unavailable_reason()}}}
+    if gpu:
+        s = cuda.status()
+        out["backends"]["cuda"] = {"available": s["available"], "reason": s["reason"],
+                                   "kernels": sorted({a.op for a in algos.all_algorithms() if a.backend == "cuda"}),
+                                   "devices": s["devices"], "driver": s["driver"]}
+    if not cpu.available():
+        return out
+    out.update({
+        "cpu": cpu.cpu_model_name(),
         # Instruction-set levels (ref < avx2 < avx512 < amx): what this CPU and OS run (CPUID, XGETBV), the
         # highest the loaded module has, DNNKIT_ISA's cap, the highest the kernels may use (the least of those),
         # and the vector ISA of the kernels now, in the module built for that level.
-        "isa_detected": _cpu.cpu_level(),
-        "isa_built": _cpu.built_level(),
+        **cpu.levels(),
         "isa_limit": os.environ.get("DNNKIT_ISA") or None,
-        "isa_max": _cpu.max_level(),
-        "isa_active": _cpu.active_isa(),
-        "module": _cpu.__name__,
-        "amx_available": _cpu.amx_available(),  # AMX-BF16 tiles: float32 products split into bfloat16 parts
+        "amx_available": cpu.amx_available(),  # AMX-BF16 tiles: float32 products split into bfloat16 parts
         "amx": get_amx(),
-        # As the CPU reports them (CPUID); the GEMM's blocking is sized from them.
-        "l1d_cache_bytes": _cpu.l1d_cache_bytes(),
-        "l2_cache_bytes": _cpu.l2_cache_bytes(),
-        "l3_cache_bytes": _cpu.l3_cache_bytes(),
-        "openmp": _cpu.has_openmp(),
+        **cpu.cache_sizes(),
+        "openmp": cpu.has_openmp(),
         "threads": get_num_threads(),
         # How idle OpenMP threads wait (the environment's, read when the runtime loaded): see the README on
         # calling dnnkit between NumPy's BLAS calls.
@@ -53,8 +55,9 @@ def info() -> dict:
         "ukernels": machine.ukernels(),
         "tuning": get_tuning(),
         "workspace_limit": get_workspace_limit(),
-        "block_cache_bytes": _cpu.block_cache_bytes(),
-    }
+        "block_cache_bytes": cpu.block_cache_bytes(),
+    })
+    return out
 
 
 __all__ = [
@@ -63,5 +66,5 @@ __all__ = [
     "set_num_threads", "get_num_threads", "set_tuning", "get_tuning", "set_workspace_limit",
     "get_workspace_limit", "lstm", "gru", "rnn", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
     "lstm_backward", "gru_backward", "rnn_backward", "lstm_cell_backward", "gru_cell_backward", "rnn_cell_backward",
-    "RnnReserve", "empty_cache", "pack_weight", "PackedWeight", "set_amx", "get_amx",
+    "RnnReserve", "empty_cache", "pack_weight", "PackedWeight", "set_amx", "get_amx", "backends",
 ]

@@ -8,7 +8,7 @@ import math
 import os
 import warnings
 
-from . import _cpu
+from .backends import cpu as _cpu
 
 TUNING_MODES = ("heuristic", "measure", "off")
 
@@ -128,7 +128,8 @@ def get_workspace_limit() -> int | None:
 
 def _init_from_env() -> None:
     n = _env("DNNKIT_NUM_THREADS", _positive_int)
-    _cpu.set_num_threads(n if n is not None else _default_threads())
+    if _cpu.available():
+        _cpu.set_num_threads(n if n is not None else _default_threads())
     mode = _env("DNNKIT_TUNING", _tuning_mode)
     if mode is not None:
         _state["tuning"] = mode

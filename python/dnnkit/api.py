@@ -5,19 +5,20 @@ Semantics follow BLAS (gemm) and torch.nn.functional (linear). Errors name the o
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 
-from . import _cpu
+from .algos import conv_cpu as _conv_kernels, gemm_cpu as _fc_kernels
 from .algos.gemm_cpu import ACTIVATION_CODES, LINEAR_RUN_KINDS
-from ._config import get_num_threads, get_workspace_limit
+from ._checks import (
+    _DTYPE_NAMES, _activation, _array, _empty, _flag, _output, _same_dtype, _scalar, _unshared,
+)
+from .backends import DeviceArray, cpu as _cpu, device_of, placement_error
+from ._config import get_workspace_limit
 from .dispatch import choose, dispatch_state, explain_problem
 from .packed import PackedWeight
-from .problem import ACTIVATIONS, RNN_MODES, ConvProblem, GemmProblem, RnnProblem, _conv_pair, parse_descriptor
+from .problem import RNN_MODES, ConvProblem, GemmProblem, RnnProblem, _conv_pair, parse_descriptor
 
-_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
 
 # Problems are immutable and built from a handful of ints, flags and names: keep one object per key so
 # that a repeated call builds no dataclass and hashes to a cached dispatch decision.
@@ -33,96 +34,6 @@ def _gemm_problem(m, n, k, trans_a, trans_b, dtype, bias=False, activation="iden
         p = _problems[key] = GemmProblem(m, n, k, trans_a=trans_a, trans_b=trans_b, dtype=_DTYPE_NAMES[dtype],
                                           bias=bias, activation=activation)
     return p
-
-
-# ----------------------------------------------------------------------------------------------- checks
-def _array(op: str, name: str, x, ndim=None) -> np.ndarray:
-    """x as a float32/float64 ndarray (no copy for ndarrays), or a TypeError/ValueError naming op and name."""
-    if type(x) is np.ndarray and x.dtype in _FLOAT_DTYPES and (ndim is None or x.ndim == ndim):
-        return x  # the common case, checked first
-    if x is None:
-        raise TypeError(f"{op}: {name} must be an array, got None")
-    if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
-        raise TypeError(f"{op}: {name} is a CUDA array; dnnkit has no CUDA algorithm for {op} yet")
-    if not isinstance(x, np.ndarray):
-        try:
-            x = np.asarray(x)
-        except Exception as e:  # noqa: BLE001 - any conversion failure is the caller's bad input
-            raise TypeError(f"{op}: {name} must be an array, got {type(x).__name__} ({e})") from None
-    if x.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{op}: {name} must have dtype float32 or float64, got {x.dtype}")
-    if ndim is not None and x.ndim not in (ndim if isinstance(ndim, tuple) else (ndim,)):
-        want = " or ".join(f"{d}-D" for d in (ndim if isinstance(ndim, tuple) else (ndim,)))
-        raise ValueError(f"{op}: {name} must be {want}, got shape {x.shape}")
-    return x
-
-
-def _same_dtype(op: str, **arrays) -> np.dtype:
-    named = [(k, v) for k, v in arrays.items() if v is not None]
-    dtype = named[0][1].dtype
-    for k, v in named[1:]:
-        if v.dtype != dtype:
-            raise TypeError(
-                f"{op}: {k} has dtype {v.dtype} but {named[0][0]} has {dtype}; all arrays must share one dtype"
-            )
-    return dtype
-
-
-def _scalar(op: str, name: str, v) -> float:
-    if type(v) is float or type(v) is int:
-        return float(v)  # the common case, checked first
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{op}: {name} must be a real number, got {type(v).__name__}")
-    return float(v)
-
-
-def _flag(op: str, name: str, v) -> bool:
-    if not isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"{op}: {name} must be a bool, got {type(v).__name__}")
-    return bool(v)
-
-
-def _activation(op: str, activation) -> str:
-    if activation is None:
-        return "identity"
-    if not isinstance(activation, str) or activation not in ACTIVATIONS:
-        raise ValueError(f"{op}: activation must be None or one of {ACTIVATIONS}, got {activation!r}")
-    return activation
-
-
-def _output(op: str, name: str, out, shape, dtype) -> np.ndarray:
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"{op}: {name} must be a NumPy array, got {type(out).__name__}")
-    if out.dtype != dtype:
-        raise TypeError(f"{op}: {name} must have dtype {dtype}, got {out.dtype}")
-    if out.shape != tuple(shape):
-        raise ValueError(f"{op}: {name} must have shape {tuple(shape)}, got {out.shape}")
-    if not out.flags.writeable:
-        raise ValueError(f"{op}: {name} is read-only")
-    # A zero-size array may have zero strides (NumPy gives them all 0) without overlapping itself.
-    if out.size > 0 and any(s == 0 and n > 1 for s, n in zip(out.strides, out.shape)):
-        raise ValueError(f"{op}: {name} has a zero stride (a broadcast view); it must not overlap itself")
-    return out
-
-
-def _empty(op: str, shape, dtype) -> np.ndarray:
-    """np.empty, with an output too large to allocate reported as a MemoryError naming op (NumPy raises
-    ValueError rather than MemoryError when the byte count overflows). Float outputs of 128 KiB and up come
-    from the kernels' block cache, as their scratch does, and go back to it when freed: from glibc, whether
-    such an array faults in fresh pages at every call depends on what the process allocated before (an
-    LSTM cell's training step at batch 64 took 2700 page faults a call and 1.3x the time)."""
-    try:
-        if dtype == np.float32 or dtype == np.float64:
-            return _cpu.empty(shape, np.dtype(dtype).itemsize)
-        return np.empty(shape, dtype=dtype)
-    except (MemoryError, ValueError, TypeError, OverflowError) as e:
-        shape = tuple(shape) if isinstance(shape, (tuple, list)) else shape
-        raise MemoryError(f"{op}: cannot allocate an output of shape {shape} ({e})") from None
-
-
-def _unshared(x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """x, copied if it may overlap out (an output written while it is still being read)."""
-    return x.copy() if np.may_share_memory(x, out) else x
 
 
 def _choose(op: str, p, algo, workspace_limit=None):
@@ -170,7 +81,10 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, alg
     and returned; when beta == 0 it is not read (it may hold NaN), and when alpha == 0 neither are a and b.
     Without c a new array is returned.
     """
-    p, A, B, alpha, beta = _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b)
+    try:
+        p, A, B, alpha, beta = _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b)
+    except DeviceArray:
+        raise placement_error("gemm", a=a, b=b, c=c) from None
     if alpha == 0.0:
         # As BLAS: a and b are not read (a NaN or Inf in them does not reach C); C = beta * C.
         if algo != "auto":
@@ -222,7 +136,7 @@ def _linear_prepare(x, weight, bias, activation):
 # Calls already validated and dispatched, by signature: (input shape and dtype, weight's, bias's,
 # activation, algo, dispatch state) -> (problem, algorithm). A repeated call (the batch-1 layer of an
 # inference loop) then skips the checks and the dispatch, a few microseconds of a GEMV's tens.
-# A hit whose algorithm names a kernel of _cpu.linear_run goes straight to it: the output allocated, the
+# A hit whose algorithm names a kernel of linear_run (algos/gemm_cpu.py) goes straight to it: the output allocated, the
 # kernel run, all in one C++ call.
 _linear_calls: dict = {}
 
@@ -250,11 +164,14 @@ def linear(input, weight, bias=None, *, activation=None, return_preactivation=Fa
     if hit is not None:
         p, algorithm, kind = hit
         if kind is not None:
-            return _cpu.linear_run(input, weight, bias, ACTIVATION_CODES[p.activation], kind)
+            return _fc_kernels.linear_run(input, weight, bias, ACTIVATION_CODES[p.activation], kind)
         y = _empty("linear", input.shape[:-1] + (p.n,), weight.dtype)
         algorithm.run(p, input.reshape(p.m, p.k), weight.T, out=y.reshape(p.m, p.n), bias=bias)
         return y
-    p, x2, w, bias, lead = _linear_prepare(input, weight, bias, activation)
+    try:
+        p, x2, w, bias, lead = _linear_prepare(input, weight, bias, activation)
+    except DeviceArray:
+        raise placement_error("linear", input=input, weight=weight, bias=bias) from None
     _flag("linear", "return_preactivation", return_preactivation)
     algorithm = _choose("linear", p, algo)
     y = _empty("linear", lead + (p.n,), w.dtype)
@@ -269,18 +186,21 @@ def linear(input, weight, bias=None, *, activation=None, return_preactivation=Fa
     z = _empty("linear", y.shape, y.dtype)
     pz = _gemm_problem(p.m, p.n, p.k, False, True, w.dtype, p.bias)
     algorithm.run(pz, x2, w.T, out=z.reshape(p.m, p.n), bias=bias)
-    _cpu.activation_forward(z, y, ACTIVATION_CODES[p.activation])
+    _fc_kernels.activation_forward(z, y, ACTIVATION_CODES[p.activation])
     return y, z
 
 
 def _linear_packed(x, pw, bias, activation, return_preactivation, algo):
     """linear on a weight packed by pack_weight: its own kernel (gemm_prepacked), no dispatch."""
     op = "linear"
-    x = _array(op, "input", x)
+    try:
+        x = _array(op, "input", x)
+        if bias is not None:
+            bias = _array(op, "bias", bias, ndim=1)
+    except DeviceArray:
+        raise placement_error(op, input=x, weight=pw.weight, bias=bias) from None
     if x.ndim < 1:
         raise ValueError(f"linear: input must have at least 1 dimension, got shape {x.shape}")
-    if bias is not None:
-        bias = _array(op, "bias", bias, ndim=1)
     if x.dtype != pw.dtype or (bias is not None and bias.dtype != pw.dtype):
         _same_dtype(op, input=x, weight=pw.weight, bias=bias)  # raises, naming the arrays
     out_f, in_f = pw.shape
@@ -294,12 +214,12 @@ def _linear_packed(x, pw, bias, activation, return_preactivation, algo):
     if algo != "auto":
         raise ValueError(f"linear: a packed weight runs its own kernel; algo must be 'auto', got {algo!r}")
     if not return_preactivation:
-        return _cpu.linear_prepacked(x, pw, bias, ACTIVATION_CODES[act])
-    z = _cpu.linear_prepacked(x, pw, bias, 0)
+        return _fc_kernels.linear_prepacked(x, pw, bias, ACTIVATION_CODES[act])
+    z = _fc_kernels.linear_prepacked(x, pw, bias, 0)
     if act == "identity":
         return z, z.copy()
     y = _empty(op, z.shape, z.dtype)
-    _cpu.activation_forward(z, y, ACTIVATION_CODES[act])
+    _fc_kernels.activation_forward(z, y, ACTIVATION_CODES[act])
     return y, z
 
 
@@ -316,11 +236,18 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
     op = "linear_backward"
     if isinstance(weight, PackedWeight):
         weight = weight.weight
-    x = _array(op, "input", input)
+    try:
+        x = _array(op, "input", input)
+        w = _array(op, "weight", weight, ndim=2)
+        gy = _array(op, "grad_output", grad_output)
+        for arr in (output, preactivation, *(accumulate_into if isinstance(accumulate_into, (list, tuple)) else ())):
+            if device_of(arr) == "cuda":
+                raise DeviceArray(op)
+    except DeviceArray:
+        raise placement_error(op, grad_output=grad_output, input=input, weight=weight, output=output,
+                              preactivation=preactivation, accumulate_into=accumulate_into) from None
     if x.ndim < 1:
         raise ValueError(f"{op}: input must have at least 1 dimension, got shape {x.shape}")
-    w = _array(op, "weight", weight, ndim=2)
-    gy = _array(op, "grad_output", grad_output)
     dtype = _same_dtype(op, grad_output=gy, input=x, weight=w)
     out_f, in_f = w.shape
     if x.shape[-1] != in_f:
@@ -352,7 +279,7 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
         z = saved.get("preactivation")
         y = saved.get("output")
         gz = _empty(op, (m, out_f), dtype)
-        _cpu.activation_backward(
+        _fc_kernels.activation_backward(
             np.ascontiguousarray(gy2), None if z is None else np.ascontiguousarray(z),
             None if y is None else np.ascontiguousarray(y), gz, ACTIVATION_CODES[act],
         )
@@ -364,7 +291,7 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
     p_dw = _gemm_problem(out_f, in_f, m, True, False, dtype)
     grad_w = _empty(op, (out_f, in_f), dtype) if into_w is None else into_w
     _choose(op, p_dw, algo).run(p_dw, gz.T, x2, out=grad_w, beta=0.0 if into_w is None else 1.0)
-    grad_b = _cpu.column_sums(np.ascontiguousarray(gz), into_b) if bias else None
+    grad_b = _fc_kernels.column_sums(np.ascontiguousarray(gz), into_b) if bias else None
     return grad_x, grad_w, grad_b
 
 
@@ -444,7 +371,7 @@ _SCRATCH_MIN_BYTES = 128 << 10  # csrc/common.h kRecycleBytes: the block cache's
 def _workspace(algorithm, p, dtype):
     """The workspace array algorithm needs for p (None for none); its size is remembered per problem, thread
     count and ISA (packed filters follow the micro-kernel's shape)."""
-    key = (algorithm, p, get_workspace_limit(), get_num_threads(), _cpu.active_isa(), _cpu.amx_enabled())
+    key = (algorithm, p, get_workspace_limit(), _cpu.settings_generation())
     nbytes = _workspace_bytes.get(key)
     if nbytes is None:
         if len(_workspace_bytes) > 4096:
@@ -470,6 +397,8 @@ def _caller_workspace(op: str, workspace):
     """The caller's workspace= as flat bytes (None for none), or a TypeError/ValueError naming op."""
     if workspace is None:
         return None
+    if device_of(workspace) == "cuda":
+        raise DeviceArray(f"{op}: workspace is an array on a CUDA device")
     if not isinstance(workspace, np.ndarray):
         raise TypeError(f"{op}: workspace must be a NumPy array (any dtype), got {type(workspace).__name__}")
     if not workspace.flags.c_contiguous or not workspace.flags.writeable:
@@ -540,13 +469,16 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     workspace: "auto" then picks among the algorithms whose workspace fits in it, and an algorithm named
     by algo that needs more is an error saying how much (explain() lists each one's). None: dnnkit's own."""
     odd = _odd_same(np.shape(weight), stride, padding, dilation)
-    if odd is not None and np.ndim(input) == 4:
+    if odd is not None and np.ndim(input) == 4 and device_of(input) != "cuda":
         # The one extra row/column of padding on the bottom/right, by hand; the rest as usual.
         x = _array("conv2d", "input", input, ndim=4)
         return conv2d(_pad_bottom_right(x, odd[0]), weight, bias, stride, odd[1], dilation, groups, algo=algo,
                       workspace=workspace)
-    ws = _caller_workspace("conv2d", workspace)
-    p, x, w, bias = _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups)
+    try:
+        ws = _caller_workspace("conv2d", workspace)
+        p, x, w, bias = _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups)
+    except DeviceArray:
+        raise placement_error("conv2d", input=input, weight=weight, bias=bias, workspace=workspace) from None
     algorithm = _choose_conv("conv2d", p, algo, ws)
     y = _empty("conv2d", (p.mb, p.oc, p.oh, p.ow), x.dtype)
     algorithm.run(p, np.ascontiguousarray(x), np.ascontiguousarray(w), out=y,
@@ -577,8 +509,11 @@ def conv2d_backward_data(input_shape, weight, grad_output, stride=1, padding=0, 
                                   groups, algo=algo, workspace=workspace)
         return np.ascontiguousarray(dx[:, :, :h, :w_])  # the hand-padded row/column's gradient dropped
     op = "conv2d_backward_data"
-    ws = _caller_workspace(op, workspace)
-    p, w, dy = _conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation, groups)
+    try:
+        ws = _caller_workspace(op, workspace)
+        p, w, dy = _conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation, groups)
+    except DeviceArray:
+        raise placement_error(op, weight=weight, grad_output=grad_output, workspace=workspace) from None
     algorithm = _choose_conv(op, p, algo, ws)
     dx = _empty(op, (p.mb, p.ic, p.ih, p.iw), w.dtype)
     algorithm.run(p, np.ascontiguousarray(w), np.ascontiguousarray(dy), out=dx,
@@ -606,13 +541,16 @@ def conv2d_backward_filter(input, weight_shape, grad_output, stride=1, padding=0
     except (TypeError, ValueError):
         shape = ()  # the usual checks report it
     odd = _odd_same(shape, stride, padding, dilation)
-    if odd is not None and np.ndim(input) == 4:
+    if odd is not None and np.ndim(input) == 4 and device_of(input) != "cuda":
         x = _array("conv2d_backward_filter", "input", input, ndim=4)
         return conv2d_backward_filter(_pad_bottom_right(x, odd[0]), weight_shape, grad_output, stride, odd[1],
                                       dilation, groups, algo=algo, workspace=workspace)
     op = "conv2d_backward_filter"
-    ws = _caller_workspace(op, workspace)
-    p, x, dy = _conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding, dilation, groups)
+    try:
+        ws = _caller_workspace(op, workspace)
+        p, x, dy = _conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding, dilation, groups)
+    except DeviceArray:
+        raise placement_error(op, input=input, grad_output=grad_output, workspace=workspace) from None
     algorithm = _choose_conv(op, p, algo, ws)
     dw = _empty(op, (p.oc, p.ic // p.g, p.kh, p.kw), x.dtype)
     algorithm.run(p, np.ascontiguousarray(x), np.ascontiguousarray(dy), out=dw,
@@ -623,12 +561,11 @@ def conv2d_backward_filter(input, weight_shape, grad_output, stride=1, padding=0
 def conv2d_backward_bias(grad_output):
     """Gradient of conv2d with respect to its bias: grad_output summed over N, H and W."""
     op = "conv2d_backward_bias"
-    dy = np.ascontiguousarray(_array(op, "grad_output", grad_output, ndim=4))
-    n, k, h, w = dy.shape
-    db = _empty(op, (k,), dy.dtype)
-    # As a 1x1 convolution of K channels: the kernel sums each output channel's plane.
-    _cpu.conv2d("bwd_bias", "", (n, k, h, w, k, 1, 1, h, w, 1, 1, 0, 0, 1, 1, 1), dy, None, None, db, None, 1)
-    return db
+    try:
+        dy = np.ascontiguousarray(_array(op, "grad_output", grad_output, ndim=4))
+    except DeviceArray:
+        raise placement_error(op, grad_output=grad_output) from None
+    return _conv_kernels.bias_grad(dy, _empty(op, (dy.shape[1],), dy.dtype))
 
 
 # ---------------------------------------------------------------------------------------------- explain

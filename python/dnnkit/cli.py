@@ -44,7 +44,16 @@ def _cmd_info(args) -> int:
         print(json.dumps(info, indent=2))
         return 0
     for key, value in info.items():
-        if key == "ukernels":
+        if key == "backends":
+            for name, b in value.items():
+                state = "available" if b["available"] else f"unavailable: {b['reason']}"
+                if name == "cuda" and b["available"]:
+                    state += f", driver {b['driver']}; GPU kernels for {', '.join(b['kernels']) or 'no operator yet'}"
+                print(f"{'backend ' + name:<18} {state}")
+                for i, d in enumerate(b.get("devices", ())):
+                    print(f"{'  gpu ' + str(i):<18} {d['name']}, compute capability {d['compute_capability']}, "
+                          f"{d['sm_count']} SMs, {d['memory_bytes'] / 2**30:.0f} GiB")
+        elif key == "ukernels":
             for dtype, u in value.items():
                 print(f"{'ukernel ' + dtype:<18} {u['ukernel']}  MC={u['MC']} KC={u['KC']} NC={u['NC']}  "
                       f"strided-A {u['strided_a']}")
@@ -205,7 +214,7 @@ class _Progress:
 
 
 def _cmd_autotune(args) -> int:
-    from . import __version__
+    from ._version import __version__
     from .autotune import cache
     from .autotune.cost_model import measure_ceilings, plausible_peak
     from .autotune.tuner import find
@@ -322,7 +331,7 @@ def _plot(results, path: str, ceilings) -> None:
 # ------------------------------------------------------------------------------------------------ cache
 def _cmd_cache(args) -> int:
     from .autotune import cache
-    from .autotune.tuner import format_table
+    from .autotune.records import format_table
 
     store = cache.default_store()
     if args.action == "path":
@@ -349,7 +358,7 @@ def _cmd_cache(args) -> int:
     if args.action == "list":
         rows = store.rows()
         here = cache.device_fingerprint()
-        from . import __version__
+        from ._version import __version__
 
         if args.json:
             print(json.dumps([{k: v for k, v in r.items() if k != "records"} for r in rows], indent=1))

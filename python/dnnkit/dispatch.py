@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import warnings
 
-from . import _cpu, algos
+from . import algos
+from .backends import cpu as _cpu
 from ._config import get_tuning, get_workspace_limit
 from .autotune import cache
 from .autotune.cost_model import predict

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from . import _cpu
+from .backends import cpu as _cpu
 from ._config import get_num_threads
 
 
@@ -15,7 +15,7 @@ def isa() -> str:
 
 @functools.lru_cache(maxsize=None)
 def _peak(isa_name: str, nthreads: int, seconds: float) -> float:
-    return _cpu.measure_peak_gflops(isa_name, nthreads, seconds)
+    return _cpu.measure_peak_flops(nthreads, seconds, isa_name) / 1e9
 
 
 def peak_gflops(nthreads: int | None = None, *, isa_name: str | None = None, seconds: float = 0.2) -> float:

@@ -9,15 +9,19 @@ where ``w`` went (``linear`` and the cells). The packing is a copy: after changi
 """
 from __future__ import annotations
 
-from . import _cpu
+from ._checks import _array
+from .backends import DeviceArray, placement_error
+from .algos.gemm_cpu import PackedWeightKernel
 
 def _weight(op, weight):
-    from .api import _array  # api imports this module
 
-    return _array(op, "weight", weight, ndim=2)
+    try:
+        return _array(op, "weight", weight, ndim=2)
+    except DeviceArray:
+        raise placement_error(op, weight=weight) from None
 
 
-class PackedWeight(_cpu.PackedWeight):
+class PackedWeight(PackedWeightKernel):
     """A weight (out_features, in_features) packed for the active ISA's micro-kernel (and, float32 where AMX
     tiles are on, a second time as tile panels of three bfloat16 parts, which cells of 24 rows or more
     multiply on). ``weight`` is the

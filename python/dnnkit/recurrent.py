@@ -48,9 +48,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _cpu
+from .algos.rnn_cpu import reserve_elems as _reserve_elems
 from ._config import get_workspace_limit
-from .api import _DTYPE_NAMES, _accumulate_target, _array, _choose, _empty, _flag, _FLOAT_DTYPES
+from .backends import DeviceArray, placement_error
+from ._checks import _DTYPE_NAMES, _FLOAT_DTYPES, _array, _empty, _flag
+from .api import _accumulate_target, _choose
 from .dispatch import dispatch_state
 from .packed import PackedWeight, unpacked
 from .problem import RnnProblem
@@ -263,7 +265,7 @@ def _sequence_stack(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias, rec
         il = I if layer == 0 else D * S
         shape = (_CELL_CODES[mode], T, B, il, H, 1, D, P)
         out = _empty(op, (T, B, D * S), dtype)
-        buffer = None if recompute else _empty(op, (_cpu.rnn_reserve_elems(shape),), dtype)
+        buffer = None if recompute else _empty(op, (_reserve_elems(shape),), dtype)
         w = flat[per * k0:per * k1]
         h0_l = None if h0 is None else h0[k0:k1]
         c0_l = None if c0 is None else c0[k0:k1]
@@ -289,6 +291,15 @@ def _sequence_stack(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias, rec
 
 def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout=0.0,
               generator=None, recompute=False, proj_size=0):
+    try:
+        return _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train,
+                                 dropout, generator, recompute, proj_size)
+    except DeviceArray:
+        raise placement_error(op, input=x, h0=h0, c0=c0, weights=weights) from None
+
+
+def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
+                      generator, recompute, proj_size):
     num_layers = _layers(op, num_layers)
     P = _proj_size(op, mode, proj_size)
     p_drop = _dropout(op, dropout)
@@ -323,7 +334,7 @@ def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_fir
         out = _empty(op, (T, B, dirs * S), x.dtype)
         if train:
             ys = [_empty(op, (T, B, dirs * S), x.dtype) for _ in range(num_layers - 1)] + [out]
-            buffer = _empty(op, (_cpu.rnn_reserve_elems(shape),), x.dtype)
+            buffer = _empty(op, (_reserve_elems(shape),), x.dtype)
         else:
             tmp = [_empty(op, (T, B, dirs * S), x.dtype) for _ in range(min(num_layers - 1, 2))]
             ys = [tmp[layer % 2] for layer in range(num_layers - 1)] + [out]
@@ -394,7 +405,11 @@ def _grad(op, name, g, shape, dtype):
     """A C-contiguous gradient of `shape` (the forward's, in its layout), or None."""
     if g is None:
         return None
-    a = _array(op, name, g)
+    try:
+        a = _array(op, name, g)
+    except DeviceArray:
+        raise TypeError(f"{op}: {name} is on a CUDA device but the forward ran on the host (its reserve holds "
+                        f"host arrays); pass all of a call's arrays on one device") from None
     if a.dtype != dtype:
         raise TypeError(f"{op}: {name} has dtype {a.dtype} but the forward ran in {dtype}")
     if a.shape != tuple(shape):
@@ -465,7 +480,7 @@ def _recompute(op, r: RnnReserve) -> RnnReserve:
     the input it had (the same arithmetic, so the same values as a forward that saved them)."""
     _, T, B, I, H, _, D, P = r.shape
     dtype = r.x.dtype
-    buffer = _empty(op, (_cpu.rnn_reserve_elems(r.shape),), dtype)
+    buffer = _empty(op, (_reserve_elems(r.shape),), dtype)
     out = _empty(op, (T, B, D * (P or H)), dtype)
     p = r.problem
     _choose(op, p, "auto").run(p, r.x, r.h0, r.c0, r.weights, out=[out], h_n=_empty(op, (D, B, P or H), dtype),
@@ -605,7 +620,7 @@ def _cell_run(op, mode, hit, x, h, c, flat, train):
     B, H = shape[2], shape[4]
     h_out = _empty(op, (B, H), x.dtype)
     c_out = _empty(op, (B, H), x.dtype) if mode == "lstm" else None
-    buffer = _empty(op, (_cpu.rnn_reserve_elems(shape),), x.dtype) if train else None
+    buffer = _empty(op, (_reserve_elems(shape),), x.dtype) if train else None
     algorithm.run(p, x, h, c, flat, out=[h_out], h_n=None, c_n=c_out, reserve=buffer)
     return h_out, c_out, buffer
 
@@ -618,6 +633,16 @@ def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
         h_out, c_out, buffer = _cell_run(op, mode, hit, x, h, c, [w_ih, w_hh, b_ih, b_hh], train)
         return _cell_result(op, mode, hit[0], hit[2], hit[3], x, h, c, [w_ih, w_hh, b_ih, b_hh], h_out, c_out,
                             buffer, train)
+    try:
+        return _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train)
+    except DeviceArray:
+        names = ("hx[0]", "hx[1]") if mode == "lstm" else ("hx", "")
+        raise placement_error(op, input=x, **{names[0]: h}, **({names[1]: c} if c is not None else {}), w_ih=w_ih,
+                              w_hh=w_hh, b_ih=b_ih, b_hh=b_hh) from None
+
+
+def _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
+    """_cell for a call not seen before: the checks, the dispatch, the run, and the call remembered."""
     x = _array(op, "input", x, ndim=(1, 2))
     dtype = x.dtype
     unbatched = x.ndim == 1

@@ -36,7 +36,7 @@ import dataclasses
 
 import numpy as np
 
-from .. import _cpu
+from ..backends.cpu import ext as _cpu
 from .._config import get_num_threads, get_workspace_limit
 from .base import Algorithm, cpu_float_reason
 
@@ -346,3 +346,11 @@ class DirectBwdData(_Direct):
 
 class DirectBwdFilter(_Direct):
     name, op, direction = "direct", "conv2d_bwd_filter", "bwd_filter"
+
+
+def bias_grad(dy: np.ndarray, db: np.ndarray) -> np.ndarray:
+    """db[k] = dy[:, k] summed over N, H and W (dy C-contiguous), as the kernel of a 1x1 convolution of K
+    channels that sums each output channel's plane."""
+    n, k, h, w = dy.shape
+    _cpu.conv2d("bwd_bias", "", (n, k, h, w, k, 1, 1, h, w, 1, 1, 0, 0, 1, 1, 1), dy, None, None, db, None, 1)
+    return db

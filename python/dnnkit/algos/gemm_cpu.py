@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _cpu
+from ..backends.cpu import ext as _cpu
 from .._config import get_num_threads
 from .base import Algorithm, cpu_float_reason
 
@@ -124,3 +124,15 @@ class WtDirectGemm(Algorithm):
 
 # The kernel of _cpu.linear_run that does what each of these algorithms' run does for a linear layer.
 LINEAR_RUN_KINDS = {BlockedGemm: 0, SmallMGemm: 1, WtDirectGemm: 2}
+
+
+# The fully-connected layer's kernels that the API calls with no dispatch of their own: a call already
+# dispatched to one of the algorithms above in LINEAR_RUN_KINDS (output allocated and kernel run in one
+# C++ call); a weight packed by pack_weight; the activation and its gradient apart from the product (a
+# saved preactivation); the bias gradient (column sums of the output gradient).
+linear_run = _cpu.linear_run                    # (x, w, bias, activation code, kind) -> y
+linear_prepacked = _cpu.linear_prepacked        # (x, packed weight, bias, activation code) -> y
+activation_forward = _cpu.activation_forward    # (z, y, activation code): y = act(z)
+activation_backward = _cpu.activation_backward  # (gy, z or None, y or None, gz, activation code)
+column_sums = _cpu.column_sums                  # (g, into or None) -> g summed over rows
+PackedWeightKernel = _cpu.PackedWeight          # a weight packed for the micro-kernel (dnnkit.PackedWeight's base)

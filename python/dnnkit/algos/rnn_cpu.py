@@ -10,7 +10,7 @@ fused: the whole sequence in C++: every step's input projection of a layer in on
 """
 from __future__ import annotations
 
-from .. import _cpu
+from ..backends.cpu import ext as _cpu
 from ..problem import RNN_MODES
 from .base import Algorithm, cpu_float_reason
 
@@ -66,3 +66,6 @@ class FusedRnn(Algorithm):
 
 def all_fused() -> list:
     return [FusedRnn(mode, direction) for mode in RNN_MODES for direction in ("fwd", "bwd")]
+
+
+reserve_elems = _cpu.rnn_reserve_elems  # (kernel shape) -> elements of the forward's saved gates for backward

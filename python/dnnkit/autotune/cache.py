@@ -32,8 +32,7 @@ import time
 import warnings
 from pathlib import Path
 
-from .. import _cpu
-from .._config import get_num_threads
+from ..backends import BACKENDS
 
 SCHEMA_VERSION = 1
 FILENAME = "tuning.sqlite3"
@@ -62,25 +61,12 @@ def cache_path() -> Path:
 
 
 def device_fingerprint(device: str = "cpu") -> str:
-    """What a tuning result is valid for, besides the problem and the version."""
-    if device == "cuda":
-        try:
-            from numba import cuda
-
-            dev = cuda.get_current_device()
-            cc = "%d.%d" % dev.compute_capability
-            drv = cuda.cudadrv.driver.driver.get_version()
-            name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
-            return f"cuda|{name}|sm{cc}|driver{'.'.join(map(str, drv))}"
-        except Exception:  # noqa: BLE001 - no usable GPU: a key that matches no CPU record
-            return "cuda|unavailable"
-    # float32 products on AMX tiles time differently from the FMA kernels: a device of its own.
-    amx = "+amx" if _cpu.amx_enabled() and _cpu.active_isa() == "avx512" else ""
-    return f"cpu|{_cpu.cpu_model_name()}|{_cpu.active_isa()}{amx}|{get_num_threads()}t"
+    """What a tuning result is valid for, besides the problem and the version: the backend's fingerprint."""
+    return BACKENDS["cuda" if device == "cuda" else "cpu"].fingerprint()
 
 
 def _version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__
 
@@ -353,7 +339,7 @@ class Store:
 
     def get(self, p, device: str | None = None, version: str | None = None):
         """The TuneResult stored for p on this device and version, or None."""
-        from .tuner import TuneRecord, TuneResult
+        from .records import TuneRecord, TuneResult
 
         key = (problem_key(p), device or device_fingerprint(p.device), version or _version())
         row = self._run(False, lambda c: c.execute(
@@ -405,7 +391,7 @@ class Store:
 
     def import_rows(self, rows: list[dict]) -> int:
         """Merge exported rows (export() format): each is validated; a newer tuned_at wins."""
-        from .tuner import TuneRecord
+        from .records import TuneRecord
 
         clean = []
         for i, d in enumerate(rows):

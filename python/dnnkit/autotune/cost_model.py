@@ -24,12 +24,10 @@ import statistics
 import time
 import warnings
 
-from .. import _cpu
+from ..backends import cpu as _cpu
 from .._config import get_num_threads
 from ..algos.conv_cpu import as_forward
 
-_FLOPS_PER_CYCLE = {"avx512": 64, "avx2": 32, "ref": 4}  # float32 FMA throughput per core, nominal
-_GHZ = 2.5
 _COPY_BYTES_PER_S = 10e9  # per thread
 # Winograd, fitted to bench/conv.py's ResNet-50 3x3 layers (bench/log/2026-11-22-to-24.md, cache-resident schedule):
 _TRANSFORM_S_PER_ELEMENT = 1.2e-9  # per thread: one input or output transform element
@@ -44,9 +42,7 @@ MIN_SAMPLES = 2
 _CLAMP = 8.0
 
 
-def nominal_peak_flops() -> float:
-    """float32 FLOP/s on dnnkit's threads from the ISA's FMA width at a nominal clock."""
-    return _FLOPS_PER_CYCLE.get(_cpu.active_isa(), 4) * _GHZ * 1e9 * get_num_threads()
+nominal_peak_flops = _cpu.nominal_peak_flops
 
 
 # A measured float32 peak under this share of the nominal figure was taken while other work held the
@@ -257,7 +253,7 @@ _fitted: dict = {}
 def _calibration() -> dict:
     """Ceilings and correction factors from the default cache, refitted when the cache changes."""
     from . import cache
-    from .tuner import TuneRecord
+    from .records import TuneRecord
 
     key = (cache.generation(), str(cache.cache_path()), cache.device_fingerprint())
     hit = _fitted.get("key")
@@ -297,14 +293,12 @@ def measure_ceilings(store=None, seconds: float = 0.2, attempts: int = 3) -> dic
     several threads under 0.6x one thread's times their count (other work holds some of the cores), is
     measured again, up to `attempts` times; if it stays so, nothing is stored (the model keeps what it
     had), with a warning. Returns the figures and whether they were stored."""
-    import numpy as np
-
     from . import cache
 
-    isa, nt = _cpu.active_isa(), get_num_threads()
+    nt = get_num_threads()
     for attempt in range(attempts):
-        peak = _cpu.measure_peak_gflops(isa, nt, seconds) * 1e9
-        one = _cpu.measure_peak_gflops(isa, 1, seconds) * 1e9 if nt > 1 else peak
+        peak = _cpu.measure_peak_flops(nt, seconds)
+        one = _cpu.measure_peak_flops(1, seconds) if nt > 1 else peak
         if plausible_peak(peak) and peak >= 0.6 * nt * one:
             break
         time.sleep(0.2)
@@ -313,13 +307,6 @@ def measure_ceilings(store=None, seconds: float = 0.2, attempts: int = 3) -> dic
                       f"({one / 1e9:.0f} on one): other work holds the cores; not stored", RuntimeWarning,
                       stacklevel=2)
         return {"peak_flops": peak, "copy_bytes_per_s": None, "stored": False}
-    src = np.ones(8 << 20, np.float32)  # 32 MiB: beyond the L2 of current CPUs
-    dst = np.empty_like(src)
-    best = math.inf
-    for _ in range(5):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    copy = 2 * src.nbytes / best
+    copy = _cpu.measure_copy_bandwidth()
     (store or cache.default_store()).put_ceilings(peak, copy)
     return {"peak_flops": peak, "copy_bytes_per_s": copy, "stored": True}

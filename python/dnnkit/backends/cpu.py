@@ -1,0 +1,106 @@
+"""The CPU backend: the C++ kernel module for this CPU (dnnkit._cpu, chosen by _extension.py), host
+arrays (NumPy), host memory, wall-clock timing, and the machine's fingerprint and ceilings.
+
+`ext` is the kernel module; algos/ call its kernels, everything else asks the functions here."""
+from __future__ import annotations
+
+import time
+
+from .. import _extension
+
+ext = _extension.cpu
+
+name = "cpu"
+timer = time.perf_counter  # the tuner's clock: the kernels return when their work is done
+
+
+def available() -> bool:
+    return _extension.error is None
+
+
+def unavailable_reason() -> str | None:
+    return _extension.error
+
+
+def synchronize() -> None:
+    """Nothing: a CPU kernel has finished when it returns."""
+
+
+# Memory. Float arrays of 128 KiB and up come from the kernels' block cache and go back to it when freed
+# (csrc/block_cache.cpp): a fresh mapping from the allocator would fault in zeroed pages at every call.
+empty = ext.empty          # empty(shape, itemsize) -> float32/float64 ndarray
+scratch = ext.scratch      # scratch(nbytes) -> uint8 ndarray from the block cache
+block_cache_bytes = ext.block_cache_bytes
+block_cache_release = ext.block_cache_release
+
+# Settings. settings_generation() changes whenever one of them does (a cached decision keyed by it is
+# stale then).
+set_num_threads = ext.set_num_threads
+get_num_threads = ext.get_num_threads
+set_amx = ext.set_amx
+amx_enabled = ext.amx_enabled
+amx_available = ext.amx_available
+amx_takes_shape = ext.amx_takes_shape
+settings_generation = ext.settings_generation
+
+# The machine.
+active_isa = ext.active_isa      # the kernels' vector ISA now: 'avx512', 'avx2' or 'ref'
+detected_isa = ext.detected_isa  # the widest this CPU and OS run
+cpu_model_name = ext.cpu_model_name
+ukernel_info = ext.ukernel_info
+sa_kernel_info = ext.sa_kernel_info
+has_openmp = ext.has_openmp
+
+
+def levels() -> dict:
+    """Instruction-set levels (ref < avx2 < avx512 < amx): what this CPU and OS run (CPUID, XGETBV), the
+    highest the loaded module has, the highest the kernels may use, and the module's name."""
+    return {"isa_detected": ext.cpu_level(), "isa_built": ext.built_level(), "isa_max": ext.max_level(),
+            "isa_active": ext.active_isa(), "module": ext.__name__}
+
+
+def cache_sizes() -> dict:
+    """The data caches as the CPU reports them (CPUID); the GEMM's blocking is sized from them."""
+    return {"l1d_cache_bytes": ext.l1d_cache_bytes(), "l2_cache_bytes": ext.l2_cache_bytes(),
+            "l3_cache_bytes": ext.l3_cache_bytes()}
+
+
+def last_level_cache_bytes() -> int:
+    return max(int(ext.l3_cache_bytes()), int(ext.l2_cache_bytes()))
+
+
+def fingerprint() -> str:
+    """What a CPU tuning record is valid for: the CPU model, the kernels' ISA (float32 products on AMX tiles
+    time differently from the FMA kernels: a device of its own) and the thread count."""
+    isa = ext.active_isa()
+    amx = "+amx" if ext.amx_enabled() and isa == "avx512" else ""
+    return f"cpu|{ext.cpu_model_name()}|{isa}{amx}|{ext.get_num_threads()}t"
+
+
+# Ceilings: float32 FMA throughput per core and cycle for each ISA, at a nominal clock.
+_FLOPS_PER_CYCLE = {"avx512": 64, "avx2": 32, "ref": 4}
+_NOMINAL_GHZ = 2.5
+
+
+def nominal_peak_flops() -> float:
+    """float32 FLOP/s on dnnkit's threads from the active ISA's FMA width at a nominal clock."""
+    return _FLOPS_PER_CYCLE.get(ext.active_isa(), 4) * _NOMINAL_GHZ * 1e9 * ext.get_num_threads()
+
+
+def measure_peak_flops(nthreads: int, seconds: float, isa: str | None = None) -> float:
+    """Measured float32 FMA throughput (FLOP/s) on nthreads threads, for isa (default: the active one)."""
+    return ext.measure_peak_gflops(isa or ext.active_isa(), nthreads, seconds) * 1e9
+
+
+def measure_copy_bandwidth(repeats: int = 5) -> float:
+    """Bytes a second one thread copies (read plus write) through a 32 MiB buffer, beyond any L2."""
+    import numpy as np
+
+    src = np.ones(8 << 20, np.float32)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / best
