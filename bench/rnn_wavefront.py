@@ -1,10 +1,12 @@
-"""The wavefront pipeline of multi-layer RNNs against the layer-by-layer schedule, in one process.
+"""The time-loop schedules of multi-layer RNNs side by side, in one process: the layers one after another
+with the threads sharing each step's hidden units (fused_units) or each taking its own batch rows
+(fused_rows), against the wavefront pipeline (fused_wavefront, one thread a layer).
 
     python bench/rnn_wavefront.py [--threads N] [--markdown]
 
-Both schedules compute identical results; DNNKIT_RNN_WAVEFRONT=0/1 forces one (the default picks the
-wavefront for unidirectional stacks whose W_hh is 256 KiB or less a layer). Timings alternate between
-the two in blocks (see bench/gemm.py's interleaved_medians).
+The schedules compute identical results; algo= forces one, and "rule" is what the kernel's rule (algo
+"fused", dispatch's default) takes. Timings alternate between them in blocks (see bench/gemm.py's
+interleaved_medians).
 """
 from __future__ import annotations
 
@@ -36,15 +38,11 @@ def make(mode, H, B, T, L):
     ws = [w.astype(np.float32) for w in ws]
     x = rng.standard_normal((T, B, H)).astype(np.float32)
     if mode == "lstm":
-        return lambda: dnnkit.lstm(x, None, None, ws, num_layers=L)
-    return lambda: dnnkit.gru(x, None, ws, num_layers=L)
+        return lambda algo: (lambda: dnnkit.lstm(x, None, None, ws, num_layers=L, algo=algo))
+    return lambda algo: (lambda: dnnkit.gru(x, None, ws, num_layers=L, algo=algo))
 
 
-def forced(fn, flag):
-    def run():
-        os.environ["DNNKIT_RNN_WAVEFRONT"] = flag
-        fn()
-    return run
+SCHEDULES = ("fused_units", "fused_rows", "fused_wavefront")
 
 
 def main():
@@ -56,21 +54,26 @@ def main():
     dnnkit.set_num_threads(args.threads)
     print(f"# {dnnkit.info()['cpu']} | threads {args.threads}")
     if args.markdown:
-        print("| problem | W_hh KiB | layer by layer ms | wavefront ms | speed-up | default |")
-        print("|---|---|---|---|---|---|")
+        print("| problem | W_hh KiB | units ms | rows ms | wavefront ms | fastest | rule |")
+        print("|---|---|---|---|---|---|---|")
     for mode, H, B, T, L in CASES:
         fn = make(mode, H, B, T, L)
-        a, b = interleaved_medians([forced(fn, "0"), forced(fn, "1")], args.budget)
-        os.environ.pop("DNNKIT_RNN_WAVEFRONT", None)
+        p = dnnkit.RnnProblem(mode, T, B, H, H, layers=L)
+        runnable = [a.name for a in dnnkit.algos.algorithms(p.op, "cpu") if a.name in SCHEDULES and a.supports(p) is None]
+        times = dict(zip(runnable, interleaved_medians([fn(a) for a in runnable], args.budget)))
         shape = (0 if mode == "lstm" else 1, T, B, H, H, L, 1)
-        default = "wavefront" if dnnkit._cpu.rnn_uses_wavefront(shape, 4) else "layer by layer"
+        rule = ("fused_wavefront" if dnnkit._cpu.rnn_uses_wavefront(shape, 4) else
+                "fused_rows" if dnnkit._cpu.rnn_splits_rows(shape, 4) else "fused_units")
+        fastest = min(times, key=times.get)
         name = f"{mode} H{H} B{B} T{T} L{L}"
         kib = GATES[mode] * H * H * 4 // 1024
+        cells = [f"{times[a] * 1e3:.3f}" if a in times else "-" for a in SCHEDULES]
+        short = lambda a: a.removeprefix("fused_")  # noqa: E731
         if args.markdown:
-            print(f"| {name} | {kib} | {a * 1e3:.3f} | {b * 1e3:.3f} | {a / b:.2f} | {default} |")
+            print(f"| {name} | {kib} | {' | '.join(cells)} | {short(fastest)} | {short(rule)} |")
         else:
-            print(f"{name:24s} W_hh {kib:5d} KiB  layer-by-layer {a * 1e3:8.3f} ms  wavefront {b * 1e3:8.3f} ms"
-                  f"  speed-up {a / b:5.2f}  default: {default}", flush=True)
+            print(f"{name:24s} W_hh {kib:5d} KiB  units/rows/wavefront ms {' / '.join(cells)}  fastest "
+                  f"{short(fastest)}  rule {short(rule)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -457,15 +457,17 @@ void conv_run(const std::string& dir, const std::string& algo, const ConvShape& 
 // The Python layer (dnnkit.rnn) validates shapes with operator-named errors and passes C-contiguous
 // arrays of one dtype; these checks only keep direct callers from crashing the process.
 
-// (cell, T, B, I, H, L, D[, P]) with cell 0 lstm, 1 gru, 2 rnn_tanh, 3 rnn_relu; P the LSTM projection
-// size (0 or absent: none).
+// (cell, T, B, I, H, L, D[, P[, schedule]]) with cell 0 lstm, 1 gru, 2 rnn_tanh, 3 rnn_relu; P the LSTM
+// projection size (0 or absent: none); schedule an RnnSchedule (0 or absent: automatic).
 RnnShape rnn_shape(const py::tuple& t) {
-  if (t.size() != 7 && t.size() != 8) throw py::value_error("rnn: shape tuple must be (cell, T, B, I, H, L, D[, P])");
-  index_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (t.size() < 7 || t.size() > 9)
+    throw py::value_error("rnn: shape tuple must be (cell, T, B, I, H, L, D[, P[, schedule]])");
+  index_t v[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
   for (std::size_t i = 0; i < t.size(); ++i) v[i] = t[i].cast<index_t>();
   if (v[0] < 0 || v[0] > 3) throw py::value_error("rnn: cell code must be in 0..3");
-  for (int i = 1; i < 8; ++i)
+  for (int i = 1; i < 9; ++i)
     if (v[i] < 0) throw py::value_error("rnn: shape entries must be >= 0");
+  if (v[8] > 3) throw py::value_error("rnn: schedule must be in 0..3");
   if (v[4] < 1 || v[5] < 1 || (v[6] != 1 && v[6] != 2))
     throw py::value_error("rnn: need hidden >= 1, layers >= 1 and 1 or 2 directions");
   if (v[7] > 0 && (v[0] != 0 || v[7] >= v[4]))
@@ -479,6 +481,7 @@ RnnShape rnn_shape(const py::tuple& t) {
   s.layers = static_cast<int>(v[5]);
   s.dirs = static_cast<int>(v[6]);
   s.proj = v[7];
+  s.schedule = static_cast<RnnSchedule>(v[8]);
   return s;
 }
 

@@ -13,7 +13,7 @@ from dnnkit.algos.conv_cpu import Im2colGemmFwd
 from dnnkit.autotune import cache, cost_model, harness, tuner
 from dnnkit.autotune.tuner import TuneRecord, TuneResult, find
 from dnnkit.dispatch import choose
-from dnnkit.problem import ConvProblem, GemmProblem
+from dnnkit.problem import ConvProblem, GemmProblem, RnnProblem
 
 SMALL_CONV = "mb2ic8ih12oc8oh12kh3ph1"
 QUICK = dict(budget=0.02)
@@ -208,6 +208,64 @@ def test_measure_mode_tunes_on_the_first_call_and_remembers(fresh_cache, monkeyp
     assert stored is not None and stored.best is not None
     assert choose(p).name == stored.best.algorithm
     np.testing.assert_allclose(y, dnnkit.conv2d(x, w, padding=1, algo="im2col_gemm"), rtol=1e-4, atol=1e-4)
+
+
+RNN_CASES = ["lstm_l2t5mb8slc6sic12", "gru_l1t4mb8slc5sic7_bidir", "lstm_l1t4mb8slc6sic12dic5", "rnn_relu_l2t3mb4slc3sic5"]
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("descriptor", RNN_CASES)
+def test_rnn_sequences_are_tuned_over_every_schedule(fresh_cache, descriptor, direction):
+    """Every time-loop schedule that can run a sequence is checked against reference.py's float64
+    recurrence (backward: the input, initial-state and weight gradients) and timed; those that cannot
+    run it say why."""
+    p = RnnProblem.parse(descriptor, direction=direction)
+    result = find(p, store=False, **QUICK)
+    by_name = {r.algorithm: r for r in result}
+    assert set(by_name) == {a.name for a in algos.algorithms(p.op, "cpu")}
+    assert by_name["fused"].ok and by_name["fused_units"].ok
+    for r in result:
+        if r.ok:
+            assert r.error is not None and r.error <= r.tolerance and r.median_s > 0, r
+        else:
+            assert r.status == "unsupported" and r.reason, r
+    assert result.best is not None
+
+
+def test_an_rnn_schedule_with_wrong_results_is_excluded(planted, fresh_cache):
+    """The oracle is independent of the kernels: a schedule whose results are off is caught."""
+    from dnnkit.algos.rnn_cpu import FusedRnn
+
+    class Off(FusedRnn):
+        def run(self, p, *arrays, out=None, **params):
+            super().run(p, *arrays, out=out, **params)
+            out[-1][0, 0, 0] += 1.0
+
+    bad = Off("lstm", "fwd", "fused_units")
+    bad.name = "planted_rnn_off"
+    planted(bad)
+    result = find(RnnProblem.parse("lstm_l1t4mb4slc3sic5"), store=False, **QUICK)
+    rec = next(r for r in result if r.algorithm == bad.name)
+    assert rec.status == "inaccurate" and rec.error > rec.tolerance
+
+
+def test_measure_mode_tunes_rnn_sequences_without_a_warning(fresh_cache, monkeypatch):
+    import warnings
+
+    monkeypatch.setattr(tuner, "DEFAULT_BUDGET_S", 0.02)
+    dnnkit.set_tuning("measure")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 8, 4), dtype=np.float32)
+    w = [rng.standard_normal(s, dtype=np.float32) * 0.3 for s in ((18, 4), (18, 6), (18,), (18,))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, h_n, reserve = dnnkit.gru(x, None, w, train=True)
+        dnnkit.gru_backward(np.ones_like(out), None, reserve)
+    for direction in ("fwd", "bwd"):
+        p = RnnProblem("gru", 5, 8, 4, 6, direction=direction)
+        stored = fresh_cache.get(p)
+        assert stored is not None and stored.best is not None
+        assert choose(p).name == stored.best.algorithm
 
 
 def test_explain_shows_measured_times(fresh_cache):

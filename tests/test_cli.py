@@ -138,7 +138,7 @@ def test_autotune_batch_file_and_workspace_limit(tmp_path):
 def test_autotune_model_list(tmp_path):
     r = run_in(tmp_path, "autotune", "--model", "lstm", "--mb", "1", "--budget", "0.01")
     assert r.returncode == 0, r.stderr
-    assert "tuned 6 of 6" in r.stdout and "gemm_small_m" in r.stdout
+    assert "tuned 10 of 10" in r.stdout and "gemm_small_m" in r.stdout and "fused_units" in r.stdout
 
 
 @pytest.mark.parametrize("args, words", [
@@ -231,14 +231,19 @@ def test_a_closed_pipe_ends_the_command_quietly():
     assert r.returncode != 0 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
 
 
-def test_autotune_skips_what_is_not_tunable_and_tunes_the_rest(tmp_path):
+def test_autotune_tunes_rnn_lines_beside_the_rest(tmp_path):
+    """A batch with an LSTM sequence: it is tuned like the GEMM beside it, every time-loop schedule that
+    can run it timed, and its records name them."""
     batch = tmp_path / "layers.txt"
-    batch.write_text("lstm_l1t25mb16slc512sic512_f32\nm8n8k8\n")
+    batch.write_text("lstm_l2t6mb8slc16sic16_f32\nm8n8k8\n")
     r = run_in(tmp_path, "autotune", "--batch", str(batch), "--budget", "0.01", "--json")
-    assert r.returncode == 0 and "not tunable yet" in r.stderr, r.stderr
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     out = json.loads(r.stdout)
-    assert [p["descriptor"] for p in out["problems"]] == ["m8n8k8_f32"]
-    assert out["summary"]["heuristic_compared"] == 0  # GEMM's algorithms have no formula: nothing to score
+    assert [p["descriptor"] for p in out["problems"]] == ["lstm_l2t6mb8slc16sic16_f32", "m8n8k8_f32"]
+    records = {x["algorithm"]: x for x in out["problems"][0]["records"]}
+    assert {"fused", "fused_units", "fused_rows", "fused_wavefront"} <= set(records)
+    assert records["fused_units"]["status"] == "ok" and records["fused_units"]["error"] < 1e-5
+    assert out["summary"]["heuristic_compared"] == 0  # neither has a formula: nothing to score
 
 
 def test_autotune_options_that_would_be_ignored(tmp_path):

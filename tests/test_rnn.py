@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dnnkit
+from dnnkit.algos.rnn_cpu import SCHEDULES
 from dnnkit.reference import (
     gru_cell_ref, lstm_cell_ref, rel_l2, rnn_cell_ref, rnn_sequence_backward_ref, rnn_sequence_ref,
 )
@@ -106,8 +107,8 @@ def from_user(c: SeqCase, out, state):
     return (out.transpose(1, 0, 2) if c.batch_first else out), state
 
 
-def run_forward(c: SeqCase, x, h0, c0, weights, train=False):
-    kw = dict(num_layers=c.layers, bidirectional=c.bidirectional, batch_first=c.batch_first, train=train)
+def run_forward(c: SeqCase, x, h0, c0, weights, train=False, algo="auto"):
+    kw = dict(num_layers=c.layers, bidirectional=c.bidirectional, batch_first=c.batch_first, train=train, algo=algo)
     if c.mode == "lstm":
         return dnnkit.lstm(x, h0, c0, weights, **kw)
     if c.mode == "gru":
@@ -776,9 +777,14 @@ def test_rnn_problem_descriptor_round_trip():
 
 
 def test_rnn_goes_through_the_registry_and_explain():
-    assert [a.name for a in dnnkit.algos.algorithms("lstm_fwd", "cpu")] == ["fused"]
+    assert [a.name for a in dnnkit.algos.algorithms("lstm_fwd", "cpu")] == [
+        "fused", "fused_units", "fused_rows", "fused_wavefront"]
+    assert [a.name for a in dnnkit.algos.algorithms("lstm_bwd", "cpu")] == ["fused", "fused_units", "fused_rows"]
     e = dnnkit.explain("lstm_l2t5mb3slc4sic6_bidir")
     assert e.problem.op == "lstm_fwd" and e[0].chosen and e[0].workspace_bytes > 0
+    reasons = {c.algorithm: c.reason for c in e}
+    assert "batch rows a thread" in reasons["fused_rows"] or "threads" in reasons["fused_rows"]
+    assert "unidirectional stack" in reasons["fused_wavefront"]
     assert dnnkit.explain("gru_l1t5mb3slc4sic6", direction="bwd").problem.op == "gru_bwd"
 
 
@@ -937,38 +943,39 @@ WAVE_CASES = [
 ]
 
 
-def assert_same_under_flag(c, variable, rule):
-    """Runs c's forward (training and inference) and backward with the environment variable `variable` at
-    0 and then 1 on c.threads threads, checks that `rule` (a _cpu predicate of the shape and itemsize)
-    follows the flag, and that both runs give exactly the same outputs, final states and gradients, and
-    outputs near the reference."""
+def assert_same_schedules(c, schedule, rule):
+    """Runs c's forward (training and inference) and backward with algo "fused_units" and then `schedule`
+    (backward: "fused_rows" where that is the schedule, else "fused_units") on c.threads threads, checks that
+    `rule` (a _cpu predicate of the kernel's shape and itemsize) says no for the first and yes for the
+    second, and that both runs give exactly the same outputs, final states and gradients, and outputs near
+    the reference."""
     x, h0, c0, weights = make_seq(c)
-    shape = (["lstm", "gru", "rnn_tanh", "rnn_relu"].index(c.mode), c.T, c.B, c.I, c.H, c.layers, c.D)
+    shape = (["lstm", "gru", "rnn_tanh", "rnn_relu"].index(c.mode), c.T, c.B, c.I, c.H, c.layers, c.D, 0)
     previous = dnnkit.get_num_threads()
     dnnkit.set_num_threads(c.threads)
     runs = {}
     try:
-        with pytest.MonkeyPatch.context() as mp:
-            for flag in ("0", "1"):
-                mp.setenv(variable, flag)
-                assert rule(shape, np.dtype(c.dtype).itemsize) == (flag == "1")
-                out, state, reserve = run_forward(c, x, h0, c0, weights, train=True)
-                inference, _ = run_forward(c, x, h0, c0, weights)
-                rng = np.random.default_rng(1)
-                gy = rng.standard_normal(out.shape).astype(c.dtype)
-                if c.mode == "lstm":
-                    gh, gc = (rng.standard_normal(a.shape).astype(c.dtype) for a in state)
-                    grads = dnnkit.lstm_backward(gy, gh, gc, reserve)
-                    state = state[0], state[1]
-                else:
-                    gh = rng.standard_normal(state.shape).astype(c.dtype)
-                    backward = dnnkit.gru_backward if c.mode == "gru" else dnnkit.rnn_backward
-                    grads = backward(gy, gh, reserve)
-                    state = (state,)
-                runs[flag] = (out, inference, state, grads)
+        for algo in ("fused_units", schedule):
+            code = SCHEDULES[algo]
+            assert rule(shape + (code,), np.dtype(c.dtype).itemsize) == (algo == schedule)
+            out, state, reserve = run_forward(c, x, h0, c0, weights, train=True, algo=algo)
+            inference, _ = run_forward(c, x, h0, c0, weights, algo=algo)
+            rng = np.random.default_rng(1)
+            gy = rng.standard_normal(out.shape).astype(c.dtype)
+            bwd = algo if algo != "fused_wavefront" else "fused_units"
+            if c.mode == "lstm":
+                gh, gc = (rng.standard_normal(a.shape).astype(c.dtype) for a in state)
+                grads = dnnkit.lstm_backward(gy, gh, gc, reserve, algo=bwd)
+                state = state[0], state[1]
+            else:
+                gh = rng.standard_normal(state.shape).astype(c.dtype)
+                backward = dnnkit.gru_backward if c.mode == "gru" else dnnkit.rnn_backward
+                grads = backward(gy, gh, reserve, algo=bwd)
+                state = (state,)
+            runs[algo] = (out, inference, state, grads)
     finally:
         dnnkit.set_num_threads(previous)
-    (o0, i0, s0, g0), (o1, i1, s1, g1) = runs["0"], runs["1"]
+    (o0, i0, s0, g0), (o1, i1, s1, g1) = runs["fused_units"], runs[schedule]
     assert np.array_equal(o0, o1) and np.array_equal(i0, i1) and np.array_equal(o1, i1)
     for a, b in zip(s0, s1):
         assert np.array_equal(a, b)
@@ -988,7 +995,7 @@ def test_wavefront_pipeline_matches_layer_by_layer(case, dtype):
     mode, T, B, I, H, layers, initial = case
     c = SeqCase(mode=mode, T=T, B=B, I=I, H=H, layers=layers, bidirectional=False, bias=True, initial=initial,
                 batch_first=False, unbatched=False, as_dict=False, dtype=dtype, threads=2, seed=T * 31 + H)
-    assert_same_under_flag(c, "DNNKIT_RNN_WAVEFRONT", dnnkit._cpu.rnn_uses_wavefront)
+    assert_same_schedules(c, "fused_wavefront", dnnkit._cpu.rnn_uses_wavefront)
 
 
 ROW_SPLIT_CASES = [
@@ -1014,7 +1021,7 @@ def test_time_loop_split_by_rows_matches_split_by_units(case, dtype):
     c = SeqCase(mode=mode, T=T, B=B, I=I, H=H, layers=layers, bidirectional=bidirectional, bias=True,
                 initial=initial, batch_first=False, unbatched=False, as_dict=False, dtype=dtype, threads=threads,
                 seed=B * 7 + H)
-    assert_same_under_flag(c, "DNNKIT_RNN_ROW_SPLIT", dnnkit._cpu.rnn_splits_rows)
+    assert_same_schedules(c, "fused_rows", dnnkit._cpu.rnn_splits_rows)
 
 
 def test_time_loop_split_by_rows_rule():

@@ -223,7 +223,7 @@ def test_matches_torch(layers, bidirectional, bias):
 
 
 @pytest.mark.parametrize("layers,bidirectional,threads", [(1, False, 2), (2, False, 2), (1, True, 4)])
-def test_time_loop_split_by_rows(monkeypatch, layers, bidirectional, threads):
+def test_time_loop_split_by_rows(layers, bidirectional, threads):
     """Split by batch rows (each thread projects its own rows of m_t, no barrier), the forward and backward
     give exactly what the split by hidden units gives."""
     c = ProjCase(T=4, B=17 if threads == 2 else 16, I=6, H=40, P=24, layers=layers, bidirectional=bidirectional,
@@ -235,12 +235,11 @@ def test_time_loop_split_by_rows(monkeypatch, layers, bidirectional, threads):
     dnnkit.set_num_threads(threads)
     try:
         runs = []
-        for flag in ("0", "1"):
-            monkeypatch.setenv("DNNKIT_RNN_ROW_SPLIT", flag)
-            assert dnnkit._cpu.rnn_splits_rows(shape, 4) == (flag == "1")
-            out, (h_n, c_n), reserve = forward(c, x, h0, c0, w, train=True)
+        for algo, code in (("fused_units", 1), ("fused_rows", 2)):
+            assert dnnkit._cpu.rnn_splits_rows(shape + (code,), 4) == (algo == "fused_rows")
+            out, (h_n, c_n), reserve = forward(c, x, h0, c0, w, train=True, algo=algo)
             go = np.random.default_rng(2).standard_normal(out.shape).astype(np.float32)
-            gx, gh0, gc0, gw = dnnkit.lstm_backward(go, h_n, c_n, reserve)
+            gx, gh0, gc0, gw = dnnkit.lstm_backward(go, h_n, c_n, reserve, algo=algo)
             runs.append([out, h_n, c_n, gx, gh0, gc0, *gw])
     finally:
         dnnkit.set_num_threads(previous)
@@ -262,7 +261,8 @@ def test_reserve_and_descriptor():
     assert RnnProblem.parse(p.descriptor()) == p
     # layer 0: 4H x (I + P) and P x H; layer 1: 4H x (P + P) and P x H; two flops a multiply-add
     assert p.flops == 2 * 50 * 16 * (4 * 1024 * (512 + 256) + 4 * 1024 * (256 + 256) + 2 * 256 * 1024)
-    assert [(c.algorithm, c.supported) for c in dnnkit.explain(p.descriptor())] == [("fused", True)]
+    rows = [(c.algorithm, c.supported) for c in dnnkit.explain(p.descriptor())]
+    assert rows[:2] == [("fused", True), ("fused_units", True)] and ("fused_wavefront", False) in rows
     with pytest.raises(ValueError, match="proj"):
         RnnProblem("gru", 5, 2, 3, 10, proj=4)
     with pytest.raises(ValueError, match="proj"):

@@ -605,7 +605,7 @@ void rnn_forward_wavefront(const RnnShape& s, const RnnWeights<T>& w, const T* x
 bool rnn_splits_rows(const RnnShape& s, index_t elem_size) {
   const int threads = get_num_threads(), group = s.dirs == 2 ? threads / 2 : threads;
   if (group < 2 || s.seq < 2 || s.batch < kRowSplitMinRows * group) return false;
-  if (const char* e = std::getenv("DNNKIT_RNN_ROW_SPLIT")) return e[0] == '1';
+  if (s.schedule != RnnSchedule::automatic) return s.schedule == RnnSchedule::rows;
   return rnn_gates(s.cell) * s.hidden * s.state() * elem_size <= static_cast<index_t>(l2_cache_bytes());
 }
 
@@ -613,7 +613,7 @@ bool rnn_uses_wavefront(const RnnShape& s, index_t elem_size) {
   const bool possible = s.dirs == 1 && s.layers >= 2 && s.seq >= 2 && s.batch > 0 && s.hidden > 0 &&
                         s.proj == 0 && get_num_threads() >= 2;
   if (!possible) return false;
-  if (const char* e = std::getenv("DNNKIT_RNN_WAVEFRONT")) return e[0] == '1';
+  if (s.schedule != RnnSchedule::automatic) return s.schedule == RnnSchedule::wavefront;
   // Split by rows, the layers' threads never wait for each other, and every layer uses every thread
   // (2 threads, batch 16 and 64: the same time as the wavefront at 2 layers, 0.8 of it at 3).
   const int group = get_num_threads();  // one direction: every thread

@@ -43,8 +43,17 @@ inline int rnn_gates(RnnCell cell) {
   }
 }
 
+// How the threads share a sequence's time loop: `automatic` takes the rule of rnn_splits_rows and
+// rnn_uses_wavefront; the others ask for one schedule (the registry's fused_units, fused_rows and
+// fused_wavefront), used wherever the shape allows it and otherwise the hidden-unit split.
+//   units:     the threads of a direction share each step's hidden units (a barrier a step);
+//   rows:      each thread runs its own batch rows through every step (no barrier);
+//   wavefront: a stack's layers pipelined, one thread a layer, in chunks of steps (forward only).
+enum class RnnSchedule : int { automatic = 0, units = 1, rows = 2, wavefront = 3 };
+
 struct RnnShape {
   RnnCell cell = RnnCell::lstm;
+  RnnSchedule schedule = RnnSchedule::automatic;
   index_t seq = 0, batch = 0, input = 0, hidden = 0;  // T, B, I, H
   int layers = 1, dirs = 1;                          // L, D
   index_t proj = 0;                                  // P: LSTM projection size (0: none)
@@ -81,13 +90,14 @@ index_t rnn_reserve_elems(const RnnShape& s);
 
 // Whether rnn_forward runs the layers as a wavefront pipeline (one thread per layer, chunks of steps)
 // rather than one layer after another with the threads sharing each step: for unidirectional
-// multi-layer RNNs whose recurrent weights are small. DNNKIT_RNN_WAVEFRONT=0/1 overrides the rule.
+// multi-layer RNNs whose recurrent weights are small. A schedule other than automatic decides (where the
+// shape allows a wavefront at all).
 bool rnn_uses_wavefront(const RnnShape& s, index_t elem_size);
 
 // Whether the threads of one direction split a sequence's time loop by batch rows rather than by hidden
 // units: each thread then runs its own rows through every step with no barrier, reading all of W_hh;
-// chosen where W_hh stays in a core's L2 and each thread gets 4 rows or more. DNNKIT_RNN_ROW_SPLIT=0/1
-// overrides the L2 rule.
+// chosen where W_hh stays in a core's L2 and each thread gets 4 rows or more. A schedule other than
+// automatic decides (where every thread of a direction gets 4 rows or more).
 bool rnn_splits_rows(const RnnShape& s, index_t elem_size);
 
 // Forward. x, the y[l] (L arrays; the last is the output) and the reserve are C-contiguous. h0 and c0

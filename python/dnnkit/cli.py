@@ -219,17 +219,7 @@ def _cmd_autotune(args) -> int:
     from .autotune.cost_model import measure_ceilings, plausible_peak
     from .autotune.tuner import find
 
-    from .autotune import harness
-
     problems = _problems(args)
-    skipped = [p for p in problems if not harness.tunable(p)]
-    if skipped:
-        ops = sorted({p.op for p in skipped})
-        print(f"dnnkit autotune: skipping {len(skipped)} problem(s) of {', '.join(ops)}: not tunable yet (they run "
-              "on the cost model's choice)", file=sys.stderr)
-        problems = [p for p in problems if harness.tunable(p)]
-        if not problems:
-            raise ValueError("autotune: none of the problems given is of a tunable operator")
     store = cache.default_store()
     if not args.json:
         print(f"dnnkit {__version__} autotune: {len(problems)} problem(s) on {cache.device_fingerprint()}; "

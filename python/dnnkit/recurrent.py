@@ -247,7 +247,7 @@ def _generator(op, generator) -> np.random.Generator:
 
 
 # ---------------------------------------------------------------------------------------------- sequences
-def _sequence_stack(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias, recompute):
+def _sequence_stack(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias, recompute, algo):
     """A training forward as a stack of one-layer calls of the fused kernel, for dropout between layers
     and for recompute. With dropout (p_drop > 0) the output of each layer but the last is multiplied by a
     fresh keep mask scaled by 1/(1-p) (all zeros when p = 1), as torch.nn.LSTM(dropout=p) does in training
@@ -270,8 +270,8 @@ def _sequence_stack(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias, rec
         h0_l = None if h0 is None else h0[k0:k1]
         c0_l = None if c0 is None else c0[k0:k1]
         p = _problem(mode, T, B, il, H, 1, D, has_bias, "fwd", dtype, P)
-        _choose(op, p, "auto").run(p, inp, h0_l, c0_l, w, out=[out], h_n=h_n[k0:k1],
-                                   c_n=None if c_n is None else c_n[k0:k1], reserve=buffer)
+        _choose(op, p, algo).run(p, inp, h0_l, c0_l, w, out=[out], h_n=h_n[k0:k1],
+                                 c_n=None if c_n is None else c_n[k0:k1], reserve=buffer)
         stack.append(RnnReserve(op=op, mode=mode, cell=False, shape=shape, problem=p, x=inp, h0=h0_l, c0=c0_l,
                                 weights=w, names=None, as_dict=False, has_bias=has_bias, ys=[out], buffer=buffer,
                                 batch_first=False, unbatched=False))
@@ -290,16 +290,16 @@ def _sequence_stack(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias, rec
 
 
 def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout=0.0,
-              generator=None, recompute=False, proj_size=0):
+              generator=None, recompute=False, proj_size=0, algo="auto"):
     try:
         return _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train,
-                                 dropout, generator, recompute, proj_size)
+                                 dropout, generator, recompute, proj_size, algo)
     except DeviceArray:
         raise placement_error(op, input=x, h0=h0, c0=c0, weights=weights) from None
 
 
 def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
-                      generator, recompute, proj_size):
+                      generator, recompute, proj_size, algo):
     num_layers = _layers(op, num_layers)
     P = _proj_size(op, mode, proj_size)
     p_drop = _dropout(op, dropout)
@@ -328,7 +328,7 @@ def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, b
     if train and ((p_drop > 0.0 and num_layers > 1) or recompute):
         rng = _generator(op, generator) if p_drop > 0.0 and num_layers > 1 else None
         out, h_n, c_n, stack, masks = _sequence_stack(op, mode, xt, h0, c0, flat, p_drop if rng else 0.0, rng,
-                                                      (T, B, I, H, num_layers, dirs, P), has_bias, recompute)
+                                                      (T, B, I, H, num_layers, dirs, P), has_bias, recompute, algo)
         ys, buffer = [r.ys[0] for r in stack], None
     else:
         out = _empty(op, (T, B, dirs * S), x.dtype)
@@ -341,7 +341,7 @@ def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, b
             buffer = None
         h_n = _empty(op, (num_layers * dirs, B, S), x.dtype)
         c_n = _empty(op, (num_layers * dirs, B, H), x.dtype) if mode == "lstm" else None
-        _choose(op, p, "auto").run(p, xt, h0, c0, flat, out=ys, h_n=h_n, c_n=c_n, reserve=buffer)
+        _choose(op, p, algo).run(p, xt, h0, c0, flat, out=ys, h_n=h_n, c_n=c_n, reserve=buffer)
     if unbatched:
         output, h_n = out[:, 0, :], h_n[:, 0, :]
         c_n = None if c_n is None else c_n[:, 0, :]
@@ -357,7 +357,7 @@ def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, b
 
 
 def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False, dropout=0.0,
-         generator=None, recompute=False, proj_size=0):
+         generator=None, recompute=False, proj_size=0, algo="auto"):
     """torch.nn.LSTM's forward: returns (output, (h_n, c_n)), and a reserve for lstm_backward when train.
 
     x: (T, B, I), or (B, T, I) with batch_first, or (T, I) unbatched; h0, c0: (num_layers*D, B, H) or
@@ -369,27 +369,31 @@ def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=F
     recompute (with train): save no gate activations; lstm_backward recomputes them one layer at a time
     (memory: one layer-direction's activations at the peak instead of all of them; time: one more forward).
     proj_size P > 0: torch.nn.LSTM's projections, h_t = W_hr (o * tanh(c_t)); output (T, B, D*P), h0 and
-    h_n (num_layers*D, B, P), weights with weight_hr_l{k} (P, H) after each layer-direction's biases."""
+    h_n (num_layers*D, B, P), weights with weight_hr_l{k} (P, H) after each layer-direction's biases.
+    algo: "auto" (dispatch: the tuning cache, else the kernel's rule) or how the threads share the time loop:
+    "fused" (the kernel's rule), "fused_units", "fused_rows", "fused_wavefront" (see
+    dnnkit.explain("lstm_l2t50mb16slc512sic512") for which can run a shape, and why not). Training with
+    dropout between layers, or with recompute, runs the layers one call each: no wavefront there."""
     return _sequence("lstm", "lstm", x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
-                     generator, recompute, proj_size)
+                     generator, recompute, proj_size, algo)
 
 
 def gru(x, h0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False, dropout=0.0,
-        generator=None, recompute=False):
+        generator=None, recompute=False, algo="auto"):
     """torch.nn.GRU's forward: returns (output, h_n), and a reserve for gru_backward when train. dropout,
-    generator and recompute as for lstm."""
+    generator, recompute and algo as for lstm."""
     return _sequence("gru", "gru", x, h0, None, weights, num_layers, bidirectional, batch_first, train, dropout,
-                     generator, recompute)
+                     generator, recompute, 0, algo)
 
 
 def rnn(x, h0, weights, *, nonlinearity="tanh", num_layers=1, bidirectional=False, batch_first=False, train=False,
-        dropout=0.0, generator=None, recompute=False):
+        dropout=0.0, generator=None, recompute=False, algo="auto"):
     """torch.nn.RNN's forward (nonlinearity 'tanh' or 'relu'): returns (output, h_n), and a reserve for
-    rnn_backward when train. dropout, generator and recompute as for lstm."""
+    rnn_backward when train. dropout, generator, recompute and algo as for lstm."""
     if nonlinearity not in ("tanh", "relu"):
         raise ValueError(f"rnn: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
     return _sequence("rnn", "rnn_" + nonlinearity, x, h0, None, weights, num_layers, bidirectional, batch_first,
-                     train, dropout, generator, recompute)
+                     train, dropout, generator, recompute, 0, algo)
 
 
 def _reserve(op, reserve, modes, cell):
@@ -453,12 +457,12 @@ def _accumulate_targets(op, r: RnnReserve, into, returned_names):
     return targets
 
 
-def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n, into=None):
+def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n, into=None, algo="auto"):
     """The kernel on C-contiguous gradients in its own layout: (dx (T, B, I), dh0, dc0, flat grads). With
     `into` (arrays in the order of r.weights), the weight and bias gradients are added to those arrays,
     which are returned as the grads."""
     if r.stack:
-        return _run_backward_stack(op, r, dy, dh_n, dc_n, into)
+        return _run_backward_stack(op, r, dy, dh_n, dc_n, into, algo)
     _, T, B, I, H, L, D, P = r.shape
     dtype = r.x.dtype
     dx = _empty(op, (T, B, I), dtype)
@@ -470,8 +474,8 @@ def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n, into=None):
         grads = list(into)
     fp = r.problem
     p = _problem(fp.mode, fp.seq, fp.batch, fp.input, fp.hidden, fp.layers, fp.dirs, fp.bias, "bwd", dtype, fp.proj)
-    _choose(op, p, "auto").run(p, r.x, r.h0, r.c0, r.weights, r.ys, r.buffer, dy, dh_n, dc_n,
-                               out=(dx, dh0, dc0, grads), accumulate=into is not None)
+    _choose(op, p, algo).run(p, r.x, r.h0, r.c0, r.weights, r.ys, r.buffer, dy, dh_n, dc_n,
+                             out=(dx, dh0, dc0, grads), accumulate=into is not None)
     return dx, dh0, dc0, grads
 
 
@@ -490,7 +494,7 @@ def _recompute(op, r: RnnReserve) -> RnnReserve:
                       batch_first=False, unbatched=False)
 
 
-def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n, into=None):
+def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n, into=None, algo="auto"):
     """Backward of a forward with dropout: the one-layer reserves from the top down, the gradient that
     reaches each layer's output multiplied by the mask its output went through."""
     _, T, B, I, H, L, D, P = r.shape
@@ -507,7 +511,7 @@ def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n, into=None):
             sub = _recompute(op, sub)
         per = len(sub.weights)  # the layer's entries of the flat list
         dx, dh0[k0:k1], dc0_l, g = _run_backward(op, sub, dy, dh, dc,
-                                                 None if into is None else into[layer * per:(layer + 1) * per])
+                                                 None if into is None else into[layer * per:(layer + 1) * per], algo)
         if dc0 is not None:
             dc0[k0:k1] = dc0_l
         grads = g + grads
@@ -516,7 +520,7 @@ def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n, into=None):
     return dx, dh0, dc0, grads
 
 
-def _backward(op, r: RnnReserve, grad_output, grad_h_n, grad_c_n, into=None):
+def _backward(op, r: RnnReserve, grad_output, grad_h_n, grad_c_n, into=None, algo="auto"):
     """Sequences: the user's gradients (in the forward's layouts) checked and brought to the kernel's."""
     _, T, B, I, H, L, D, P = r.shape
     S = P or H
@@ -534,14 +538,14 @@ def _backward(op, r: RnnReserve, grad_output, grad_h_n, grad_c_n, into=None):
     dc_n = _grad(op, "grad_c_n", grad_c_n, lead + (H,), dtype) if r.mode == "lstm" else None
     dh_n = None if dh_n is None else np.ascontiguousarray(dh_n)
     dc_n = None if dc_n is None else np.ascontiguousarray(dc_n)
-    return _run_backward(op, r, dy, dh_n, dc_n, into)
+    return _run_backward(op, r, dy, dh_n, dc_n, into, algo)
 
 
-def _sequence_backward(op, modes, grad_output, grad_h_n, grad_c_n, reserve, accumulate_into):
+def _sequence_backward(op, modes, grad_output, grad_h_n, grad_c_n, reserve, accumulate_into, algo):
     r = _reserve(op, reserve, modes, cell=False)
     names = r.names if r.as_dict else range(sum(w is not None for w in r.weights))
     into = _accumulate_targets(op, r, accumulate_into, list(names))
-    dx, dh0, dc0, grads = _backward(op, r, grad_output, grad_h_n, grad_c_n, into)
+    dx, dh0, dc0, grads = _backward(op, r, grad_output, grad_h_n, grad_c_n, into, algo)
     if r.unbatched:
         dx, dh0 = dx[:, 0, :], dh0[:, 0, :]
         dc0 = None if dc0 is None else dc0[:, 0, :]
@@ -552,7 +556,7 @@ def _sequence_backward(op, modes, grad_output, grad_h_n, grad_c_n, reserve, accu
     return (dx, dh0, dc0, weights) if r.mode == "lstm" else (dx, dh0, weights)
 
 
-def lstm_backward(grad_output, grad_h_n, grad_c_n, reserve, *, accumulate_into=None):
+def lstm_backward(grad_output, grad_h_n, grad_c_n, reserve, *, accumulate_into=None, algo="auto"):
     """Backward through time of lstm(..., train=True): returns (grad_x, grad_h0, grad_c0, grad_weights),
     each in the layout of the forward's argument; grad_weights a list or dict like the forward's weights.
 
@@ -560,21 +564,22 @@ def lstm_backward(grad_output, grad_h_n, grad_c_n, reserve, *, accumulate_into=N
     of the weights' shapes and dtype); the weight and bias gradients are added to them in place, as
     autograd adds into ``.grad`` and cuDNN's weight backward into dw, and they are returned as
     grad_weights. Gradients summed over micro-batches, or over the steps of a cell stepped in a loop,
-    then cost no extra pass."""
-    return _sequence_backward("lstm_backward", ("lstm",), grad_output, grad_h_n, grad_c_n, reserve, accumulate_into)
+    then cost no extra pass. algo: as for lstm (explain("lstm_..._bwd") lists them; no wavefront)."""
+    return _sequence_backward("lstm_backward", ("lstm",), grad_output, grad_h_n, grad_c_n, reserve, accumulate_into,
+                              algo)
 
 
-def gru_backward(grad_output, grad_h_n, reserve, *, accumulate_into=None):
+def gru_backward(grad_output, grad_h_n, reserve, *, accumulate_into=None, algo="auto"):
     """Backward through time of gru(..., train=True): returns (grad_x, grad_h0, grad_weights);
-    accumulate_into as for lstm_backward."""
-    return _sequence_backward("gru_backward", ("gru",), grad_output, grad_h_n, None, reserve, accumulate_into)
+    accumulate_into and algo as for lstm_backward."""
+    return _sequence_backward("gru_backward", ("gru",), grad_output, grad_h_n, None, reserve, accumulate_into, algo)
 
 
-def rnn_backward(grad_output, grad_h_n, reserve, *, accumulate_into=None):
+def rnn_backward(grad_output, grad_h_n, reserve, *, accumulate_into=None, algo="auto"):
     """Backward through time of rnn(..., train=True): returns (grad_x, grad_h0, grad_weights);
-    accumulate_into as for lstm_backward."""
+    accumulate_into and algo as for lstm_backward."""
     return _sequence_backward("rnn_backward", ("rnn_tanh", "rnn_relu"), grad_output, grad_h_n, None, reserve,
-                              accumulate_into)
+                              accumulate_into, algo)
 
 
 # -------------------------------------------------------------------------------------------------- cells

@@ -1,90 +1,246 @@
-"""Operands and calls for timing an algorithm on a problem, per operator.
+"""Operands, outputs, calls and reference results for timing an algorithm on a problem, per operator.
 
-For every tunable op this module knows how to make random inputs of a problem's shapes (never zeros:
-uniform in [-1, 1), so a kernel that skips work on zeros is not flattered), how to allocate the output
-and the workspace, and how to call an Algorithm's run() the way the public API does. The autotuner
-(tuner.py) is the only user; adding an operator to the tuner is one entry in _OPS.
+For every tunable operator a Harness knows how to make random inputs of a problem's shapes (never zeros:
+uniform in [-1, 1) or, for recurrent weights, in +-1/sqrt(hidden) as torch initialises them, so that a
+kernel that skips work on zeros is not flattered and the gates do not saturate), how to allocate the
+output, how to call an Algorithm's run() the way the public API does, which part of the output is
+checked, and the float64 NumPy reference (reference.py: no dnnkit kernel in it). The autotuner
+(tuner.py) is the only user; adding an operator to the tuner is one Harness and one entry in _HARNESSES.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
-from ..problem import ConvProblem, GemmProblem
+from .. import reference as ref
+from ..problem import RNN_MODES, ConvProblem, GemmProblem, RnnProblem
 
 
 @dataclasses.dataclass
 class Operands:
-    """The inputs of one call (in run()'s order), its keyword inputs, and the output's shape."""
+    """The inputs of one call (in run()'s order) and its keyword inputs."""
 
     args: tuple
     kwargs: dict
-    out_shape: tuple
 
-    def astype(self, dtype) -> "Operands":
-        conv = lambda a: a if a is None or not isinstance(a, np.ndarray) else _like(a, dtype)  # noqa: E731
-        return Operands(tuple(conv(a) for a in self.args), {k: conv(v) for k, v in self.kwargs.items()},
-                        self.out_shape)
+    @property
+    def nbytes(self) -> int:
+        return sum(_nbytes(a) for a in list(self.args) + list(self.kwargs.values()))
 
 
-def _like(a: np.ndarray, dtype) -> np.ndarray:
-    """a converted to dtype with the same logical layout (a transposed view stays a transposed view)."""
-    if a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
-        return np.ascontiguousarray(a.T, dtype=dtype).T
-    return np.ascontiguousarray(a, dtype=dtype)
+def _nbytes(a) -> int:
+    if isinstance(a, np.ndarray):
+        return a.nbytes
+    if isinstance(a, (list, tuple)):
+        return sum(_nbytes(e) for e in a)
+    return 0
 
 
-def _uniform(rng, shape, dtype) -> np.ndarray:
-    return rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
+def _uniform(rng, shape, dtype, scale: float = 1.0) -> np.ndarray:
+    return (rng.uniform(-scale, scale, size=shape)).astype(dtype)
 
 
-def _gemm_operands(p: GemmProblem, rng) -> Operands:
-    dt = np.dtype(p.dtype)
-    a = _uniform(rng, (p.k, p.m) if p.trans_a else (p.m, p.k), dt)
-    b = _uniform(rng, (p.n, p.k) if p.trans_b else (p.k, p.n), dt)
-    A = a.T if p.trans_a else a
-    B = b.T if p.trans_b else b
-    kwargs = {"bias": _uniform(rng, (p.n,), dt)} if p.bias else {}
-    return Operands((A, B), kwargs, (p.m, p.n))
+class Harness:
+    """How the tuner runs one operator family. Subclasses define each step."""
+
+    def operands(self, p, rng) -> Operands:
+        raise NotImplementedError
+
+    def output(self, p, ops: Operands, fill=None):
+        """A fresh output for a call on ops (filled with `fill` where given: NaN shows a skipped write)."""
+        raise NotImplementedError
+
+    def run(self, algorithm, p, ops: Operands, out, workspace_bytes: int):
+        raise NotImplementedError
+
+    def result(self, p, out) -> np.ndarray:
+        """The part of out compared with the reference, as one array."""
+        return out
+
+    def reference(self, p, ops: Operands) -> np.ndarray:
+        raise NotImplementedError
+
+    def nbytes(self, p, ops: Operands) -> int:
+        """Bytes of one call's operands and output: what the tuner compares with the last-level cache."""
+        return ops.nbytes + _nbytes(self.output(p, ops))
 
 
-def _conv_operands(p: ConvProblem, rng) -> Operands:
-    dt = np.dtype(p.dtype)
-    x_shape, w_shape, y_shape = p.input_shape, p.weight_shape, p.output_shape
-    if p.direction == "fwd":
-        kwargs = {"bias": _uniform(rng, (p.oc,), dt)} if p.bias else {}
-        return Operands((_uniform(rng, x_shape, dt), _uniform(rng, w_shape, dt)), kwargs, y_shape)
-    if p.direction == "bwd_data":
-        return Operands((_uniform(rng, w_shape, dt), _uniform(rng, y_shape, dt)), {}, x_shape)
-    return Operands((_uniform(rng, x_shape, dt), _uniform(rng, y_shape, dt)), {}, w_shape)
+class _ArrayOut(Harness):
+    """An operator with one output array and a workspace the caller allocates (as api.py does, and counted
+    in the time: it is part of what a call costs)."""
+
+    def output_shape(self, p) -> tuple:
+        raise NotImplementedError
+
+    def output(self, p, ops, fill=None):
+        shape = self.output_shape(p)
+        return np.empty(shape, p.dtype) if fill is None else np.full(shape, fill, p.dtype)
+
+    def nbytes(self, p, ops) -> int:
+        return ops.nbytes + math.prod(self.output_shape(p)) * np.dtype(p.dtype).itemsize
+
+    def run(self, algorithm, p, ops, out, workspace_bytes):
+        kwargs = dict(ops.kwargs)
+        if p.op != "gemm":
+            kwargs["workspace"] = None if workspace_bytes == 0 else np.empty(workspace_bytes // p.itemsize, p.dtype)
+        algorithm.run(p, *ops.args, out=out, **kwargs)
+        return out
 
 
-_OPS = {
-    "gemm": _gemm_operands,
-    "conv2d_fwd": _conv_operands,
-    "conv2d_bwd_data": _conv_operands,
-    "conv2d_bwd_filter": _conv_operands,
-}
+class GemmHarness(_ArrayOut):
+    def operands(self, p: GemmProblem, rng) -> Operands:
+        dt = np.dtype(p.dtype)
+        a = _uniform(rng, (p.k, p.m) if p.trans_a else (p.m, p.k), dt)
+        b = _uniform(rng, (p.n, p.k) if p.trans_b else (p.k, p.n), dt)
+        kwargs = {"bias": _uniform(rng, (p.n,), dt)} if p.bias else {}
+        return Operands((a.T if p.trans_a else a, b.T if p.trans_b else b), kwargs)
+
+    def output_shape(self, p):
+        return (p.m, p.n)
+
+    def reference(self, p, ops):
+        a, b = ops.args
+        return ref.activation_ref(ref.gemm_ref(a, b) + (ref._f64(ops.kwargs["bias"]) if p.bias else 0.0),
+                                  p.activation)
+
+
+class ConvHarness(_ArrayOut):
+    def operands(self, p: ConvProblem, rng) -> Operands:
+        dt = np.dtype(p.dtype)
+        x_shape, w_shape, y_shape = p.input_shape, p.weight_shape, p.output_shape
+        if p.direction == "fwd":
+            kwargs = {"bias": _uniform(rng, (p.oc,), dt)} if p.bias else {}
+            return Operands((_uniform(rng, x_shape, dt), _uniform(rng, w_shape, dt)), kwargs)
+        if p.direction == "bwd_data":
+            return Operands((_uniform(rng, w_shape, dt), _uniform(rng, y_shape, dt)), {})
+        return Operands((_uniform(rng, x_shape, dt), _uniform(rng, y_shape, dt)), {})
+
+    def output_shape(self, p):
+        return {"fwd": p.output_shape, "bwd_data": p.input_shape}.get(p.direction, p.weight_shape)
+
+    def reference(self, p, ops):
+        geometry = dict(stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.g)
+        if p.direction == "fwd":
+            x, w = ops.args
+            return ref.conv2d_ref(x, w, ops.kwargs.get("bias"), **geometry)
+        if p.direction == "bwd_data":
+            w, dy = ops.args
+            return ref.conv2d_backward_data_ref(p.input_shape, w, dy, **geometry)
+        x, dy = ops.args
+        return ref.conv2d_backward_filter_ref(x, p.weight_shape, dy, **geometry)
+
+
+class RnnHarness(Harness):
+    """A sequence's forward (inference: no reserve) or backward through time. The backward's operands
+    include a training forward's outputs and reserve, made once by the kernel's default algorithm; every
+    candidate reads them (the backward does not write them). Checked: forward, the last layer's output;
+    backward, the input, initial-state and weight gradients as one vector."""
+
+    def _shape(self, p: RnnProblem):
+        from ..algos.rnn_cpu import shape_tuple
+
+        return shape_tuple(p)
+
+    def _forward_operands(self, p: RnnProblem, rng):
+        dt = np.dtype(p.dtype)
+        T, B, H, S, D, L = p.seq, p.batch, p.hidden, p.state, p.dirs, p.layers
+        k = 1.0 / math.sqrt(H)
+        x = _uniform(rng, (T, B, p.input), dt)
+        h0 = _uniform(rng, (L * D, B, S), dt)
+        c0 = _uniform(rng, (L * D, B, H), dt) if p.mode == "lstm" else None
+        flat = []
+        for layer in range(L):
+            il = p.input if layer == 0 else D * S
+            for _ in range(D):
+                flat += [_uniform(rng, (p.gates * H, il), dt, k), _uniform(rng, (p.gates * H, S), dt, k)]
+                flat += ([_uniform(rng, (p.gates * H,), dt, k) for _ in range(2)] if p.bias else [None, None])
+                flat += [_uniform(rng, (S, H), dt, k)] if p.proj else []
+        return x, h0, c0, flat
+
+    def operands(self, p: RnnProblem, rng) -> Operands:
+        x, h0, c0, flat = self._forward_operands(p, rng)
+        if p.direction == "fwd":
+            return Operands((x, h0, c0, flat), {})
+        from .. import algos
+        from ..algos.rnn_cpu import reserve_elems
+
+        fp = dataclasses.replace(p, direction="fwd")
+        ys = self._layer_outputs(fp)
+        reserve = np.empty(reserve_elems(self._shape(fp)), p.dtype)
+        h_n = np.empty((p.layers * p.dirs, p.batch, p.state), p.dtype)
+        c_n = np.empty((p.layers * p.dirs, p.batch, p.hidden), p.dtype) if p.mode == "lstm" else None
+        algos.algorithms(fp.op, "cpu")[0].run(fp, x, h0, c0, flat, out=ys, h_n=h_n, c_n=c_n, reserve=reserve)
+        dt = np.dtype(p.dtype)
+        dy = _uniform(rng, ys[-1].shape, dt)
+        dh_n = _uniform(rng, h_n.shape, dt)
+        dc_n = None if c_n is None else _uniform(rng, c_n.shape, dt)
+        return Operands((x, h0, c0, flat, ys, reserve, dy, dh_n, dc_n), {})
+
+    @staticmethod
+    def _layer_outputs(p, fill=None):
+        shape = (p.seq, p.batch, p.dirs * p.state)
+        return [np.empty(shape, p.dtype) if fill is None else np.full(shape, fill, p.dtype) for _ in range(p.layers)]
+
+    def output(self, p, ops, fill=None):
+        new = (lambda shape: np.empty(shape, p.dtype)) if fill is None else (
+            lambda shape: np.full(shape, fill, p.dtype))
+        states = (p.layers * p.dirs, p.batch)
+        if p.direction == "fwd":
+            return {"ys": self._layer_outputs(p, fill), "h_n": new(states + (p.state,)),
+                    "c_n": new(states + (p.hidden,)) if p.mode == "lstm" else None}
+        flat = ops.args[3]
+        return (new((p.seq, p.batch, p.input)), new(states + (p.state,)),
+                new(states + (p.hidden,)) if p.mode == "lstm" else None,
+                [None if w is None else new(w.shape) for w in flat])
+
+    def run(self, algorithm, p, ops, out, workspace_bytes):
+        if p.direction == "fwd":
+            algorithm.run(p, *ops.args, out=out["ys"], h_n=out["h_n"], c_n=out["c_n"], reserve=None)
+        else:
+            algorithm.run(p, *ops.args, out=out)
+        return out
+
+    def result(self, p, out):
+        if p.direction == "fwd":
+            return out["ys"][-1]
+        dx, dh0, _, grads = out
+        return np.concatenate([a.ravel() for a in [dx, dh0, *grads] if a is not None])
+
+    def reference(self, p, ops):
+        x, h0, c0, flat = ops.args[:4]
+        weights = [w for w in flat if w is not None]
+        if p.direction == "fwd":
+            return ref.rnn_sequence_ref(p.mode, x, h0, c0, weights, p.layers, p.dirs == 2)[0]
+        dy, dh_n, dc_n = ops.args[6:]
+        gx, gh0, _, gw = ref.rnn_sequence_backward_ref(p.mode, x, h0, c0, weights, dy, dh_n, dc_n, p.layers,
+                                                        p.dirs == 2)
+        return np.concatenate([a.ravel() for a in [gx, gh0, *gw]])
+
+
+_GEMM, _CONV, _RNN = GemmHarness(), ConvHarness(), RnnHarness()
+_HARNESSES = {"gemm": _GEMM, "conv2d_fwd": _CONV, "conv2d_bwd_data": _CONV, "conv2d_bwd_filter": _CONV}
+_HARNESSES.update({f"{mode}_{d}": _RNN for mode in RNN_MODES for d in ("fwd", "bwd")})
 
 
 def tunable(p) -> bool:
-    return p.op in _OPS
+    return p.op in _HARNESSES
+
+
+def harness(p) -> Harness:
+    """The Harness of p's operator; ValueError naming the tunable ones where it has none."""
+    h = _HARNESSES.get(p.op)
+    if h is None:
+        raise ValueError(f"autotune: operator {p.op!r} is not tunable; tunable ones: {sorted(_HARNESSES)}")
+    return h
 
 
 def operands(p, rng: np.random.Generator) -> Operands:
     """Random inputs for p. MemoryError when they do not fit."""
-    make = _OPS.get(p.op)
-    if make is None:
-        raise ValueError(f"autotune: operator {p.op!r} is not tunable; tunable ones: {sorted(_OPS)}")
-    return make(p, rng)
+    return harness(p).operands(p, rng)
 
 
-def run(algorithm, p, ops: Operands, out: np.ndarray, workspace_bytes: int):
-    """One call of algorithm on p, as the public API makes it (workspace allocated by the caller's side,
-    as in api.py, and counted in the time: it is part of what a call costs)."""
-    kwargs = dict(ops.kwargs)
-    if p.op != "gemm":
-        kwargs["workspace"] = None if workspace_bytes == 0 else np.empty(workspace_bytes // p.itemsize, p.dtype)
-    algorithm.run(p, *ops.args, out=out, **kwargs)
-    return out
+def run(algorithm, p, ops: Operands, out, workspace_bytes: int):
+    """One call of algorithm on p, as the public API makes it."""
+    return harness(p).run(algorithm, p, ops, out, workspace_bytes)

@@ -2,9 +2,10 @@
 
 resnet50: the 20 distinct convolutions of ResNet-50 v1 (data/resnet50_conv.txt, benchdnn's list) and
     its 2048 -> 1000 classifier, at minibatch mb.
-lstm: the GEMMs an LSTM layer runs, for hidden sizes 256, 512 and 1024 over 50 steps: the input
-    projection of all steps at once (50*mb rows, 4H outputs, fused bias) and the recurrent projection
-    of one step (mb rows).
+lstm: LSTM layers of hidden sizes 256, 512 and 1024 over 50 steps at minibatch mb, as the fused sequence
+    (forward, or backward through time for a backward direction; a two-layer stack at 256), and the
+    GEMMs such a layer runs: the input projection of all steps at once (50*mb rows, 4H outputs, fused
+    bias) and the recurrent projection of one step (mb rows).
 fc: fully-connected layers: BERT-base's (768 -> 768, 768 -> 3072, 3072 -> 768, over mb sequences of 128
     tokens) and VGG-16's classifier (25088 -> 4096, 4096 -> 4096, 4096 -> 1000, mb rows).
 """
@@ -14,7 +15,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from ..problem import DATA_DIR, GemmProblem, _strip_comment, load_problems, parse_descriptor
+from ..problem import DATA_DIR, GemmProblem, RnnProblem, _strip_comment, load_problems, parse_descriptor
 
 _LSTM_STEPS = 50
 
@@ -33,7 +34,9 @@ def _resnet50(mb, direction, dtype):
 
 
 def _lstm(mb, direction, dtype):
-    out = []
+    rnn_direction = "fwd" if direction == "fwd" else "bwd"
+    out = [RnnProblem("lstm", _LSTM_STEPS, mb, h, h, layers=layers, direction=rnn_direction, dtype=dtype)
+           for h, layers in ((256, 1), (256, 2), (512, 1), (1024, 1))]
     for h in (256, 512, 1024):
         out.append(_linear(_LSTM_STEPS * mb, h, 4 * h, dtype))
         out.append(_linear(mb, h, 4 * h, dtype, bias=False))

@@ -53,31 +53,10 @@ def tolerance(algorithm, dtype: str) -> float:
     return algorithm.tolerance if dtype == "float32" else FLOAT64_TOLERANCE
 
 
-def _reference(p, ops) -> np.ndarray:
-    """p's output on ops by reference.py's float64 NumPy formulas: no dnnkit kernel in it."""
-    from .. import reference as ref
-
-    if p.op == "gemm":
-        a, b = ops.args
-        return ref.activation_ref(ref.gemm_ref(a, b) + (ref._f64(ops.kwargs["bias"]) if p.bias else 0.0),
-                                  p.activation)
-    geometry = dict(stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.g)
-    if p.op == "conv2d_fwd":
-        x, w = ops.args
-        return ref.conv2d_ref(x, w, ops.kwargs.get("bias"), **geometry)
-    if p.op == "conv2d_bwd_data":
-        w, dy = ops.args
-        return ref.conv2d_backward_data_ref(p.input_shape, w, dy, **geometry)
-    if p.op == "conv2d_bwd_filter":
-        x, dy = ops.args
-        return ref.conv2d_backward_filter_ref(x, p.weight_shape, dy, **geometry)
-    raise ValueError(f"no reference for {p.op}")
-
-
 def _oracle(p, ops, rng):
-    """The float64 reference output of p on ops (_reference), or (None, reason)."""
+    """The float64 reference result of p on ops (the harness's, from reference.py), or (None, reason)."""
     try:
-        return _reference(p, ops), None
+        return harness.harness(p).reference(p, ops), None
     except Exception as e:  # noqa: BLE001 - no oracle means no accuracy check, not a failed tuning
         return None, f"no accuracy check ({type(e).__name__}: {e})"
 
@@ -87,8 +66,7 @@ def _operand_sets(p, ops: harness.Operands, rng) -> list:
     cache (they come from memory anyway), else enough copies to fill twice that cache, so that each call
     finds its inputs and output in memory, as a layer inside a network does, not where the previous
     call left them (the classifier of ResNet-50 at batch 1 read 1.9x the copy bandwidth on reused inputs)."""
-    nbytes = sum(a.nbytes for a in list(ops.args) + list(ops.kwargs.values()) if isinstance(a, np.ndarray))
-    nbytes += int(np.prod(ops.out_shape)) * np.dtype(p.dtype).itemsize
+    nbytes = harness.harness(p).nbytes(p, ops)
     llc = _cpu.last_level_cache_bytes()
     if llc <= 0 or nbytes >= llc:
         return [ops]
@@ -103,6 +81,7 @@ def _time_rounds(entries, p, sets, outs, budget_s: float, rounds: int) -> None:
     if not entries:
         return
     share = budget_s / len(entries) / rounds
+    h = harness.harness(p)
     for r in range(rounds):
         order = entries[r % len(entries):] + entries[:r % len(entries)]
         for a, rec, times in order:
@@ -114,7 +93,7 @@ def _time_rounds(entries, p, sets, outs, budget_s: float, rounds: int) -> None:
                 while len(times) < MAX_REPS * rounds:
                     i = len(times) % len(sets)
                     t0 = time.perf_counter()
-                    harness.run(a, p, sets[i], outs[i], rec.workspace_bytes)
+                    h.run(a, p, sets[i], outs[i], rec.workspace_bytes)
                     times.append(time.perf_counter() - t0)
                     want -= 1
                     if want <= 0 and time.perf_counter() - start >= share:
@@ -143,8 +122,7 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
     store: True writes the records to the default cache, a cache.Store writes there, False nowhere.
     exclude: algorithm names not to run (recorded as unsupported, "excluded").
     """
-    if not harness.tunable(p):
-        raise ValueError(f"autotune: operator {p.op!r} is not tunable")
+    h = harness.harness(p)  # ValueError where p's operator is not tunable
     if budget is None:
         budget = DEFAULT_BUDGET_S
     if not (isinstance(budget, (int, float)) and budget >= 0) or isinstance(budget, bool):
@@ -205,10 +183,10 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
             timed = []
             for a, r in runnable:
                 try:
-                    out = np.full(ops.out_shape, np.nan, dtype=p.dtype)  # NaN: a kernel that skips a write shows
-                    harness.run(a, p, ops, out, r.workspace_bytes)
+                    out = h.output(p, ops, fill=np.nan)  # NaN: a kernel that skips a write shows
+                    h.run(a, p, ops, out, r.workspace_bytes)
                     if expected is not None:
-                        r.error = rel_l2(out, expected)
+                        r.error = rel_l2(h.result(p, out), expected)
                         if not r.error <= r.tolerance:
                             r.status = "inaccurate"
                             r.reason = f"error {r.error:.1e} over the tolerance {r.tolerance:.0e}"
@@ -222,7 +200,7 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
                 sets = _operand_sets(p, ops, rng)
             except MemoryError:
                 sets = [ops]
-            outs = [np.empty(ops.out_shape, dtype=p.dtype) for _ in sets]
+            outs = [h.output(p, ops) for _ in sets]
             inputs = f"rotated over {len(sets)} copies" if len(sets) > 1 else "one set (larger than the cache)"
             # Alternating rounds; the top two again where the figures do not tell them apart.
             live = list(timed)
