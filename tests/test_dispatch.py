@@ -123,3 +123,35 @@ def test_a_record_tuned_under_a_tighter_workspace_limit_does_not_decide_without_
     assert dispatch._tuned(p, supported, 1 << 10).name == "direct"
     assert dispatch._tuned(p, supported, None) is None and dispatch._tuned(p, supported, 1 << 20) is None
     store.close()
+
+
+def test_dispatch_returns_a_plan_kept_per_problem_and_state(restore_tuning):
+    """A plan is the algorithm, its workspace on the problem and its run() bound to the problem; the same
+    call again gets the same plan, a change of what the decision depends on (the workspace limit, the
+    thread count) a new one."""
+    from dnnkit.dispatch import plan
+    from dnnkit.plans import Memo
+
+    p = ConvProblem.parse("mb1ic4ih10oc8oh10kh3ph1")
+    first = plan(p)
+    assert first is plan(p) and first.problem is p and first.algorithm is choose(p)
+    assert first.workspace_bytes == first.algorithm.workspace_bytes(p)
+    x = np.random.default_rng(0).standard_normal(p.input_shape).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal(p.weight_shape).astype(np.float32)
+    y = np.empty(p.output_shape, np.float32)
+    ws = None if first.workspace_bytes == 0 else np.empty(first.workspace_bytes // 4, np.float32)
+    first.run(x, w, out=y, workspace=ws)
+    np.testing.assert_array_equal(y, dnnkit.conv2d(x, w, padding=1, algo=first.algorithm.name))
+    dnnkit.set_workspace_limit(0)
+    assert plan(p) is not first and plan(p).workspace_bytes == 0
+    dnnkit.set_workspace_limit(None)
+    threads = dnnkit.get_num_threads()
+    dnnkit.set_num_threads(threads + 1)
+    try:
+        assert plan(p) is not first
+    finally:
+        dnnkit.set_num_threads(threads)
+    memo = Memo(2)
+    for i in range(5):
+        memo.put(i, i)
+        assert len(memo) <= 2 and memo[i] == i

@@ -15,31 +15,30 @@ from ._checks import (
 )
 from .backends import DeviceArray, cpu as _cpu, device_of, placement_error
 from ._config import get_workspace_limit
-from .dispatch import choose, dispatch_state, explain_problem
+from .dispatch import dispatch_state, explain_problem, plan as _dispatch_plan
+from .plans import Memo
 from .packed import PackedWeight
 from .problem import RNN_MODES, ConvProblem, GemmProblem, RnnProblem, _conv_pair, parse_descriptor
 
 
 # Problems are immutable and built from a handful of ints, flags and names: keep one object per key so
 # that a repeated call builds no dataclass and hashes to a cached dispatch decision.
-_problems: dict = {}
+_problems = Memo()
 
 
 def _gemm_problem(m, n, k, trans_a, trans_b, dtype, bias=False, activation="identity") -> GemmProblem:
     key = (m, n, k, trans_a, trans_b, dtype, bias, activation)
     p = _problems.get(key)
     if p is None:
-        if len(_problems) > 4096:
-            _problems.clear()
-        p = _problems[key] = GemmProblem(m, n, k, trans_a=trans_a, trans_b=trans_b, dtype=_DTYPE_NAMES[dtype],
-                                          bias=bias, activation=activation)
+        p = _problems.put(key, GemmProblem(m, n, k, trans_a=trans_a, trans_b=trans_b, dtype=_DTYPE_NAMES[dtype],
+                                           bias=bias, activation=activation))
     return p
 
 
-def _choose(op: str, p, algo, workspace_limit=None):
-    """dispatch.choose, its errors naming the public function op (linear's problems are GEMM problems)."""
+def _plan(op: str, p, algo, workspace_limit=None):
+    """dispatch.plan, its errors naming the public function op (linear's problems are GEMM problems)."""
     try:
-        return choose(p, algo, workspace_limit)
+        return _dispatch_plan(p, algo, workspace_limit)
     except (TypeError, ValueError) as e:
         msg = str(e)
         if op == p.op or not msg.startswith(f"{p.op}: "):
@@ -88,7 +87,7 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, alg
     if alpha == 0.0:
         # As BLAS: a and b are not read (a NaN or Inf in them does not reach C); C = beta * C.
         if algo != "auto":
-            choose(p, algo)  # a named algorithm is still checked
+            _dispatch_plan(p, algo)  # a named algorithm is still checked
         if c is None:
             c = _empty("gemm", (p.m, p.n), A.dtype)
             c.fill(0.0)
@@ -97,12 +96,12 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, alg
         elif beta != 1.0:
             c *= beta
         return c
-    algorithm = choose(p, algo)
+    plan = _dispatch_plan(p, algo)
     if c is None:
         c = _empty("gemm", (p.m, p.n), A.dtype)
     else:
         A, B = _unshared(A, c), _unshared(B, c)
-    algorithm.run(p, A, B, out=c, alpha=alpha, beta=beta)
+    plan.run(A, B, out=c, alpha=alpha, beta=beta)
     return c
 
 
@@ -138,7 +137,7 @@ def _linear_prepare(x, weight, bias, activation):
 # inference loop) then skips the checks and the dispatch, a few microseconds of a GEMV's tens.
 # A hit whose algorithm names a kernel of linear_run (algos/gemm_cpu.py) goes straight to it: the output allocated, the
 # kernel run, all in one C++ call.
-_linear_calls: dict = {}
+_linear_calls = Memo(1024)
 
 
 def _linear_key(input, weight, bias, activation, algo):
@@ -162,30 +161,29 @@ def linear(input, weight, bias=None, *, activation=None, return_preactivation=Fa
     key = None if return_preactivation is not False else _linear_key(input, weight, bias, activation, algo)
     hit = None if key is None else _linear_calls.get(key)
     if hit is not None:
-        p, algorithm, kind = hit
+        plan, kind = hit
+        p = plan.problem
         if kind is not None:
             return _fc_kernels.linear_run(input, weight, bias, ACTIVATION_CODES[p.activation], kind)
         y = _empty("linear", input.shape[:-1] + (p.n,), weight.dtype)
-        algorithm.run(p, input.reshape(p.m, p.k), weight.T, out=y.reshape(p.m, p.n), bias=bias)
+        plan.run(input.reshape(p.m, p.k), weight.T, out=y.reshape(p.m, p.n), bias=bias)
         return y
     try:
         p, x2, w, bias, lead = _linear_prepare(input, weight, bias, activation)
     except DeviceArray:
         raise placement_error("linear", input=input, weight=weight, bias=bias) from None
     _flag("linear", "return_preactivation", return_preactivation)
-    algorithm = _choose("linear", p, algo)
+    plan = _plan("linear", p, algo)
     y = _empty("linear", lead + (p.n,), w.dtype)
     y2 = y.reshape(p.m, p.n)
     if not return_preactivation or p.activation == "identity":
-        algorithm.run(p, x2, w.T, out=y2, bias=bias)
+        plan.run(x2, w.T, out=y2, bias=bias)
         if key is not None:
-            if len(_linear_calls) > 1024:
-                _linear_calls.clear()
-            _linear_calls[key] = (p, algorithm, LINEAR_RUN_KINDS.get(type(algorithm)))
+            _linear_calls.put(key, (plan, LINEAR_RUN_KINDS.get(type(plan.algorithm))))
         return (y, y.copy()) if return_preactivation else y
     z = _empty("linear", y.shape, y.dtype)
     pz = _gemm_problem(p.m, p.n, p.k, False, True, w.dtype, p.bias)
-    algorithm.run(pz, x2, w.T, out=z.reshape(p.m, p.n), bias=bias)
+    plan.algorithm.run(pz, x2, w.T, out=z.reshape(p.m, p.n), bias=bias)
     _fc_kernels.activation_forward(z, y, ACTIVATION_CODES[p.activation])
     return y, z
 
@@ -286,11 +284,11 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
     # grad_input (M x K) = gz (M x N) @ weight (N x K)
     p_dx = _gemm_problem(m, in_f, out_f, False, False, dtype)
     grad_x = _empty(op, x.shape, dtype)
-    _choose(op, p_dx, algo).run(p_dx, gz, w, out=grad_x.reshape(m, in_f))
+    _plan(op, p_dx, algo).run(gz, w, out=grad_x.reshape(m, in_f))
     # grad_weight (N x K) = gz.T (N x M) @ input (M x K)
     p_dw = _gemm_problem(out_f, in_f, m, True, False, dtype)
     grad_w = _empty(op, (out_f, in_f), dtype) if into_w is None else into_w
-    _choose(op, p_dw, algo).run(p_dw, gz.T, x2, out=grad_w, beta=0.0 if into_w is None else 1.0)
+    _plan(op, p_dw, algo).run(gz.T, x2, out=grad_w, beta=0.0 if into_w is None else 1.0)
     grad_b = _fc_kernels.column_sums(np.ascontiguousarray(gz), into_b) if bias else None
     return grad_x, grad_w, grad_b
 
@@ -358,25 +356,16 @@ def _conv_problem(op, direction, x_shape, w_shape, stride, padding, dilation, gr
         p = ConvProblem.from_arrays(x_shape, w_shape, stride, padding, dilation, groups, direction=direction,
                                     dtype=_DTYPE_NAMES[dtype], bias=bias, op=op)
         if key is not None:
-            if len(_problems) > 4096:
-                _problems.clear()
-            _problems[key] = p
+            _problems.put(key, p)
     return p
 
 
-_workspace_bytes: dict = {}
 _SCRATCH_MIN_BYTES = 128 << 10  # csrc/common.h kRecycleBytes: the block cache's smallest block
 
 
-def _workspace(algorithm, p, dtype):
-    """The workspace array algorithm needs for p (None for none); its size is remembered per problem, thread
-    count and ISA (packed filters follow the micro-kernel's shape)."""
-    key = (algorithm, p, get_workspace_limit(), _cpu.settings_generation())
-    nbytes = _workspace_bytes.get(key)
-    if nbytes is None:
-        if len(_workspace_bytes) > 4096:
-            _workspace_bytes.clear()
-        nbytes = _workspace_bytes[key] = algorithm.workspace_bytes(p)
+def _workspace(plan, dtype):
+    """The workspace array a plan's run needs (None for none)."""
+    nbytes, p = plan.workspace_bytes, plan.problem
     if nbytes == 0:
         return None
     if nbytes < _SCRATCH_MIN_BYTES:
@@ -406,16 +395,16 @@ def _caller_workspace(op: str, workspace):
     return workspace.reshape(-1).view(np.uint8)
 
 
-def _choose_conv(op: str, p, algo, ws):
-    """The algorithm for p; with a caller's workspace ws, one whose workspace fits in it (its limit)."""
-    return _choose(op, p, algo, None if ws is None else max(0, ws.nbytes - (_WORKSPACE_ALIGN - 1)))
+def _conv_plan(op: str, p, algo, ws):
+    """The plan for p; with a caller's workspace ws, one whose workspace fits in it (its limit)."""
+    return _plan(op, p, algo, None if ws is None else max(0, ws.nbytes - (_WORKSPACE_ALIGN - 1)))
 
 
-def _conv_workspace(op: str, algorithm, p, dtype, ws):
+def _conv_workspace(op: str, plan, dtype, ws):
     """The workspace for the run: the library's (ws None), or the first aligned bytes of the caller's."""
     if ws is None:
-        return _workspace(algorithm, p, dtype)
-    need = int(algorithm.workspace_bytes(p))
+        return _workspace(plan, dtype)
+    need, algorithm = plan.workspace_bytes, plan.algorithm
     if need == 0:
         return None
     off = -ws.ctypes.data % _WORKSPACE_ALIGN
@@ -479,11 +468,11 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         p, x, w, bias = _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups)
     except DeviceArray:
         raise placement_error("conv2d", input=input, weight=weight, bias=bias, workspace=workspace) from None
-    algorithm = _choose_conv("conv2d", p, algo, ws)
+    plan = _conv_plan("conv2d", p, algo, ws)
     y = _empty("conv2d", (p.mb, p.oc, p.oh, p.ow), x.dtype)
-    algorithm.run(p, np.ascontiguousarray(x), np.ascontiguousarray(w), out=y,
-                  bias=None if bias is None else np.ascontiguousarray(bias),
-                  workspace=_conv_workspace("conv2d", algorithm, p, x.dtype, ws))
+    plan.run(np.ascontiguousarray(x), np.ascontiguousarray(w), out=y,
+             bias=None if bias is None else np.ascontiguousarray(bias),
+             workspace=_conv_workspace("conv2d", plan, x.dtype, ws))
     return y
 
 
@@ -514,10 +503,10 @@ def conv2d_backward_data(input_shape, weight, grad_output, stride=1, padding=0, 
         p, w, dy = _conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation, groups)
     except DeviceArray:
         raise placement_error(op, weight=weight, grad_output=grad_output, workspace=workspace) from None
-    algorithm = _choose_conv(op, p, algo, ws)
+    plan = _conv_plan(op, p, algo, ws)
     dx = _empty(op, (p.mb, p.ic, p.ih, p.iw), w.dtype)
-    algorithm.run(p, np.ascontiguousarray(w), np.ascontiguousarray(dy), out=dx,
-                  workspace=_conv_workspace(op, algorithm, p, w.dtype, ws))
+    plan.run(np.ascontiguousarray(w), np.ascontiguousarray(dy), out=dx,
+             workspace=_conv_workspace(op, plan, w.dtype, ws))
     return dx
 
 
@@ -551,10 +540,10 @@ def conv2d_backward_filter(input, weight_shape, grad_output, stride=1, padding=0
         p, x, dy = _conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding, dilation, groups)
     except DeviceArray:
         raise placement_error(op, input=input, grad_output=grad_output, workspace=workspace) from None
-    algorithm = _choose_conv(op, p, algo, ws)
+    plan = _conv_plan(op, p, algo, ws)
     dw = _empty(op, (p.oc, p.ic // p.g, p.kh, p.kw), x.dtype)
-    algorithm.run(p, np.ascontiguousarray(x), np.ascontiguousarray(dy), out=dw,
-                  workspace=_conv_workspace(op, algorithm, p, x.dtype, ws))
+    plan.run(np.ascontiguousarray(x), np.ascontiguousarray(dy), out=dw,
+             workspace=_conv_workspace(op, plan, x.dtype, ws))
     return dw
 
 

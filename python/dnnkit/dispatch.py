@@ -7,8 +7,8 @@ cudnn.benchmark); "heuristic" takes the supporting algorithm the cost model (aut
 predicts fastest, keeping the registry's order where it has no prediction; "off" takes the first
 supporting algorithm of the registry that fits the workspace limit.
 
-Decisions are remembered per process (keyed by everything they depend on), so a repeated call costs a
-dictionary lookup.
+A decision is a Plan (plans.py): the algorithm, its workspace and its run() bound to the problem,
+remembered per process (keyed by everything it depends on), so a repeated call costs a dictionary lookup.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import warnings
 from . import algos
 from .backends import cpu as _cpu
 from ._config import get_tuning, get_workspace_limit
+from .plans import Memo, Plan
 from .autotune import cache
 from .autotune.cost_model import predict
 from .algos.base import Algorithm, Candidate
@@ -42,9 +43,10 @@ def candidates(p, workspace_limit: int | None = None) -> list[tuple[Algorithm, s
     return out
 
 
-# Decisions already made: (problem, algo, workspace limit, registry version, mode, cache generation,
-# settings generation: threads, ISA, AMX) -> Algorithm.
-_decisions: dict = {}
+# Plans already made: (problem, algo, workspace limit, the process-wide limit (the chunked algorithms size
+# their buffers by it), registry version, mode, cache generation, settings generation: threads, ISA, AMX)
+# -> Plan.
+_plans = Memo()
 
 
 def dispatch_state() -> tuple:
@@ -55,18 +57,22 @@ def dispatch_state() -> tuple:
     return algos.version(), get_tuning(), cache.generation(), _cpu.settings_generation()
 
 
-def choose(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) -> Algorithm:
-    """The algorithm that runs p. Raises ValueError naming the operator when none can."""
-    limit = get_workspace_limit() if workspace_limit is None else workspace_limit
-    key = (p, algo, limit) + dispatch_state()
-    hit = _decisions.get(key)
+def plan(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) -> Plan:
+    """The Plan that runs p: the algorithm algo names, or (auto) the one dispatch chooses among those whose
+    workspace fits workspace_limit (default: the process-wide limit). Raises ValueError naming the operator
+    when none can."""
+    default = get_workspace_limit()
+    limit = default if workspace_limit is None else workspace_limit
+    key = (p, algo, limit, default) + dispatch_state()
+    hit = _plans.get(key)
     if hit is not None:
         return hit
-    chosen = _choose(p, algo, limit)
-    if len(_decisions) > 4096:
-        _decisions.clear()
-    _decisions[key] = chosen
-    return chosen
+    return _plans.put(key, Plan.of(p, _choose(p, algo, limit)))
+
+
+def choose(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) -> Algorithm:
+    """The algorithm that runs p (plan(p, ...).algorithm)."""
+    return plan(p, algo, workspace_limit).algorithm
 
 
 def _choose(p, algo, workspace_limit) -> Algorithm:

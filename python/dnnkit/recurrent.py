@@ -52,7 +52,8 @@ from .algos.rnn_cpu import reserve_elems as _reserve_elems
 from ._config import get_workspace_limit
 from .backends import DeviceArray, placement_error
 from ._checks import _DTYPE_NAMES, _FLOAT_DTYPES, _array, _empty, _flag
-from .api import _accumulate_target, _choose
+from .api import _accumulate_target, _plan
+from .plans import Memo
 from .dispatch import dispatch_state
 from .packed import PackedWeight, unpacked
 from .problem import RnnProblem
@@ -102,7 +103,7 @@ class RnnReserve:
                 f"directions={D} {self.x.dtype} {self.nbytes} bytes>")
 
 
-_problems: dict = {}
+_problems = Memo()
 
 
 def _problem(mode, T, B, I, H, L, D, bias, direction, dtype, P=0) -> RnnProblem:
@@ -110,10 +111,8 @@ def _problem(mode, T, B, I, H, L, D, bias, direction, dtype, P=0) -> RnnProblem:
     key = (mode, T, B, I, H, L, D, bias, direction, dtype, P)
     p = _problems.get(key)
     if p is None:
-        if len(_problems) > 4096:
-            _problems.clear()
-        p = _problems[key] = RnnProblem(mode, T, B, I, H, layers=L, dirs=D, bias=bias, direction=direction,
-                                        dtype=_DTYPE_NAMES[np.dtype(dtype)], proj=P)
+        p = _problems.put(key, RnnProblem(mode, T, B, I, H, layers=L, dirs=D, bias=bias, direction=direction,
+                                          dtype=_DTYPE_NAMES[np.dtype(dtype)], proj=P))
     return p
 
 
@@ -270,8 +269,8 @@ def _sequence_stack(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias, rec
         h0_l = None if h0 is None else h0[k0:k1]
         c0_l = None if c0 is None else c0[k0:k1]
         p = _problem(mode, T, B, il, H, 1, D, has_bias, "fwd", dtype, P)
-        _choose(op, p, algo).run(p, inp, h0_l, c0_l, w, out=[out], h_n=h_n[k0:k1],
-                                 c_n=None if c_n is None else c_n[k0:k1], reserve=buffer)
+        _plan(op, p, algo).run(inp, h0_l, c0_l, w, out=[out], h_n=h_n[k0:k1],
+                               c_n=None if c_n is None else c_n[k0:k1], reserve=buffer)
         stack.append(RnnReserve(op=op, mode=mode, cell=False, shape=shape, problem=p, x=inp, h0=h0_l, c0=c0_l,
                                 weights=w, names=None, as_dict=False, has_bias=has_bias, ys=[out], buffer=buffer,
                                 batch_first=False, unbatched=False))
@@ -341,7 +340,7 @@ def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, b
             buffer = None
         h_n = _empty(op, (num_layers * dirs, B, S), x.dtype)
         c_n = _empty(op, (num_layers * dirs, B, H), x.dtype) if mode == "lstm" else None
-        _choose(op, p, algo).run(p, xt, h0, c0, flat, out=ys, h_n=h_n, c_n=c_n, reserve=buffer)
+        _plan(op, p, algo).run(xt, h0, c0, flat, out=ys, h_n=h_n, c_n=c_n, reserve=buffer)
     if unbatched:
         output, h_n = out[:, 0, :], h_n[:, 0, :]
         c_n = None if c_n is None else c_n[:, 0, :]
@@ -474,8 +473,8 @@ def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n, into=None, algo="auto"):
         grads = list(into)
     fp = r.problem
     p = _problem(fp.mode, fp.seq, fp.batch, fp.input, fp.hidden, fp.layers, fp.dirs, fp.bias, "bwd", dtype, fp.proj)
-    _choose(op, p, algo).run(p, r.x, r.h0, r.c0, r.weights, r.ys, r.buffer, dy, dh_n, dc_n,
-                             out=(dx, dh0, dc0, grads), accumulate=into is not None)
+    _plan(op, p, algo).run(r.x, r.h0, r.c0, r.weights, r.ys, r.buffer, dy, dh_n, dc_n,
+                           out=(dx, dh0, dc0, grads), accumulate=into is not None)
     return dx, dh0, dc0, grads
 
 
@@ -487,7 +486,7 @@ def _recompute(op, r: RnnReserve) -> RnnReserve:
     buffer = _empty(op, (_reserve_elems(r.shape),), dtype)
     out = _empty(op, (T, B, D * (P or H)), dtype)
     p = r.problem
-    _choose(op, p, "auto").run(p, r.x, r.h0, r.c0, r.weights, out=[out], h_n=_empty(op, (D, B, P or H), dtype),
+    _plan(op, p, "auto").run(r.x, r.h0, r.c0, r.weights, out=[out], h_n=_empty(op, (D, B, P or H), dtype),
                                c_n=_empty(op, (D, B, H), dtype) if r.mode == "lstm" else None, reserve=buffer)
     return RnnReserve(op=r.op, mode=r.mode, cell=False, shape=r.shape, problem=p, x=r.x, h0=r.h0, c0=r.c0,
                       weights=r.weights, names=None, as_dict=False, has_bias=r.has_bias, ys=[out], buffer=buffer,
@@ -595,7 +594,7 @@ def _cell_array(op, name, a, dtype):
 # was given, train, the workspace limit and the dispatch state) -> (problem, algorithm, kernel shape). A
 # cell stepped in a Python loop repeats one signature; a hit skips the checks and the dispatch, several
 # microseconds of a small cell's tens.
-_cell_calls: dict = {}
+_cell_calls = Memo(1024)
 
 
 def _sig(a):
@@ -621,12 +620,12 @@ def _cell_key(op, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
 
 
 def _cell_run(op, mode, hit, x, h, c, flat, train):
-    p, algorithm, shape, unbatched = hit
+    plan, shape, unbatched = hit
     B, H = shape[2], shape[4]
     h_out = _empty(op, (B, H), x.dtype)
     c_out = _empty(op, (B, H), x.dtype) if mode == "lstm" else None
     buffer = _empty(op, (_reserve_elems(shape),), x.dtype) if train else None
-    algorithm.run(p, x, h, c, flat, out=[h_out], h_n=None, c_n=c_out, reserve=buffer)
+    plan.run(x, h, c, flat, out=[h_out], h_n=None, c_n=c_out, reserve=buffer)
     return h_out, c_out, buffer
 
 
@@ -636,8 +635,8 @@ def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
     hit = None if key is None else _cell_calls.get(key)
     if hit is not None:
         h_out, c_out, buffer = _cell_run(op, mode, hit, x, h, c, [w_ih, w_hh, b_ih, b_hh], train)
-        return _cell_result(op, mode, hit[0], hit[2], hit[3], x, h, c, [w_ih, w_hh, b_ih, b_hh], h_out, c_out,
-                            buffer, train)
+        return _cell_result(op, mode, hit[0].problem, hit[1], hit[2], x, h, c, [w_ih, w_hh, b_ih, b_hh], h_out,
+                            c_out, buffer, train)
     try:
         return _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train)
     except DeviceArray:
@@ -695,12 +694,10 @@ def _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
     train = _flag(op, "train", train)
     flat = [w_ih, w_hh, b_ih, b_hh]
     p = _problem(mode, 1, B, I, H, 1, 1, b_ih is not None, "fwd", dtype)
-    hit = (p, _choose(op, p, "auto"), shape, unbatched)
+    hit = (_plan(op, p, "auto"), shape, unbatched)
     h_out, c_out, buffer = _cell_run(op, mode, hit, x, h, c, flat, train)
     if key is not None:
-        if len(_cell_calls) > 1024:
-            _cell_calls.clear()
-        _cell_calls[key] = hit
+        _cell_calls.put(key, hit)
     return _cell_result(op, mode, p, shape, unbatched, x, h, c, flat, h_out, c_out, buffer, train)
 
 
