@@ -155,3 +155,17 @@ def test_dispatch_returns_a_plan_kept_per_problem_and_state(restore_tuning):
     for i in range(5):
         memo.put(i, i)
         assert len(memo) <= 2 and memo[i] == i
+
+
+@pytest.mark.parametrize("mode", ["heuristic", "off"])
+def test_rules_decide_where_nothing_is_measured(mode, restore_tuning):
+    """A rule is not a capability: gemm_small_m can run 400 rows (algo= may name it, the tuner times it),
+    but untuned dispatch takes the algorithm whose rule holds; explain() gives the rule's reason."""
+    dnnkit.set_tuning(mode)
+    big, small = GemmProblem(400, 256, 512, trans_b=True), GemmProblem(4, 256, 512, trans_b=True)
+    small_m = algos.get("gemm", "cpu", "gemm_small_m")
+    assert small_m.supports(big) is None and "faster" in small_m.rule(big)
+    assert choose(big).name == "blocked_gemm" and choose(small).name == "gemm_small_m"
+    assert choose(big, "gemm_small_m") is small_m
+    row = next(c for c in dnnkit.explain(big) if c.algorithm == "gemm_small_m")
+    assert row.supported and "m = 400 is over 16" in row.rule and "rule:" in str(row)

@@ -145,16 +145,19 @@ def _problems(args) -> list:
 
 
 def _picks(result):
-    """(the registry's first usable algorithm: what tuning 'off' runs, the cost model's pick)."""
+    """(what tuning 'off' runs: the registry's first usable algorithm that its rule takes, the cost model's
+    pick)."""
     from . import algos
 
     usable = {r.algorithm: r for r in result if r.status in ("ok", "inaccurate", "failed", "pruned")}
-    order = [a.name for a in algos.algorithms(result.problem.op, "cuda" if result.problem.device == "cuda" else "cpu")
+    problem = result.problem
+    order = [a for a in algos.algorithms(problem.op, "cuda" if problem.device == "cuda" else "cpu")
              if a.name in usable]
     if not order:
         return None, None
-    default = usable[order[0]]
-    predicted = [(usable[n].predicted_s, i, usable[n]) for i, n in enumerate(order) if usable[n].predicted_s]
+    default = usable[next((a for a in order if a.rule(problem) is None), order[0]).name]
+    predicted = [(usable[a.name].predicted_s, i, usable[a.name]) for i, a in enumerate(order)
+                 if usable[a.name].predicted_s]
     # No prediction (GEMM's algorithms have no formula): the model made no pick of its own to score.
     heuristic = min(predicted, key=lambda t: (t[0], t[1]))[2] if predicted else None
     return default, heuristic

@@ -3,9 +3,10 @@
 A cached tuning result is the fastest accurate algorithm the persistent cache (autotune/cache.py) holds
 for this problem, device and version whose workspace fits the limit. Without one, the tuning mode
 (dnnkit.set_tuning) decides: "measure" tunes the problem now (autotune.find, stored in the cache, like
-cudnn.benchmark); "heuristic" takes the supporting algorithm the cost model (autotune/cost_model.py)
-predicts fastest, keeping the registry's order where it has no prediction; "off" takes the first
-supporting algorithm of the registry that fits the workspace limit.
+cudnn.benchmark); "heuristic" takes, among the supporting algorithms that fit the workspace limit and that
+their built-in rule takes (Algorithm.rule), the one the cost model (autotune/cost_model.py) predicts
+fastest, keeping the registry's order where it has no prediction; "off" takes the first of them in the
+registry's order. Where no rule takes any, the supporting ones all stand.
 
 A decision is a Plan (plans.py): the algorithm, its workspace and its run() bound to the problem,
 remembered per process (keyed by everything it depends on), so a repeated call costs a dictionary lookup.
@@ -101,12 +102,13 @@ def _choose(p, algo, workspace_limit) -> Algorithm:
         measured = _measure(p, supported, workspace_limit)
         if measured is not None:
             return measured
-    if supported and get_tuning() != "off":
-        predicted = [(t, i, a) for i, a in enumerate(supported) if (t := predict(a, p)) is not None]
+    ruled = [a for a in supported if a.rule(p) is None] or supported
+    if ruled and get_tuning() != "off":
+        predicted = [(t, i, a) for i, a in enumerate(ruled) if (t := predict(a, p)) is not None]
         if predicted:
             return min(predicted, key=lambda tia: (tia[0], tia[1]))[2]
-    if supported:
-        return supported[0]
+    if ruled:
+        return ruled[0]
     if not cands:
         raise ValueError(f"{p.op}: no {_backend(p)} algorithm exists for this operator yet ({p.descriptor()})")
     reasons = "; ".join(f"{a.name}: {r}" for a, r, _ in cands)
@@ -171,6 +173,7 @@ def explain_problem(p, algo: str = "auto", workspace_limit: int | None = None) -
             measured[r.algorithm] = r.median_s
     return [
         Candidate(a.name, reason is None, reason, ws, chosen=(a.name == chosen),
+                  rule=a.rule(p) if reason is None else None,
                   predicted_s=predict(a, p) if reason is None else None, measured_s=measured.get(a.name))
         for a, reason, ws in candidates(p, workspace_limit)
     ]

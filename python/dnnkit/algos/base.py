@@ -19,8 +19,14 @@ class Algorithm:
     tolerance: float = 1e-5
 
     def supports(self, p) -> str | None:
-        """None when this algorithm can run p, else the reason it cannot."""
+        """None when this algorithm can run p, else the reason it cannot (never a matter of speed: see rule)."""
         raise NotImplementedError
+
+    def rule(self, p) -> str | None:
+        """None where the built-in rule takes this algorithm for p when nothing measured decides (no tuning
+        record, no cost-model prediction), else why not ("the blocked GEMM is faster there"). Unlike
+        supports(), a rule never keeps the tuner from timing the algorithm, nor algo= from naming it."""
+        return None
 
     def workspace_bytes(self, p) -> int:
         """Extra memory run() needs for p, known before running."""
@@ -51,6 +57,7 @@ class Candidate:
     reason: str | None
     workspace_bytes: int | None
     chosen: bool = False
+    rule: str | None = None           # why the built-in rule does not take it (see Algorithm.rule), if it does not
     predicted_s: float | None = None  # the cost model's prediction, when it has one
     measured_s: float | None = None   # the tuning cache's median, when this problem was tuned here
 
@@ -60,5 +67,6 @@ class Candidate:
             pred = "" if self.predicted_s is None else f"  predicted {self.predicted_s * 1e3:.3f} ms"
             if self.measured_s is not None:
                 pred += f"  measured {self.measured_s * 1e3:.3f} ms"
-            return f"{mark} {self.algorithm:<24} supported  workspace {self.workspace_bytes} B{pred}"
+            rule = "" if self.rule is None else f"  (rule: {self.rule})"
+            return f"{mark} {self.algorithm:<24} supported  workspace {self.workspace_bytes} B{pred}{rule}"
         return f"{mark} {self.algorithm:<24} rejected   {self.reason}"

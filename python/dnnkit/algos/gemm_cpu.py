@@ -72,13 +72,13 @@ class SmallMGemm(Algorithm):
     DIRECT_FROM = 13
 
     def supports(self, p) -> str | None:
-        reason = _linear_layout_reason(p)
-        if reason:
-            return reason
+        return _linear_layout_reason(p)
+
+    def rule(self, p) -> str | None:
         if p.m > self.MAX_M:
             return f"m = {p.m} is over {self.MAX_M}; the blocked GEMM is faster there"
         if (p.m >= self.DIRECT_FROM and _cpu.gemm_wt_direct_width(p.itemsize, p.m) <= 16
-                and WtDirectGemm().supports(p) is None):
+                and WtDirectGemm().supports(p) is None and WtDirectGemm().rule(p) is None):
             return f"m = {p.m} is {self.DIRECT_FROM} or more and gemm_wt_direct runs this depth; it is faster there"
         return None
 
@@ -102,9 +102,12 @@ class WtDirectGemm(Algorithm):
         reason = _linear_layout_reason(p)
         if reason:
             return reason
-        width = _cpu.gemm_wt_direct_width(p.itemsize, p.m)  # the tile for this batch (the narrowest that holds it)
-        if width == 0:
+        if _cpu.gemm_wt_direct_width(p.itemsize, 1) == 0:
             return f"no strided-A micro-kernel for {_cpu.active_isa()}"
+        return None
+
+    def rule(self, p) -> str | None:
+        width = _cpu.gemm_wt_direct_width(p.itemsize, p.m)  # the tile for this batch (the narrowest that holds it)
         min_k = _cpu.gemm_wt_direct_min_depth(p.itemsize)  # AVX-512 192, AVX2 320 (the extension's measurements)
         if p.k < min_k:
             return f"k = {p.k} is under {min_k}; the blocked GEMM is faster there"
