@@ -56,7 +56,8 @@ Activation activation_from_int(int act) {
 template <typename T>
 void gemm_impl(const py::array& a, const py::array& b, py::array& c, double alpha, double beta,
                const py::object& bias, int act, int nthreads, int kind) {
-  // kind: 0 gemm (blocked), 1 gemm_small_m, 2 gemm_wt_direct
+  // kind: 0 gemm (blocked: every path), 1 gemm_small_m, 2 gemm_wt_direct, 3 the Goto/BLIS path alone,
+  // 4 gemm_stream where the operands' strides let it run (else as 0)
   const char* op = "gemm";
   View2D va = view2d<T>(a, op, "a"), vb = view2d<T>(b, op, "b"), vc = view2d<T>(c, op, "c");
   if (va.cols != vb.rows) throw py::value_error("gemm: inner dimensions of a and b differ");
@@ -85,7 +86,7 @@ void gemm_impl(const py::array& a, const py::array& b, py::array& c, double alph
       throw py::value_error("gemm: bias must be 1-D with one element per column of c");
     g.bias = bias_arr.data();
   }
-  if (kind != 0 && ((g.cs_a != 1 && g.k > 1) || (g.rs_b != 1 && g.k > 1)))
+  if ((kind == 1 || kind == 2) && ((g.cs_a != 1 && g.k > 1) || (g.rs_b != 1 && g.k > 1)))
     throw py::value_error(std::string(kind == 1 ? "gemm_small_m" : "gemm_wt_direct") +
                           ": a must be contiguous along k (its rows) and b must be the transpose of a "
                           "row-contiguous matrix");
@@ -94,8 +95,12 @@ void gemm_impl(const py::array& a, const py::array& b, py::array& c, double alph
     gemm_small_m<T>(g, nthreads);
   else if (kind == 2)
     gemm_wt_direct<T>(g, nthreads);
-  else
+  else if (kind == 4 && g.k > 0 && gemm_stream<T>(g, nthreads))
+    return;
+  else {
+    if (kind == 3) g.path = GemmPath::goto_only;
     gemm<T>(g, nthreads);
+  }
 }
 
 // A C-contiguous array of `shape` on an AlignedBuffer of n >= its size elements, which the array owns
@@ -620,14 +625,21 @@ PYBIND11_MODULE(DNNKIT_MODULE, m) {
 
   m.def("gemm",
         [](const py::array& a, const py::array& b, py::array& c, double alpha, double beta, const py::object& bias,
-           int act, int nthreads) {
-          if (is_f32(c)) return gemm_impl<float>(a, b, c, alpha, beta, bias, act, nthreads, 0);
-          if (is_f64(c)) return gemm_impl<double>(a, b, c, alpha, beta, bias, act, nthreads, 0);
+           int act, int nthreads, int path) {
+          if (path < 0 || path > 2) throw py::value_error("gemm: path must be 0 (any), 1 (Goto/BLIS) or 2 (stream)");
+          const int kind = path == 0 ? 0 : path + 2;
+          if (is_f32(c)) return gemm_impl<float>(a, b, c, alpha, beta, bias, act, nthreads, kind);
+          if (is_f64(c)) return gemm_impl<double>(a, b, c, alpha, beta, bias, act, nthreads, kind);
           throw py::type_error("gemm: c must be float32 or float64");
         },
         py::arg("a"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
-        py::arg("bias") = py::none(), py::arg("activation") = 0, py::arg("nthreads") = 0,
-        "C := act(alpha*A@B + beta*C + bias) on 2-D strided arrays of one dtype; C is not read when beta == 0.");
+        py::arg("bias") = py::none(), py::arg("activation") = 0, py::arg("nthreads") = 0, py::arg("path") = 0,
+        "C := act(alpha*A@B + beta*C + bias) on 2-D strided arrays of one dtype; C is not read when beta == 0.\n"
+        "path: 0 every path (blocked_gemm), 1 Goto/BLIS alone (gemm_goto), 2 the streamed products where the\n"
+        "operands let them run, else as 0 (gemm_stream).");
+
+  m.def("gemm_stream_takes", &gemm_stream_takes, py::arg("m"), py::arg("n"), py::arg("k"),
+        "Whether gemm_stream takes this product (B and C with contiguous rows).");
 
   m.def("gemm_small_m",
         [](const py::array& a, const py::array& b, py::array& c, double alpha, double beta, const py::object& bias,

@@ -295,13 +295,15 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
     scale_c(g);
     return;
   }
-  if (gemm_stream<T>(g, nthreads)) return;
+  const bool any_path = g.path == GemmPath::automatic;
+  if (any_path && gemm_stream<T>(g, nthreads)) return;
   if constexpr (std::is_same_v<T, float>) {
     // float32 on AMX tiles where the CPU has them and the operands split exactly (amx.h).
-    if (amx::gemm(g, nthreads)) return;
+    if (any_path && amx::gemm(g, nthreads)) return;
   }
   const UKernel<T> uk = select_ukernel<T>(active_isa());
-  if (g.b_group_cols == 0 && !g.pack_b && !g.a_packed && !g.b_panels && transposing_helps<T>(g.m, g.n, uk))
+  if (any_path && g.b_group_cols == 0 && !g.pack_b && !g.a_packed && !g.b_panels &&
+      transposing_helps<T>(g.m, g.n, uk))
     return gemm<T>(transposed(g), nthreads);
   const Plan p = make_plan<T>(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), uk, !g.a_packed,
                               g.cs_a == 1);

@@ -11,9 +11,16 @@
 
 namespace dnnkit {
 
+// Which of gemm()'s paths may run a product: every one (automatic: a product that streams one operand
+// by gemm_stream, float32 on AMX tiles where they take it, the operands' roles exchanged where that fills
+// the micro-kernel's tiles better, else Goto/BLIS), or Goto/BLIS alone as the operands are given (the
+// registry's gemm_goto, so that the tuner can time it against the others).
+enum class GemmPath : int { automatic = 0, goto_only = 1 };
+
 template <typename T>
 struct GemmArgs {
   index_t m = 0, n = 0, k = 0;
+  GemmPath path = GemmPath::automatic;
   T alpha = T(1), beta = T(0);
   const T* a = nullptr;
   index_t rs_a = 0, cs_a = 0;
@@ -79,6 +86,8 @@ template <typename T>
 bool gemm_stream(const GemmArgs<T>& g, int nthreads = 0);
 template <typename T>
 index_t gemm_stream_workspace_bytes(index_t m, index_t n, index_t k);
+// Whether gemm_stream takes an m x n x k product whose B has contiguous rows and C contiguous rows.
+bool gemm_stream_takes(index_t m, index_t n, index_t k);
 
 // The same contract for few rows of A and B = W^T (requires cs_a == 1 and rs_b == 1): dot products of
 // contiguous rows, no packing, no workspace (gemm_small_m.cpp).

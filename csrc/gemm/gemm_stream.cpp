@@ -252,6 +252,11 @@ bool gemm_stream(const GemmArgs<T>& g, int nthreads) {
   return false;
 }
 
+bool gemm_stream_takes(index_t m, index_t n, index_t k) {
+  if (m <= 0 || n <= 0 || k <= 0 || n < 16) return false;
+  return (m <= kStreamRows && stream_chunks(m, n, k) >= 2) || (k <= kStreamDepth && m >= 16);
+}
+
 template index_t gemm_stream_workspace_bytes<float>(index_t, index_t, index_t);
 template index_t gemm_stream_workspace_bytes<double>(index_t, index_t, index_t);
 template bool gemm_stream<float>(const GemmArgs<float>&, int);

@@ -57,6 +57,8 @@ def get(op: str, backend: str, name: str) -> Algorithm:
 register(gemm_cpu.SmallMGemm())
 register(gemm_cpu.WtDirectGemm())
 register(gemm_cpu.BlockedGemm())
+register(gemm_cpu.GotoGemm())
+register(gemm_cpu.StreamGemm())
 register(conv_cpu.Im2colGemmFwd())
 register(conv_cpu.ImplicitGemmFwd())
 register(conv_cpu.WinogradF4x4())

@@ -60,6 +60,42 @@ class BlockedGemm(Algorithm):
         return out
 
 
+class GotoGemm(BlockedGemm):
+    """The Goto/BLIS path of blocked_gemm alone, the operands as given: no streamed product, no AMX tiles,
+    no exchange of the operands' roles (so that the tuner can time it against blocked_gemm's choice)."""
+
+    name = "gemm_goto"
+
+    def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
+        _cpu.gemm(a, b, out, alpha, beta, bias, ACTIVATION_CODES[p.activation], 0, 1)
+        return out
+
+
+class StreamGemm(BlockedGemm):
+    """blocked_gemm's streamed products alone: at most 4 rows of A against a B with contiguous rows over a
+    depth of two chunks of 256 or more (dX = dY W at batch 1-4), or a depth of at most 8 into 16 or more
+    rows of C (dW = dY^T X at batch 1-8); each thread reads contiguous runs of B's rows or C's rows front
+    to back (csrc/gemm/gemm_stream.cpp). Where a caller's strides do not let it run, the product runs as
+    blocked_gemm runs it."""
+
+    name = "gemm_stream"
+
+    def supports(self, p) -> str | None:
+        reason = cpu_float_reason(p)
+        if reason:
+            return reason
+        if p.trans_b:
+            return "needs op(b) = b (B's rows contiguous)"
+        if not _cpu.gemm_stream_takes(p.m, p.n, p.k):
+            return (f"m = {p.m}, n = {p.n}, k = {p.k}: needs 16 or more columns and either at most 4 rows over a "
+                    f"depth of 512 or more, or a depth of at most 8 over 16 or more rows")
+        return None
+
+    def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
+        _cpu.gemm(a, b, out, alpha, beta, bias, ACTIVATION_CODES[p.activation], 0, 2)
+        return out
+
+
 class SmallMGemm(Algorithm):
     name = "gemm_small_m"
     op = "gemm"
