@@ -7,8 +7,8 @@ import os
 from ._version import __version__
 
 from ._config import (
-    empty_cache, get_amx, get_num_threads, get_tuning, get_workspace_limit, set_amx, set_num_threads, set_tuning,
-    set_workspace_limit,
+    empty_cache, get_amx, get_nan_semantics, get_num_threads, get_tuning, get_workspace_limit, set_amx,
+    set_nan_semantics, set_num_threads, set_tuning, set_workspace_limit,
 )
 from .api import (
     conv2d, conv2d_backward_bias, conv2d_backward_data, conv2d_backward_filter, explain, gemm, linear,
@@ -54,6 +54,7 @@ def info(gpu: bool = True) -> dict:
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "ukernels": machine.ukernels(),
         "tuning": get_tuning(),
+        "nan_semantics": get_nan_semantics(),
         "workspace_limit": get_workspace_limit(),
         "block_cache_bytes": cpu.block_cache_bytes(),
     })
@@ -63,7 +64,8 @@ def info(gpu: bool = True) -> dict:
 __all__ = [
     "__version__", "gemm", "linear", "linear_backward", "conv2d", "conv2d_backward_data", "conv2d_backward_filter",
     "conv2d_backward_bias", "explain", "info", "GemmProblem", "ConvProblem", "RnnProblem", "algos", "machine",
-    "set_num_threads", "get_num_threads", "set_tuning", "get_tuning", "set_workspace_limit",
+    "set_num_threads", "get_num_threads", "set_tuning", "get_tuning", "set_workspace_limit", "set_nan_semantics",
+    "get_nan_semantics",
     "get_workspace_limit", "lstm", "gru", "rnn", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
     "lstm_backward", "gru_backward", "rnn_backward", "lstm_cell_backward", "gru_cell_backward", "rnn_cell_backward",
     "RnnReserve", "empty_cache", "pack_weight", "PackedWeight", "set_amx", "get_amx", "backends",

@@ -11,6 +11,7 @@ import warnings
 from .backends import cpu as _cpu
 
 TUNING_MODES = ("heuristic", "measure", "off")
+NAN_SEMANTICS = ("any", "strict")
 
 
 def _default_threads() -> int:
@@ -97,7 +98,7 @@ def get_amx() -> bool:
     return _cpu.amx_enabled()
 
 
-_state = {"tuning": "heuristic", "workspace_limit": None}
+_state = {"tuning": "heuristic", "workspace_limit": None, "nan_semantics": "any"}
 
 
 def set_tuning(mode: str) -> None:
@@ -126,6 +127,27 @@ def get_workspace_limit() -> int | None:
     return _state["workspace_limit"]
 
 
+def set_nan_semantics(mode: str) -> None:
+    """'strict': only algorithms that propagate NaN and Inf as the reference does (Algorithm.nonfinite
+    "exact"; explain() shows each one's) are chosen, and tuning checks it on planted NaN and Inf inputs;
+    Winograd (a NaN or Inf spreads over its transform tiles, Inf turns NaN) and FFT (one spreads over its
+    image) are then left out. 'any' (default): every algorithm within its accuracy tolerance on finite
+    inputs. Also DNNKIT_NAN_SEMANTICS."""
+    if mode not in NAN_SEMANTICS:
+        raise ValueError(f"set_nan_semantics: mode must be one of {NAN_SEMANTICS}, got {mode!r}")
+    _state["nan_semantics"] = mode
+
+
+def get_nan_semantics() -> str:
+    return _state["nan_semantics"]
+
+
+def _nan_semantics(raw: str) -> str:
+    if raw not in NAN_SEMANTICS:
+        raise ValueError(f"must be one of {NAN_SEMANTICS}")
+    return raw
+
+
 def _init_from_env() -> None:
     n = _env("DNNKIT_NUM_THREADS", _positive_int)
     if _cpu.available():
@@ -134,6 +156,7 @@ def _init_from_env() -> None:
     if mode is not None:
         _state["tuning"] = mode
     _state["workspace_limit"] = _env("DNNKIT_WORKSPACE_LIMIT", parse_bytes)
+    _state["nan_semantics"] = _env("DNNKIT_NAN_SEMANTICS", _nan_semantics) or "any"
 
 
 _init_from_env()

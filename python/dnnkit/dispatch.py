@@ -17,11 +17,11 @@ import warnings
 
 from . import algos
 from .backends import cpu as _cpu
-from ._config import get_tuning, get_workspace_limit
+from ._config import get_nan_semantics, get_tuning, get_workspace_limit
 from .plans import Memo, Plan
 from .autotune import cache
 from .autotune.cost_model import predict
-from .algos.base import Algorithm, Candidate
+from .algos.base import NONFINITE, Algorithm, Candidate
 
 
 def _backend(p) -> str:
@@ -30,11 +30,15 @@ def _backend(p) -> str:
 
 def candidates(p, workspace_limit: int | None = None) -> list[tuple[Algorithm, str | None, int | None]]:
     """Every registered algorithm for p's (op, backend) with the reason it cannot run p (None if it can)
-    and its workspace. An algorithm needing more than the workspace limit is rejected with that reason."""
+    and its workspace. An algorithm needing more than the workspace limit is rejected with that reason, and
+    under strict NaN semantics (set_nan_semantics) one that does not propagate NaN and Inf exactly."""
     limit = get_workspace_limit() if workspace_limit is None else workspace_limit
+    strict = get_nan_semantics() == "strict"
     out = []
     for algo in algos.algorithms(p.op, _backend(p)):
         reason = algo.supports(p)
+        if reason is None and strict and algo.nonfinite != "exact":
+            reason = f"NaN and Inf: {NONFINITE[algo.nonfinite]} (nan_semantics is strict)"
         ws = None
         if reason is None:
             ws = algo.workspace_bytes(p)
@@ -52,10 +56,10 @@ _plans = Memo()
 
 def dispatch_state() -> tuple:
     """What a dispatch decision depends on besides the problem, the algo argument and the workspace
-    limit: the registry, the tuning mode, the tuning cache's generation, and the settings a cached record
+    limit: the registry, the tuning mode, the NaN semantics, the tuning cache's generation, and the settings a cached record
     is keyed by on this machine (the thread count, the active ISA, AMX tiles on or off: a count that
     each of their setters bumps)."""
-    return algos.version(), get_tuning(), cache.generation(), _cpu.settings_generation()
+    return algos.version(), get_tuning(), get_nan_semantics(), cache.generation(), _cpu.settings_generation()
 
 
 def plan(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) -> Plan:
@@ -173,7 +177,7 @@ def explain_problem(p, algo: str = "auto", workspace_limit: int | None = None) -
             measured[r.algorithm] = r.median_s
     return [
         Candidate(a.name, reason is None, reason, ws, chosen=(a.name == chosen),
-                  rule=a.rule(p) if reason is None else None,
+                  rule=a.rule(p) if reason is None else None, nonfinite=a.nonfinite,
                   predicted_s=predict(a, p) if reason is None else None, measured_s=measured.get(a.name))
         for a, reason, ws in candidates(p, workspace_limit)
     ]

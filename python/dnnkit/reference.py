@@ -433,7 +433,9 @@ def rnn_sequence_backward_ref(mode, x, h0, c0, weights, grad_output, grad_h_n=No
                     dh_direct = dh * z
                 else:
                     (h_t,) = saved
-                    dax = dah = dh * ((1 - h_t ** 2) if mode == "rnn_tanh" else (h_t > 0))
+                    # ReLU's gradient selects (as torch's threshold_backward): a NaN or Inf of dh where the unit
+                    # is off gives 0, not NaN.
+                    dax = dah = dh * (1 - h_t ** 2) if mode == "rnn_tanh" else np.where(h_t > 0, dh, 0.0)
                     dh_direct = 0.0
                 dw_ih += dax.T @ lin[t]
                 dw_hh += dah.T @ h_prev

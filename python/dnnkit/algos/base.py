@@ -11,12 +11,17 @@ class Algorithm:
     op:        the operator and direction ("gemm", "conv2d_fwd", ...)
     backend:   "cpu" or "cuda"
     tolerance: bound on the relative L2 error against the float64 reference, for float32 inputs
+    nonfinite: what a NaN or Inf in the inputs does to the outputs (NONFINITE): "exact" where the
+               reference has NaN or +-Inf, the same, and nowhere else; "tiles" the outputs of every
+               transform tile it reaches are NaN (Winograd: Inf - Inf in the transforms); "all" every
+               output of the image is NaN (FFT: the transform mixes all points)
     """
 
     name: str = ""
     op: str = ""
     backend: str = "cpu"
     tolerance: float = 1e-5
+    nonfinite: str = "exact"
 
     def supports(self, p) -> str | None:
         """None when this algorithm can run p, else the reason it cannot (never a matter of speed: see rule)."""
@@ -39,6 +44,13 @@ class Algorithm:
         return f"<Algorithm {self.op}/{self.backend}/{self.name}>"
 
 
+NONFINITE = {
+    "exact": "propagated as the reference does",
+    "tiles": "a NaN or Inf makes every output of the transform tiles it reaches NaN",
+    "all": "a NaN or Inf makes every output of its image NaN",
+}
+
+
 def cpu_float_reason(p) -> str | None:
     """The reason a CPU float32/float64 kernel cannot run p, or None."""
     if p.device != "cpu":
@@ -58,6 +70,7 @@ class Candidate:
     workspace_bytes: int | None
     chosen: bool = False
     rule: str | None = None           # why the built-in rule does not take it (see Algorithm.rule), if it does not
+    nonfinite: str = "exact"          # Algorithm.nonfinite
     predicted_s: float | None = None  # the cost model's prediction, when it has one
     measured_s: float | None = None   # the tuning cache's median, when this problem was tuned here
 
@@ -68,5 +81,6 @@ class Candidate:
             if self.measured_s is not None:
                 pred += f"  measured {self.measured_s * 1e3:.3f} ms"
             rule = "" if self.rule is None else f"  (rule: {self.rule})"
-            return f"{mark} {self.algorithm:<24} supported  workspace {self.workspace_bytes} B{pred}{rule}"
+            nf = "" if self.nonfinite == "exact" else f"  (NaN/Inf: {self.nonfinite})"
+            return f"{mark} {self.algorithm:<24} supported  workspace {self.workspace_bytes} B{pred}{rule}{nf}"
         return f"{mark} {self.algorithm:<24} rejected   {self.reason}"

@@ -141,6 +141,7 @@ class ImplicitGemmFwd(_CpuConv):
 
 class _Winograd(_CpuConv):
     """Winograd in one direction; m (and name, tolerance) come from _F2x2 or _F4x4."""
+    nonfinite = "tiles"
     direction = "fwd"
     op = "conv2d_fwd"
 
@@ -261,6 +262,7 @@ class DepthwiseFwd(_CpuConv):
 
 
 class FftFwd(_CpuConv):
+    nonfinite = "all"
     name = "fft"
     op = "conv2d_fwd"
     direction = "fwd"

@@ -45,6 +45,21 @@ def _uniform(rng, shape, dtype, scale: float = 1.0) -> np.ndarray:
 class Harness:
     """How the tuner runs one operator family. Subclasses define each step."""
 
+    def data_arg(self, p) -> int:
+        """Which of run()'s inputs is the data (not a weight): where with_nonfinite plants its values."""
+        return 0
+
+    def with_nonfinite(self, p, ops: Operands) -> Operands:
+        """ops with a NaN and a +Inf planted in the data input (a third of the way and two thirds in)."""
+        args = list(ops.args)
+        i = self.data_arg(p)
+        a = args[i].copy()
+        flat = a.reshape(-1)
+        flat[flat.size // 3] = np.nan
+        flat[2 * flat.size // 3] = np.inf
+        args[i] = a
+        return Operands(tuple(args), dict(ops.kwargs))
+
     def operands(self, p, rng) -> Operands:
         raise NotImplementedError
 
@@ -107,6 +122,9 @@ class GemmHarness(_ArrayOut):
 
 
 class ConvHarness(_ArrayOut):
+    def data_arg(self, p) -> int:
+        return 1 if p.direction == "bwd_data" else 0  # dy, else x
+
     def operands(self, p: ConvProblem, rng) -> Operands:
         dt = np.dtype(p.dtype)
         x_shape, w_shape, y_shape = p.input_shape, p.weight_shape, p.output_shape
@@ -137,6 +155,9 @@ class RnnHarness(Harness):
     include a training forward's outputs and reserve, made once by the kernel's default algorithm; every
     candidate reads them (the backward does not write them). Checked: forward, the last layer's output;
     backward, the input, initial-state and weight gradients as one vector."""
+
+    def data_arg(self, p) -> int:
+        return 0 if p.direction == "fwd" else 6  # x, else dy (x is what the saved forward ran on)
 
     def _shape(self, p: RnnProblem):
         from ..algos.rnn_cpu import shape_tuple
@@ -222,6 +243,11 @@ class RnnHarness(Harness):
 _GEMM, _CONV, _RNN = GemmHarness(), ConvHarness(), RnnHarness()
 _HARNESSES = {"gemm": _GEMM, "conv2d_fwd": _CONV, "conv2d_bwd_data": _CONV, "conv2d_bwd_filter": _CONV}
 _HARNESSES.update({f"{mode}_{d}": _RNN for mode in RNN_MODES for d in ("fwd", "bwd")})
+
+
+def same_nonfinite(actual: np.ndarray, expected: np.ndarray) -> bool:
+    """Whether actual has NaN, +Inf and -Inf exactly where expected has them."""
+    return all(np.array_equal(f(actual), f(expected)) for f in (np.isnan, np.isposinf, np.isneginf))
 
 
 def tunable(p) -> bool:

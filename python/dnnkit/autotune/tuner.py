@@ -29,7 +29,8 @@ import numpy as np
 
 from .. import algos
 from ..backends import cpu as _cpu
-from .._config import get_workspace_limit
+from .._config import NAN_SEMANTICS, get_nan_semantics, get_workspace_limit
+from ..algos.base import NONFINITE
 from ..reference import rel_l2
 from . import harness
 from .cost_model import predict
@@ -112,7 +113,7 @@ def _rank(r: TuneRecord):
 
 
 def find(p, *, budget: float | None = None, workspace_limit: int | None = None, prune: float | None = DEFAULT_PRUNE,
-         seed: int = 0, store=True, exclude=()) -> TuneResult:
+         seed: int = 0, store=True, exclude=(), nan_semantics: str | None = None) -> TuneResult:
     """Time every algorithm that supports problem p; records best first (see the module docstring).
 
     budget: seconds of timing for the whole problem (default DEFAULT_BUDGET_S), shared by the candidates
@@ -121,6 +122,9 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
     prune: a candidate predicted slower than prune x the best prediction is not timed; None times all.
     store: True writes the records to the default cache, a cache.Store writes there, False nowhere.
     exclude: algorithm names not to run (recorded as unsupported, "excluded").
+    nan_semantics: "strict" (default: dnnkit.get_nan_semantics()) leaves out the algorithms that do not
+        propagate NaN and Inf exactly (unsupported) and checks the others on inputs with a NaN and an Inf
+        planted in them: one whose NaN, +Inf and -Inf differ from the reference's is "inaccurate".
     """
     h = harness.harness(p)  # ValueError where p's operator is not tunable
     if budget is None:
@@ -130,6 +134,10 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
     if prune is not None and not (isinstance(prune, (int, float)) and prune >= 1):
         raise ValueError(f"autotune: prune must be None or a factor >= 1, got {prune!r}")
     limit = get_workspace_limit() if workspace_limit is None else workspace_limit
+    nan_semantics = get_nan_semantics() if nan_semantics is None else nan_semantics
+    if nan_semantics not in NAN_SEMANTICS:
+        raise ValueError(f"autotune: nan_semantics must be one of {NAN_SEMANTICS}, got {nan_semantics!r}")
+    strict = nan_semantics == "strict"
     t_start = time.perf_counter()
 
     registered = algos.algorithms(p.op, _backend(p))
@@ -142,6 +150,8 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
             continue
         try:
             reason = a.supports(p)
+            if reason is None and strict and a.nonfinite != "exact":
+                reason = f"NaN and Inf: {NONFINITE[a.nonfinite]} (nan_semantics is strict)"
             ws = None if reason else int(a.workspace_bytes(p))
         except Exception as e:  # noqa: BLE001 - a broken supports() is this candidate's failure only
             records.append(TuneRecord(a.name, "failed", reason=f"{type(e).__name__}: {e}"))
@@ -174,6 +184,10 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
         try:
             ops = harness.operands(p, rng)
             expected, oracle_note = _oracle(p, ops, rng)
+            planted = h.with_nonfinite(p, ops) if strict else None
+            if planted is not None:
+                with np.errstate(all="ignore"):
+                    expected_nonfinite = h.reference(p, planted)
         except MemoryError as e:
             ops = None
             for a, r in runnable:
@@ -190,6 +204,13 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
                         if not r.error <= r.tolerance:
                             r.status = "inaccurate"
                             r.reason = f"error {r.error:.1e} over the tolerance {r.tolerance:.0e}"
+                            continue
+                    if planted is not None:
+                        out = h.output(p, planted, fill=0.0)
+                        h.run(a, p, planted, out, r.workspace_bytes)
+                        if not harness.same_nonfinite(h.result(p, out), expected_nonfinite):
+                            r.status = "inaccurate"
+                            r.reason = "NaN and Inf in the inputs do not reach the outputs as in the reference"
                             continue
                     else:
                         r.reason = oracle_note
