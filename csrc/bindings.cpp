@@ -15,6 +15,7 @@
 #include "common.h"
 #include "cpu_info.h"
 #include "conv/conv.h"
+#include "conv/kernels.h"
 #include "conv/fft.h"
 #include "conv/winograd.h"
 #include "eltwise/eltwise.h"
@@ -361,100 +362,52 @@ T* conv_workspace_elems(const py::object& ws, index_t need) {
   return static_cast<T*>(a.mutable_data());
 }
 
-template <typename T>
-T* conv_workspace(const py::object& ws, const ConvShape& sh, index_t chunk) {
-  return conv_workspace_elems<T>(ws, col_elems(sh, chunk));
+
+// The public operator a direction's errors name.
+inline std::string conv_op(const std::string& dir) {
+  if (dir == "bwd_data") return "conv2d_backward_data";
+  if (dir == "bwd_filter") return "conv2d_backward_filter";
+  if (dir == "bwd_bias") return "conv2d_backward_bias";
+  return "conv2d";
 }
 
+// Runs the kernel `algo` of direction `dir` (conv/kernels.h) on arrays checked here for all of them.
 template <typename T>
 void conv_run(const std::string& dir, const std::string& algo, const ConvShape& sh, const py::object& a0,
               const py::object& a1, const py::object& bias, const py::object& out, const py::object& ws, index_t chunk) {
-  const index_t nx = sh.n * sh.c * sh.h * sh.w, nw = sh.k * sh.cg() * sh.r * sh.s, ny = sh.n * sh.k * sh.p * sh.q;
+  const std::string op = conv_op(dir);
+  const ConvKernel* kernel = find_conv_kernel(dir, algo);
+  if (!kernel) throw py::value_error(op + ": unknown kernel " + algo + " for direction " + dir);
   if (chunk < 1) throw py::value_error("conv2d: chunk must be >= 1");
-  if (dir == "fwd") {
-    const T* x = conv_arg<T>(a0, nx, "input", false);
-    const T* w = conv_arg<T>(a1, nw, "weight", false);
-    const T* b = bias.is_none() ? nullptr : conv_arg<T>(bias, sh.k, "bias", false);
-    T* y = conv_arg<T>(out, ny, "output", true);
-    if (algo == "direct") {
-      py::gil_scoped_release nogil;
-      conv2d_fwd_direct<T>(sh, x, w, b, y);
-    } else if (algo == "depthwise") {
-      if (sh.cg() != 1) throw py::value_error("conv2d: depthwise needs one input channel per group");
-      const index_t need = depthwise_workspace_elems(sh, static_cast<int>(chunk));  // chunk: threads
-      T* wsp = conv_workspace_elems<T>(ws, need);
-      py::gil_scoped_release nogil;
-      conv2d_fwd_depthwise<T>(sh, x, w, b, y, wsp, need);
-    } else if (algo == "im2col_gemm") {
-      T* col = conv_workspace<T>(ws, sh, chunk);
-      py::gil_scoped_release nogil;
-      conv2d_fwd_im2col<T>(sh, x, w, b, y, col, chunk);
-    } else if (algo == "implicit_gemm") {
-      const index_t need = implicit_workspace_elems<T>(sh, static_cast<int>(chunk));  // chunk: threads
-      T* wsp = conv_workspace_elems<T>(ws, need);
-      py::gil_scoped_release nogil;
-      conv2d_fwd_implicit<T>(sh, x, w, b, y, wsp, need);
-    } else if (algo == "winograd_f2x2_3x3" || algo == "winograd_f4x4_3x3") {
-      const int m = algo == "winograd_f2x2_3x3" ? 2 : 4;
-      if (sh.r != 3 || sh.s != 3 || sh.sh != 1 || sh.sw != 1 || sh.dh != 1 || sh.dw != 1)
-        throw py::value_error("conv2d: winograd needs a 3x3 filter with stride 1 and dilation 1");
-      T* wsp = conv_workspace_elems<T>(ws, winograd_workspace_elems(sh, m, chunk, sizeof(T)));
-      py::gil_scoped_release nogil;
-      conv2d_fwd_winograd<T>(sh, m, x, w, b, y, wsp, chunk);
-    } else {
-      throw py::value_error("conv2d: unknown kernel " + algo);
-    }
-  } else if (dir == "bwd_data") {
-    const T* w = conv_arg<T>(a0, nw, "weight", false);
-    const T* dy = conv_arg<T>(a1, ny, "grad_output", false);
-    T* dx = conv_arg<T>(out, nx, "grad_input", true);
-    if (algo == "direct") {
-      py::gil_scoped_release nogil;
-      conv2d_bwd_data_direct<T>(sh, w, dy, dx);
-    } else if (algo == "gemm_col2im") {
-      T* col = conv_workspace<T>(ws, sh, chunk);
-      py::gil_scoped_release nogil;
-      conv2d_bwd_data_col2im<T>(sh, w, dy, dx, col, chunk);
-    } else if (algo == "winograd_f2x2_3x3" || algo == "winograd_f4x4_3x3") {
-      const int m = algo == "winograd_f2x2_3x3" ? 2 : 4;
-      if (sh.r != 3 || sh.s != 3 || sh.sh != 1 || sh.sw != 1 || sh.dh != 1 || sh.dw != 1 || sh.ph > 2 || sh.pw > 2)
-        throw py::value_error(
-            "conv2d_backward_data: winograd needs a 3x3 filter with stride 1, dilation 1 and padding at most 2");
-      T* wsp = conv_workspace_elems<T>(ws, winograd_bwd_data_workspace_elems(sh, m, chunk, sizeof(T)));
-      py::gil_scoped_release nogil;
-      conv2d_bwd_data_winograd<T>(sh, m, w, dy, dx, wsp, chunk);
-    } else {
-      throw py::value_error("conv2d_backward_data: unknown kernel " + algo);
-    }
-  } else if (dir == "bwd_filter") {
-    const T* x = conv_arg<T>(a0, nx, "input", false);
-    const T* dy = conv_arg<T>(a1, ny, "grad_output", false);
-    T* dw = conv_arg<T>(out, nw, "grad_weight", true);
-    if (algo == "direct") {
-      py::gil_scoped_release nogil;
-      conv2d_bwd_filter_direct<T>(sh, x, dy, dw);
-    } else if (algo == "im2col_gemm") {
-      T* col = conv_workspace_elems<T>(ws, im2col_bwd_filter_elems(sh, chunk));
-      py::gil_scoped_release nogil;
-      conv2d_bwd_filter_im2col<T>(sh, x, dy, dw, col, chunk);
-    } else if (algo == "winograd_f2x2_3x3" || algo == "winograd_f4x4_3x3") {
-      const int m = algo == "winograd_f2x2_3x3" ? 2 : 4;
-      if (sh.r != 3 || sh.s != 3 || sh.sh != 1 || sh.sw != 1 || sh.dh != 1 || sh.dw != 1)
-        throw py::value_error("conv2d_backward_filter: winograd needs a 3x3 filter with stride 1 and dilation 1");
-      T* wsp = conv_workspace_elems<T>(ws, winograd_bwd_filter_workspace_elems(sh, m, sizeof(T)));
-      py::gil_scoped_release nogil;
-      conv2d_bwd_filter_winograd<T>(sh, m, x, dy, dw, wsp);
-    } else {
-      throw py::value_error("conv2d_backward_filter: unknown kernel " + algo);
-    }
-  } else if (dir == "bwd_bias") {
-    const T* dy = conv_arg<T>(a0, ny, "grad_output", false);
-    T* db = conv_arg<T>(out, sh.k, "grad_bias", true);
-    py::gil_scoped_release nogil;
-    conv2d_bwd_bias<T>(sh, dy, db);
-  } else {
-    throw py::value_error("conv2d: unknown direction " + dir);
+  if (kernel->rejects) {
+    const std::string why = kernel->rejects(sh);
+    if (!why.empty()) throw py::value_error(op + ": " + why);
   }
+  const index_t nx = sh.n * sh.c * sh.h * sh.w, nw = sh.k * sh.cg() * sh.r * sh.s, ny = sh.n * sh.k * sh.p * sh.q;
+  ConvCall call;
+  call.chunk = chunk;
+  if (dir == "fwd") {
+    call.a0 = conv_arg<T>(a0, nx, "input", false);
+    call.a1 = conv_arg<T>(a1, nw, "weight", false);
+    call.bias = bias.is_none() ? nullptr : conv_arg<T>(bias, sh.k, "bias", false);
+    call.out = conv_arg<T>(out, ny, "output", true);
+  } else if (dir == "bwd_data") {
+    call.a0 = conv_arg<T>(a0, nw, "weight", false);
+    call.a1 = conv_arg<T>(a1, ny, "grad_output", false);
+    call.out = conv_arg<T>(out, nx, "grad_input", true);
+  } else if (dir == "bwd_filter") {
+    call.a0 = conv_arg<T>(a0, nx, "input", false);
+    call.a1 = conv_arg<T>(a1, ny, "grad_output", false);
+    call.out = conv_arg<T>(out, nw, "grad_weight", true);
+  } else {  // bwd_bias
+    call.a0 = conv_arg<T>(a0, ny, "grad_output", false);
+    call.out = conv_arg<T>(out, sh.k, "grad_bias", true);
+  }
+  call.ws_elems = kernel->workspace_elems ? kernel->workspace_elems(sh, chunk, sizeof(T)) : 0;
+  if (call.ws_elems > 0) call.ws = conv_workspace_elems<T>(ws, call.ws_elems);
+  const auto run = std::is_same_v<T, float> ? kernel->run_f32 : kernel->run_f64;
+  py::gil_scoped_release nogil;
+  run(sh, call);
 }
 
 
@@ -929,6 +882,15 @@ PYBIND11_MODULE(DNNKIT_MODULE, m) {
     return im2col_chunk(conv_shape(shape), std::max<index_t>(max_elems, 1), batch_images);
   }, py::arg("shape"), py::arg("max_elems"), py::arg("batch_images") = false,
      "Output pixels per im2col chunk for a workspace of at most max_elems elements (batch_images: forward).");
+  m.def("conv_workspace_elems",
+        [](const std::string& dir, const std::string& algo, const py::tuple& shape, index_t chunk, index_t itemsize) {
+          const ConvKernel* kernel = find_conv_kernel(dir, algo);
+          if (!kernel) throw py::value_error("conv_workspace_elems: unknown kernel " + algo + " for direction " + dir);
+          if (itemsize != 4 && itemsize != 8) throw py::value_error("conv_workspace_elems: itemsize must be 4 or 8");
+          return kernel->workspace_elems ? kernel->workspace_elems(conv_shape(shape), chunk, itemsize) : index_t(0);
+        },
+        py::arg("direction"), py::arg("kernel"), py::arg("shape"), py::arg("chunk"), py::arg("itemsize"),
+        "Workspace elements the convolution kernel of that direction and name needs for a shape and chunk.");
   m.def("col_elems", [](const py::tuple& shape, index_t chunk) { return col_elems(conv_shape(shape), chunk); });
   m.def("im2col_bwd_filter_elems", [](const py::tuple& shape, index_t chunk) {
     return im2col_bwd_filter_elems(conv_shape(shape), chunk);

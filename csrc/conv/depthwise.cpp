@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "conv.h"
+#include "kernels.h"
 
 namespace dnnkit {
 namespace {
@@ -133,5 +134,21 @@ template void conv2d_fwd_depthwise<float>(const ConvShape&, const float*, const 
                                           index_t);
 template void conv2d_fwd_depthwise<double>(const ConvShape&, const double*, const double*, const double*, double*,
                                            double*, index_t);
+
+// ---- the kernel table (kernels.h): chunk is the threads (one padded plane each).
+namespace {
+std::string depthwise_rejects(const ConvShape& sh) {
+  return sh.cg() == 1 ? "" : "depthwise needs one input channel per group";
+}
+index_t depthwise_workspace(const ConvShape& sh, index_t threads, index_t) {
+  return depthwise_workspace_elems(sh, static_cast<int>(threads));
+}
+template <typename T>
+void depthwise_fwd(const ConvShape& sh, const ConvCall& c) {
+  conv2d_fwd_depthwise<T>(sh, static_cast<const T*>(c.a0), static_cast<const T*>(c.a1), static_cast<const T*>(c.bias),
+                          static_cast<T*>(c.out), static_cast<T*>(c.ws), c.ws_elems);
+}
+CONV_KERNEL("fwd", "depthwise", depthwise_rejects, depthwise_workspace, CONV_RUNS(depthwise_fwd));
+}  // namespace
 
 }  // namespace dnnkit

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "conv.h"
+#include "kernels.h"
 
 namespace dnnkit {
 namespace {
@@ -176,5 +177,25 @@ void conv2d_bwd_filter_direct(const ConvShape& sh, const T* x, const T* dy, T* d
 DNNKIT_INSTANTIATE(float)
 DNNKIT_INSTANTIATE(double)
 #undef DNNKIT_INSTANTIATE
+
+// ---- the kernel table (kernels.h): no workspace, every shape.
+namespace {
+template <typename T>
+void direct_fwd(const ConvShape& sh, const ConvCall& c) {
+  conv2d_fwd_direct<T>(sh, static_cast<const T*>(c.a0), static_cast<const T*>(c.a1), static_cast<const T*>(c.bias),
+                       static_cast<T*>(c.out));
+}
+template <typename T>
+void direct_bwd_data(const ConvShape& sh, const ConvCall& c) {
+  conv2d_bwd_data_direct<T>(sh, static_cast<const T*>(c.a0), static_cast<const T*>(c.a1), static_cast<T*>(c.out));
+}
+template <typename T>
+void direct_bwd_filter(const ConvShape& sh, const ConvCall& c) {
+  conv2d_bwd_filter_direct<T>(sh, static_cast<const T*>(c.a0), static_cast<const T*>(c.a1), static_cast<T*>(c.out));
+}
+CONV_KERNEL("fwd", "direct", nullptr, nullptr, CONV_RUNS(direct_fwd));
+CONV_KERNEL("bwd_data", "direct", nullptr, nullptr, CONV_RUNS(direct_bwd_data));
+CONV_KERNEL("bwd_filter", "direct", nullptr, nullptr, CONV_RUNS(direct_bwd_filter));
+}  // namespace
 
 }  // namespace dnnkit

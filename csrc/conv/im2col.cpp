@@ -10,6 +10,7 @@
 #include "../gemm/gemm.h"
 #include "../gemm/pack.h"
 #include "conv.h"
+#include "kernels.h"
 
 namespace dnnkit {
 
@@ -290,5 +291,34 @@ void conv2d_bwd_bias(const ConvShape& sh, const T* dy, T* db) {
 DNNKIT_INSTANTIATE(float)
 DNNKIT_INSTANTIATE(double)
 #undef DNNKIT_INSTANTIATE
+
+// ---- the kernel table (kernels.h): chunk is output pixels a column buffer holds.
+namespace {
+index_t col_workspace(const ConvShape& sh, index_t chunk, index_t) { return col_elems(sh, chunk); }
+index_t bwd_filter_workspace(const ConvShape& sh, index_t chunk, index_t) { return im2col_bwd_filter_elems(sh, chunk); }
+template <typename T>
+void im2col_fwd(const ConvShape& sh, const ConvCall& c) {
+  conv2d_fwd_im2col<T>(sh, static_cast<const T*>(c.a0), static_cast<const T*>(c.a1), static_cast<const T*>(c.bias),
+                       static_cast<T*>(c.out), static_cast<T*>(c.ws), c.chunk);
+}
+template <typename T>
+void col2im_bwd_data(const ConvShape& sh, const ConvCall& c) {
+  conv2d_bwd_data_col2im<T>(sh, static_cast<const T*>(c.a0), static_cast<const T*>(c.a1), static_cast<T*>(c.out),
+                            static_cast<T*>(c.ws), c.chunk);
+}
+template <typename T>
+void im2col_bwd_filter(const ConvShape& sh, const ConvCall& c) {
+  conv2d_bwd_filter_im2col<T>(sh, static_cast<const T*>(c.a0), static_cast<const T*>(c.a1), static_cast<T*>(c.out),
+                              static_cast<T*>(c.ws), c.chunk);
+}
+template <typename T>
+void bias_grad(const ConvShape& sh, const ConvCall& c) {
+  conv2d_bwd_bias<T>(sh, static_cast<const T*>(c.a0), static_cast<T*>(c.out));
+}
+CONV_KERNEL("fwd", "im2col_gemm", nullptr, col_workspace, CONV_RUNS(im2col_fwd));
+CONV_KERNEL("bwd_data", "gemm_col2im", nullptr, col_workspace, CONV_RUNS(col2im_bwd_data));
+CONV_KERNEL("bwd_filter", "im2col_gemm", nullptr, bwd_filter_workspace, CONV_RUNS(im2col_bwd_filter));
+CONV_KERNEL("bwd_bias", "sum", nullptr, nullptr, CONV_RUNS(bias_grad));
+}  // namespace
 
 }  // namespace dnnkit

@@ -20,6 +20,7 @@
 #include "../gemm/gemm.h"
 #include "../gemm/pack.h"
 #include "conv.h"
+#include "kernels.h"
 
 namespace dnnkit {
 namespace {
@@ -227,5 +228,19 @@ template void conv2d_fwd_implicit<float>(const ConvShape&, const float*, const f
                                          index_t);
 template void conv2d_fwd_implicit<double>(const ConvShape&, const double*, const double*, const double*, double*, double*,
                                           index_t);
+
+// ---- the kernel table (kernels.h): chunk is the threads (one padded image-group copy each).
+namespace {
+index_t implicit_workspace(const ConvShape& sh, index_t threads, index_t itemsize) {
+  return itemsize == 4 ? implicit_workspace_elems<float>(sh, static_cast<int>(threads))
+                       : implicit_workspace_elems<double>(sh, static_cast<int>(threads));
+}
+template <typename T>
+void implicit_fwd(const ConvShape& sh, const ConvCall& c) {
+  conv2d_fwd_implicit<T>(sh, static_cast<const T*>(c.a0), static_cast<const T*>(c.a1), static_cast<const T*>(c.bias),
+                         static_cast<T*>(c.out), static_cast<T*>(c.ws), c.ws_elems);
+}
+CONV_KERNEL("fwd", "implicit_gemm", nullptr, implicit_workspace, CONV_RUNS(implicit_fwd));
+}  // namespace
 
 }  // namespace dnnkit

@@ -27,6 +27,7 @@
 
 #include "../gemm/gemm.h"
 #include "winograd.h"
+#include "kernels.h"
 
 namespace dnnkit {
 namespace {
@@ -1153,5 +1154,57 @@ template void conv2d_bwd_data_winograd<float>(const ConvShape&, int, const float
                                               index_t);
 template void conv2d_bwd_data_winograd<double>(const ConvShape&, int, const double*, const double*, double*, double*,
                                                index_t);
+
+// ---- the kernel table (kernels.h): F(2x2, 3x3) and F(4x4, 3x3) in each direction; chunk is tiles a
+// thread transforms at once (backward filter: unused).
+namespace {
+std::string winograd_rejects(const ConvShape& sh) {
+  if (sh.r != 3 || sh.s != 3 || sh.sh != 1 || sh.sw != 1 || sh.dh != 1 || sh.dw != 1)
+    return "winograd needs a 3x3 filter with stride 1 and dilation 1";
+  return "";
+}
+std::string winograd_bwd_data_rejects(const ConvShape& sh) {
+  if (!winograd_rejects(sh).empty() || sh.ph > 2 || sh.pw > 2)
+    return "winograd needs a 3x3 filter with stride 1, dilation 1 and padding at most 2";
+  return "";
+}
+template <int M>
+index_t fwd_workspace(const ConvShape& sh, index_t tc, index_t itemsize) {
+  return winograd_workspace_elems(sh, M, tc, itemsize);
+}
+template <int M>
+index_t bwd_data_workspace(const ConvShape& sh, index_t tc, index_t itemsize) {
+  return winograd_bwd_data_workspace_elems(sh, M, tc, itemsize);
+}
+template <int M>
+index_t bwd_filter_workspace(const ConvShape& sh, index_t, index_t itemsize) {
+  return winograd_bwd_filter_workspace_elems(sh, M, itemsize);
+}
+template <int M, typename T>
+void fwd(const ConvShape& sh, const ConvCall& c) {
+  conv2d_fwd_winograd<T>(sh, M, static_cast<const T*>(c.a0), static_cast<const T*>(c.a1),
+                         static_cast<const T*>(c.bias), static_cast<T*>(c.out), static_cast<T*>(c.ws), c.chunk);
+}
+template <int M, typename T>
+void bwd_data(const ConvShape& sh, const ConvCall& c) {
+  conv2d_bwd_data_winograd<T>(sh, M, static_cast<const T*>(c.a0), static_cast<const T*>(c.a1), static_cast<T*>(c.out),
+                              static_cast<T*>(c.ws), c.chunk);
+}
+template <int M, typename T>
+void bwd_filter(const ConvShape& sh, const ConvCall& c) {
+  conv2d_bwd_filter_winograd<T>(sh, M, static_cast<const T*>(c.a0), static_cast<const T*>(c.a1),
+                                static_cast<T*>(c.out), static_cast<T*>(c.ws));
+}
+CONV_KERNEL("fwd", "winograd_f2x2_3x3", winograd_rejects, fwd_workspace<2>, &fwd<2, float>, &fwd<2, double>);
+CONV_KERNEL("fwd", "winograd_f4x4_3x3", winograd_rejects, fwd_workspace<4>, &fwd<4, float>, &fwd<4, double>);
+CONV_KERNEL("bwd_data", "winograd_f2x2_3x3", winograd_bwd_data_rejects, bwd_data_workspace<2>, &bwd_data<2, float>,
+            &bwd_data<2, double>);
+CONV_KERNEL("bwd_data", "winograd_f4x4_3x3", winograd_bwd_data_rejects, bwd_data_workspace<4>, &bwd_data<4, float>,
+            &bwd_data<4, double>);
+CONV_KERNEL("bwd_filter", "winograd_f2x2_3x3", winograd_rejects, bwd_filter_workspace<2>, &bwd_filter<2, float>,
+            &bwd_filter<2, double>);
+CONV_KERNEL("bwd_filter", "winograd_f4x4_3x3", winograd_rejects, bwd_filter_workspace<4>, &bwd_filter<4, float>,
+            &bwd_filter<4, double>);
+}  // namespace
 
 }  // namespace dnnkit

@@ -437,12 +437,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_tune.add_argument("--dilation", type=_pair_arg, default=1, metavar="D[,D]")
     p_tune.add_argument("--groups", type=int, default=1)
     p_tune.add_argument("--problem", action="append", metavar="DESCRIPTOR",
-                        help="a GEMM or benchdnn convolution descriptor (repeatable)")
+                        help="a GEMM, RNN or benchdnn convolution descriptor (repeatable)")
     p_tune.add_argument("--batch", metavar="FILE", help="a file of descriptors, one a line")
     p_tune.add_argument("--model", choices=("resnet50", "lstm", "fc"), help="a layer list shipped with dnnkit")
     p_tune.add_argument("--mb", type=int, default=None, help="minibatch for --model (default 8)")
-    p_tune.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter"), default="fwd",
-                        help="convolution direction (default fwd)")
+    p_tune.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter", "bwd"), default="fwd",
+                        help="convolution direction, or bwd for an RNN's backward (default fwd)")
     p_tune.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p_tune.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p_tune.add_argument("--budget", type=_budget_arg, default=None, metavar="SECONDS",
@@ -463,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_cache.add_argument("--device", choices=("here", "any"), default="here",
                          help="clear PATTERN: records of this device only (default), or of any")
     p_cache.add_argument("--yes", action="store_true", help="clear: do not ask")
-    p_cache.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter"), default="fwd")
+    p_cache.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter", "bwd"), default="fwd")
     p_cache.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p_cache.add_argument("--json", action="store_true", help="list: print JSON")
     p_cache.set_defaults(func=_cmd_cache)

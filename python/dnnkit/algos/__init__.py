@@ -2,7 +2,7 @@
 
 An Algorithm is one way to compute a Problem. The registry keeps, per (op, backend), an ordered list;
 dispatch walks it and every rejection carries its reason. Adding an algorithm is one module here, its
-kernels, and one line in _REGISTRY below.
+kernels, and its entry in that module's ALGORITHMS list.
 """
 from __future__ import annotations
 
@@ -53,28 +53,10 @@ def get(op: str, backend: str, name: str) -> Algorithm:
     raise ValueError(f"{op}: no {backend} algorithm named {name!r}; known: {known}")
 
 
-# The registry, in order of preference when nothing else decides.
-register(gemm_cpu.SmallMGemm())
-register(gemm_cpu.WtDirectGemm())
-register(gemm_cpu.BlockedGemm())
-register(gemm_cpu.GotoGemm())
-register(gemm_cpu.StreamGemm())
-register(conv_cpu.Im2colGemmFwd())
-register(conv_cpu.ImplicitGemmFwd())
-register(conv_cpu.WinogradF4x4())
-register(conv_cpu.WinogradF2x2())
-register(conv_cpu.FftFwd())
-register(conv_cpu.DepthwiseFwd())
-register(conv_cpu.DirectFwd())
-register(conv_cpu.GemmCol2imBwdData())
-register(conv_cpu.WinogradF4x4BwdData())
-register(conv_cpu.WinogradF2x2BwdData())
-register(conv_cpu.DirectBwdData())
-register(conv_cpu.Im2colGemmBwdFilter())
-register(conv_cpu.WinogradF4x4BwdFilter())
-register(conv_cpu.WinogradF2x2BwdFilter())
-register(conv_cpu.DirectBwdFilter())
-for _algo in rnn_cpu.all_fused():
-    register(_algo)
+# The registry: each module's ALGORITHMS in order, GEMM, convolution, RNN. Within an operator the order
+# is the preference where nothing else decides (see dispatch.py).
+for _module in (gemm_cpu, conv_cpu, rnn_cpu):
+    for _algo in _module.ALGORITHMS:
+        register(_algo)
 
 __all__ = ["Algorithm", "Candidate", "register", "unregister", "algorithms", "all_algorithms", "get"]

@@ -56,8 +56,11 @@ def shape_tuple(p) -> tuple:
 
 
 class _CpuConv(Algorithm):
+    """A convolution kernel of the extension's table (csrc/conv/kernels.h), named by direction and kernel;
+    it states its own workspace. chunk(p) is the kernel's blocking parameter (see each)."""
+
     backend = "cpu"
-    kernel = ""       # the C++ kernel's name in _cpu.conv2d
+    kernel = ""       # the C++ kernel's name in csrc/conv/kernels.h
     direction = ""    # "fwd", "bwd_data" or "bwd_filter"
 
     def supports(self, p) -> str | None:
@@ -65,6 +68,10 @@ class _CpuConv(Algorithm):
 
     def chunk(self, p) -> int:
         return 1
+
+    def workspace_bytes(self, p) -> int:
+        elems = _cpu.conv_workspace_elems(self.direction, self.kernel, shape_tuple(p), self.chunk(p), p.itemsize)
+        return int(elems) * p.itemsize
 
     def run(self, p, a0, a1, *, out, bias=None, workspace=None):
         """fwd: (x, w) -> out = y; bwd_data: (w, dy) -> out = dx; bwd_filter: (x, dy) -> out = dw.
@@ -83,9 +90,6 @@ class _Im2col(_CpuConv):
     def chunk(self, p) -> int:
         bound = workspace_bound()
         return int(_cpu.im2col_chunk(shape_tuple(p), bound // p.itemsize, self.batch(p)))
-
-    def workspace_bytes(self, p) -> int:
-        return int(_cpu.col_elems(shape_tuple(p), self.chunk(p))) * p.itemsize
 
 
 class _Direct(_CpuConv):
@@ -123,9 +127,6 @@ class Im2colGemmBwdFilter(_Im2col):
         bound = workspace_bound() // nt - p.oc * (p.ic // p.g) * p.kh * p.kw * p.itemsize
         return int(_cpu.im2col_chunk(shape_tuple(p), max(bound, 0) // p.itemsize, False))
 
-    def workspace_bytes(self, p) -> int:
-        return int(_cpu.im2col_bwd_filter_elems(shape_tuple(p), self.chunk(p))) * p.itemsize
-
 
 class ImplicitGemmFwd(_CpuConv):
     name = kernel = "implicit_gemm"
@@ -134,9 +135,6 @@ class ImplicitGemmFwd(_CpuConv):
 
     def chunk(self, p) -> int:
         return get_num_threads()  # the workspace holds one padded image-group per thread
-
-    def workspace_bytes(self, p) -> int:
-        return int(_cpu.implicit_workspace_elems(shape_tuple(p), self.chunk(p), p.itemsize)) * p.itemsize
 
 
 class _Winograd(_CpuConv):
@@ -160,9 +158,6 @@ class _Winograd(_CpuConv):
     def chunk(self, p) -> int:
         bound = workspace_bound()
         return int(_cpu.winograd_tile_chunk(shape_tuple(p), self.m, bound // p.itemsize))
-
-    def workspace_bytes(self, p) -> int:
-        return int(_cpu.winograd_workspace_elems(shape_tuple(p), self.m, self.chunk(p), p.itemsize)) * p.itemsize
 
 
 class _F2x2:
@@ -209,10 +204,6 @@ class _WinogradBwdData(_Winograd):
     def chunk(self, p) -> int:
         return super().chunk(as_forward(p))
 
-    def workspace_bytes(self, p) -> int:
-        elems = _cpu.winograd_bwd_data_workspace_elems(shape_tuple(p), self.m, self.chunk(p), p.itemsize)
-        return int(elems) * p.itemsize
-
 
 class WinogradF2x2BwdData(_F2x2, _WinogradBwdData):
     pass
@@ -227,9 +218,6 @@ class _WinogradBwdFilter(_Winograd):
 
     def chunk(self, p) -> int:
         return 1  # the kernel cuts its chunks of tiles itself
-
-    def workspace_bytes(self, p) -> int:
-        return int(_cpu.winograd_bwd_filter_workspace_elems(shape_tuple(p), self.m, p.itemsize)) * p.itemsize
 
 
 class WinogradF2x2BwdFilter(_F2x2, _WinogradBwdFilter):
@@ -256,9 +244,6 @@ class DepthwiseFwd(_CpuConv):
 
     def chunk(self, p) -> int:
         return get_num_threads()  # the workspace holds one padded plane per thread
-
-    def workspace_bytes(self, p) -> int:
-        return int(_cpu.depthwise_workspace_elems(shape_tuple(p), self.chunk(p))) * p.itemsize
 
 
 class FftFwd(_CpuConv):
@@ -350,9 +335,18 @@ class DirectBwdFilter(_Direct):
     name, op, direction = "direct", "conv2d_bwd_filter", "bwd_filter"
 
 
+
+# The registry's convolution algorithms, per direction in order of preference (algos/__init__.py
+# registers them).
+ALGORITHMS = [
+    Im2colGemmFwd(), ImplicitGemmFwd(), WinogradF4x4(), WinogradF2x2(), FftFwd(), DepthwiseFwd(), DirectFwd(),
+    GemmCol2imBwdData(), WinogradF4x4BwdData(), WinogradF2x2BwdData(), DirectBwdData(),
+    Im2colGemmBwdFilter(), WinogradF4x4BwdFilter(), WinogradF2x2BwdFilter(), DirectBwdFilter(),
+]
+
 def bias_grad(dy: np.ndarray, db: np.ndarray) -> np.ndarray:
     """db[k] = dy[:, k] summed over N, H and W (dy C-contiguous), as the kernel of a 1x1 convolution of K
     channels that sums each output channel's plane."""
     n, k, h, w = dy.shape
-    _cpu.conv2d("bwd_bias", "", (n, k, h, w, k, 1, 1, h, w, 1, 1, 0, 0, 1, 1, 1), dy, None, None, db, None, 1)
+    _cpu.conv2d("bwd_bias", "sum", (n, k, h, w, k, 1, 1, h, w, 1, 1, 0, 0, 1, 1, 1), dy, None, None, db, None, 1)
     return db

@@ -161,6 +161,9 @@ class WtDirectGemm(Algorithm):
         return _run_rows(_cpu.gemm_wt_direct, p, a, b, out, alpha, beta, bias)
 
 
+# The registry's GEMM algorithms, in order of preference (algos/__init__.py registers them).
+ALGORITHMS = [SmallMGemm(), WtDirectGemm(), BlockedGemm(), GotoGemm(), StreamGemm()]
+
 # The kernel of _cpu.linear_run that does what each of these algorithms' run does for a linear layer.
 LINEAR_RUN_KINDS = {BlockedGemm: 0, SmallMGemm: 1, WtDirectGemm: 2}
 

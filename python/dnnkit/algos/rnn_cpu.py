@@ -99,4 +99,6 @@ def all_fused() -> list:
             for name in SCHEDULES if not (name == "fused_wavefront" and direction == "bwd")]
 
 
+ALGORITHMS = all_fused()  # the registry's RNN algorithms (algos/__init__.py registers them)
+
 reserve_elems = _cpu.rnn_reserve_elems  # (kernel shape) -> elements of the forward's saved gates for backward
