@@ -27,8 +27,8 @@ constexpr std::size_t kHugeBytes = std::size_t(4) << 20;
 constexpr std::size_t kHugeAlign = std::size_t(2) << 20;
 // Buffers from this size up (glibc's first threshold for mapping an allocation apart from its heap) are
 // recycled, aligned to a page below kHugeBytes. glibc maps such a buffer afresh, or hands back the top
-// of its heap and grows it again, depending on what the process allocated before: a GRU cell at batch
-// 64 then took 120 page faults a call (H256: 1.6x the time of the same call without them).
+// of its heap and grows it again, depending on what the process allocated before, and each new page
+// faults on first touch (bench/fresh_process.py counts the faults a call).
 constexpr std::size_t kRecycleBytes = std::size_t(128) << 10;
 constexpr std::size_t kPageAlign = 4096;
 

@@ -409,3 +409,53 @@ def test_a_candidate_failing_while_timed_is_failed_and_the_others_ranked(planted
     by_name = {r.algorithm: r for r in result}
     assert by_name["fails_later"].status == "failed" and "fault after warm-up" in by_name["fails_later"].reason
     assert by_name["steady"].ok and by_name["steady"].reps >= tuner.MIN_REPS
+
+
+RESNET_3X3 = ["mb8ic64ih56oc64oh56kh3ph1", "mb8ic128ih28oc128oh28kh3ph1", "mb8ic256ih14oc256oh14kh3ph1",
+              "mb8ic512ih7oc512oh7kh3ph1"]
+RESNET_1X1 = ["mb8ic256ih56oc64oh56kh1ph0", "mb8ic64ih56oc256oh56kh1ph0", "mb8ic2048ih7oc512oh7kh1ph0"]
+
+
+@pytest.mark.parametrize("ceilings", ["nominal", "measured-low", "measured-high"])
+def test_the_cost_model_picks_what_wins_on_resnet50(fresh_cache, ceilings):
+    """The heuristic's picks on ResNet-50 at batch 8 (bench/conv.py: Winograd F(4x4) the fastest on every 3x3
+    layer, an im2col-family GEMM on the 1x1 layers) hold whatever ceilings the model scales by, since all
+    its terms scale with them: a model that makes one algorithm several times too slow or too fast fails."""
+    nominal = cost_model.nominal_peak_flops()
+    if ceilings != "nominal":
+        fresh_cache.put_ceilings(nominal * (0.5 if ceilings == "measured-low" else 1.3), 8e9)
+        assert cost_model.ceilings()["source"] == "measured"
+    for d in RESNET_3X3:
+        assert choose(ConvProblem.parse(d)).name == "winograd_f4x4_3x3", (d, ceilings)
+    for d in RESNET_1X1:
+        assert choose(ConvProblem.parse(d)).name in ("im2col_gemm", "implicit_gemm"), (d, ceilings)
+
+
+def test_a_wrong_model_is_caught(fresh_cache, monkeypatch):
+    """The test above guards the model: Winograd's transforms made 50x too slow change its picks."""
+    monkeypatch.setattr(cost_model, "_TRANSFORM_FLOPS", cost_model._TRANSFORM_FLOPS * 50)
+    picks = [choose(ConvProblem.parse(d)).name for d in RESNET_3X3]
+    assert picks.count("winograd_f4x4_3x3") < len(RESNET_3X3)
+
+
+def test_the_fit_reads_only_new_rows_of_this_device(fresh_cache, monkeypatch):
+    """After a write, the refit parses the rows written since (not the whole store), skips other devices'
+    rows, and starts over when rows were removed."""
+    algo = algos.get("conv2d_fwd", "cpu", "im2col_gemm")
+    layers = ["mb8ic64ih56oc64oh56kh3ph1", "mb8ic128ih28oc128oh28kh3ph1", "mb8ic256ih14oc256oh14kh3ph1"]
+    for d in layers[:2]:
+        p = ConvProblem.parse(d)
+        fresh_cache.put(TuneResult(p, [TuneRecord(algo.name, "ok", median_s=2 * cost_model.raw_predict(algo.name, p))]))
+    other = ConvProblem.parse("mb4ic64ih56oc64oh56kh3ph1")
+    fresh_cache.put(TuneResult(other, [TuneRecord(algo.name, "ok", median_s=100.0)]), device="cpu|another|avx2|2t")
+    assert cost_model.correction_factors()[("conv2d_fwd", "im2col_gemm")] == pytest.approx(2.0)
+    parsed = []
+    real = cost_model._samples
+    monkeypatch.setattr(cost_model, "_samples", lambda c, problem, rec: parsed.append(problem) or real(c, problem, rec))
+    p = ConvProblem.parse(layers[2])
+    fresh_cache.put(TuneResult(p, [TuneRecord(algo.name, "ok", median_s=2 * cost_model.raw_predict(algo.name, p))]))
+    assert cost_model.correction_factors()[("conv2d_fwd", "im2col_gemm")] == pytest.approx(2.0)
+    assert parsed == [cache.problem_key(p)]
+    for d in (layers[2], layers[0]):
+        fresh_cache.clear(cache.problem_key(ConvProblem.parse(d)), device=cache.device_fingerprint())
+    assert ("conv2d_fwd", "im2col_gemm") not in cost_model.correction_factors()  # one row left: too few

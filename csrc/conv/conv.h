@@ -53,9 +53,9 @@ inline index_t col_elems(const ConvShape& sh, index_t chunk) {
 
 // Backward filter by im2col: with two images or more and a small dW (K x CRS, at most 64K values, a
 // part of L2), threads take whole images, each with its own column buffer and partial dW, summed at the
-// end, rather than splitting every narrow per-image GEMM (conv1's: 64 x 147, 12544 deep): measured 7-9%
-// faster on ResNet-50's conv1 and 1x1 res2 layers at batch 8. A large dW read and written by every
-// image's GEMM (res5's 1x1 layers: 4 MB, 49 deep) is faster shared.
+// end, rather than splitting every narrow per-image GEMM (conv1's: 64 x 147, 12544 deep). A large dW
+// read and written by every image's GEMM (res5's 1x1 layers: 4 MB, 49 deep) is faster shared
+// (bench/conv.py --direction bwd_filter).
 constexpr index_t kBwdFilterPrivateMax = index_t(1) << 16;
 inline int im2col_bwd_filter_threads(const ConvShape& sh) {
   if (sh.n < 2 || sh.k * sh.crs() > kBwdFilterPrivateMax) return 1;

@@ -617,8 +617,7 @@ void filter_block_t(const ConvShape& sh, const T* w, bool turned, index_t g, ind
   const T* wk = w + ((g * Kg + k0) * Cg + cs) * 9;  // w[k0 + j][cs + c][ab] at wk[(j*Cg + c)*9 + ab]
   alignas(64) T gb[kFilterC][9][kMaxPass];          // channel c0 + cc, position ab, channel j0 + jj
   // Each of the L weight rows a pass reads is its own stream (Cg*9 apart), which the hardware
-  // prefetchers pick up too late: every load also requests the same row two channel blocks ahead
-  // (measured on ResNet-50's res5 3x3 layer at batch 8: 6-7% off the whole convolution).
+  // prefetchers pick up too late: every load also requests the same row two channel blocks ahead.
   constexpr index_t kAhead = 2 * 9 * kFilterC;
   for (int j0 = 0; j0 < jn; j0 += jw)
     for (index_t c0 = 0; c0 < kc; c0 += kFilterC) {
@@ -666,8 +665,7 @@ void filter_block_t(const ConvShape& sh, const T* w, bool turned, index_t g, ind
           const int jj = j0 + jv;
           if (nr >= L) {
             // Every store below starts a new cache line of U^T; asking for the next channel's lines
-            // now lets their reads for ownership overlap this transform (measured: 18-20 -> 13 ns
-            // a filter on one core).
+            // now lets their reads for ownership overlap this transform.
             T* dst = ut + (jj / nr) * nr * kc + (c0 + cc) * nr + jj % nr;
 #pragma GCC unroll 36
             for (int e = 0; e < A * A; ++e) __builtin_prefetch(dst + nr + e * us, 1);

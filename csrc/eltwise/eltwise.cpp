@@ -38,8 +38,8 @@ void activation_forward(const T* z, T* y, index_t n, Activation act) {
 template <typename T>
 void activation_backward(const T* grad_y, const T* z, const T* y, T* grad_z, index_t n, Activation act) {
   // One loop per activation, the activation a constant in each, so that the compiler vectorizes them;
-  // float32 gelu's derivative by the vector function of gates.h (erf and exp without the C library, which
-  // one element at a time made linear's backward with gelu 3.4x the time of the one without).
+  // float32 gelu's derivative by the vector function of gates.h (erf and exp without the C library, whose
+  // scalar calls would dominate linear's backward).
   constexpr index_t kChunk = 2048;  // values per task (and, for gelu, per buffer in L1)
   const int nt = n > 65536 ? get_num_threads() : 1;
   const index_t chunks = ceil_div(n, kChunk);

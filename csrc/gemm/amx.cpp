@@ -67,9 +67,8 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, bool a_rows) {
   // One B block a thread: each thread runs every A panel against its block, and splits the panel after
   // the one its tiles run into a second buffer between their products (SplitQueue): the vector units
   // split while the tile unit multiplies, in L2, where a shared A block split ahead goes through L3 and
-  // back (its split alone measured a third of the product's time at 3200 x 256 x 1024). Each thread
-  // then splits all of A: below a depth of 4 steps (3136 x 256 x 64 and x 96: 0.93 of the shared
-  // split's speed; x 128: 1.15) the tiles run too briefly to hide it.
+  // back. Each thread then splits all of A, which the tiles hide from a depth of 4 steps
+  // (bench/log/2026-11-22-to-24.md, AMX).
   p.own_a = p.split_n && a_rows && njb == nt && k >= 4 * kStep;
   return p;
 }

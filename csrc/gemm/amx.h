@@ -20,9 +20,8 @@
 // the FMA kernels. Results of magnitude below 2^-126 are flushed to zero.
 //
 // The tile unit runs 16 x 16 x 32 bfloat16 products per instruction at 16 cycles: 1024 FLOPs a cycle,
-// 16 times the AVX-512 FMA peak. Six products per float32 product leave 2.7 times that peak (measured:
-// 3.0 TFLOP/s of bfloat16 on one core, about 500 GFLOP/s of float32 products in L1, against 248 for
-// the FMA probe).
+// 16 times the AVX-512 FMA peak. Six products per float32 product leave 2.7 times that peak, of which
+// the float32 products reach about two thirds in L1 (bench/log/2026-11-22-to-24.md, AMX).
 //
 // Layout (tile_step_elems bfloat16 per step of 32 in depth, steps k-major, the depth padded with zeros):
 //   A panel, 32 rows:    [step][part 0..2][row tile 0..1][16 rows][32 depth]

@@ -147,8 +147,7 @@ void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* 
   if (!w2 && m > mc_max && uk.fn == select_ukernel<T>(active_isa()).fn) {
     // More rows than one block: the blocked GEMM's order, an A micro-panel in L1 against B blocks in L2,
     // the B blocks read in place from the packed weight. Below, each block of rows would stream the whole
-    // weight from memory again, its panels through L1, and the A panels from L2 (batch 1024, 4096 x 4096:
-    // 0.81x of the unpacked GEMM's speed on one thread, 0.84x on two).
+    // weight from memory again, its panels through L1, and the A panels from L2.
     GemmArgs<T> g = strided_gemm_args<T>(m, n, k, a, lda, 1, nullptr, 0, 0, c, ldc, T(0));
     g.b_panels = w.panel(0);
     g.bias = bias;
@@ -161,8 +160,8 @@ void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* 
   T* const ap2 = ap.data() + m * k;
   // Rows per block: a block's k slice (rows x KC) stays in L2 (256 rows x 336 float32: 336 KB) while
   // each panel's KC x NR slice is reused from L1 across the block's micro-panels.
-  // Blocks of equal height (multiples of MR): 256 rows as 252 + 4 left a thread to stream the whole
-  // weight for 4 rows (batch 256, 4096 x 4096: 0.89x of the unpacked GEMM, which packs per call).
+  // Blocks of equal height (multiples of MR): unequal ones (256 rows as 252 + 4) leave a thread to stream
+  // the whole weight for a few rows.
   const index_t mc = round_up(ceil_div(m, ceil_div(m, mc_max)), mr);
   // Panels a unit: row_np for one row (gemm_packed_b runs them at once), else one.
   const index_t per_unit = m == 1 && uk.row_panels ? uk.row_np : 1;

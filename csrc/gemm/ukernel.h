@@ -161,12 +161,10 @@ index_t sa_depth_block(const SaKernel<T>& sk) {
 }
 
 // Whether a batch of m rows is better served by the strided-A kernel (W read in place) than by the
-// packing GEMM, by how much of its tiles the batch fills (measured, 2 threads, 1024-4096 outputs, depth
-// 320-1024): one tile at least 60% full (AVX-512, 20 rows in a 32-row tile: 0.72-0.85 of the packing
-// GEMM's time); panels of several tiles at least panel_fill percent full, up to max_rows (AVX-512 float32
-// at 75%: 49-64 rows 0.64-0.99, 80-128 rows 0.73-1.06, most under 0.95, and 144-256 rows only ties;
-// AVX2 float32 at 80%: 36 rows 0.95-1.09, 38 0.88-1.02, 40 0.86-1.01). The depth is the caller's rule
-// (min_depth).
+// packing GEMM, by how much of its tiles the batch fills: one tile at least 60% full; panels of several
+// tiles at least panel_fill percent full, up to max_rows (AVX-512 float32 75%, AVX2 80%). The depth is
+// the caller's rule (min_depth). bench/log/2026-11-22-to-24.md has the measurements; the tuner times
+// gemm_wt_direct wherever it can run, so a shape the rule gets wrong is corrected by tuning.
 template <typename T>
 bool sa_batch_fits(const SaKernel<T>& sk, index_t m) {
   if (!sk.fn || m <= 0 || m > sk.max_rows) return false;

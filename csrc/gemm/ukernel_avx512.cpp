@@ -122,11 +122,9 @@ constexpr auto kRowsF64 = rows_table<RowsF64, dnnkit::ukernel_fn<double>>(std::m
 
 // Strided-A tiles of 8 rows of W by NV vectors of the batch: 8 x 1, 8 x 2 and 8 x 3 (up to 24
 // accumulators, NV loads and 8 broadcasts per 8 NV FMAs). Batches past 3 vectors run as panels of 8 x 2:
-// a 6 x 4 tile (24 accumulators, 4 loads a step) read 4 cache lines of the packed batch from L2 per 24
-// FMAs, 1.5x the 8 x 2 tile's traffic, and ran at 0.68-0.97 of the time of 8 x 2 panels on 49-128 rows
-// (float32, 1 and 2 threads, depth 320-1024). Each row of W is a stream of its own with a base register
-// of its own: 10 to 14 rows ran out of registers (measured, float32, one thread, 16 and 32 rows: 8 x 1
-// and 8 x 2 at 119-143 GFLOP/s, 10-14 rows 84-137).
+// a 6 x 4 tile reads 4 cache lines of the packed batch from L2 per 24 FMAs, 1.5x the 8 x 2 tile's
+// traffic. Each row of W is a stream with a base register of its own, so more than 8 rows run out of
+// registers (bench/log/2026-11-22-to-24.md, strided-A tiles).
 template <class V, int MR, int NV>
 void sa_tile(dnnkit::index_t k, const typename V::T* a, dnnkit::index_t lda, dnnkit::index_t k2,
              const typename V::T* a2, dnnkit::index_t lda2, const typename V::T* b, typename V::T* c,

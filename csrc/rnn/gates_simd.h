@@ -12,7 +12,7 @@
 #include <type_traits>
 
 // The element-wise functions are inlined into every kernel whatever the compiler's size heuristics say:
-// called out of line, their vectors pass through memory (LSTM H256 B16 inference 1.01-1.06x the time).
+// called out of line, their vectors pass through memory.
 #define DNNKIT_VINLINE inline __attribute__((always_inline))
 
 namespace dnnkit {
@@ -20,8 +20,7 @@ namespace gates_simd {
 
 // The functions below work on N vectors at once, each step applied to all N before the next: their
 // dependency chains (about 90 cycles through exp) then run side by side, where one vector at a time
-// leaves the cores waiting on latency with the scheduler full (measured: the LSTM post-GEMM 1.25x faster
-// at N = 2 than at N = 1 per vector).
+// leaves the cores waiting on latency with the scheduler full.
 
 // exp(x): x = n ln2 + r, |r| <= ln2/2, exp(r) by the degree-6 polynomial of fastmath::exp. kNonPositive:
 // every x is <= 0 or NaN (sigmoid's and tanh's arguments), so the upper clamp is not needed.

@@ -475,16 +475,14 @@ namespace {
 // the threads meet once per chunk rather than once per step. Every element is summed in the order the
 // layer-by-layer driver uses, so the results are identical.
 constexpr index_t kWaveChunks = 16;  // chunks per sequence: the pipeline fills in L - 1 of them
-// Used when each layer's W_hh is small (measured on 2-layer LSTMs, 2 threads: 1.2-1.55x at H = 64 and
-// 128 with batch 1 and 16; a tie at H = 256, batch 16 and 64; slower at H = 256, batch 1 and at H = 512,
-// where two cores sharing each step's GEMM read half of W_hh each).
+// Used when each layer's W_hh is small: above it, two cores sharing each step's GEMM (reading half of
+// W_hh each) are faster (bench/rnn_wavefront.py; the tuner times both).
 constexpr index_t kWaveMaxWhhBytes = index_t(256) << 10;
 
 // Splitting a step by batch rows: each thread reads all of W_hh every step, which pays where W_hh stays
-// in its L2 and each thread takes kRowSplitMinRows rows or more (2 threads, against the split by hidden
-// units: batch 8, 0.77-0.91 of the time in training, 0.86 (H128) to 1.02 (H256) in inference; batch 4,
-// 1.19 in inference). A stack of layers pipelines as a wavefront instead below kRowSplitWaveRows rows a
-// thread (batch 8, 2 layers: 0.88-1.1 of the rows' time).
+// in its L2 and each thread takes kRowSplitMinRows rows or more. A stack of layers pipelines as a
+// wavefront instead below kRowSplitWaveRows rows a thread (bench/rnn_wavefront.py compares the three
+// schedules; the tuner times them: fused_units, fused_rows, fused_wavefront).
 constexpr index_t kRowSplitMinRows = 4;
 constexpr index_t kRowSplitWaveRows = 8;
 
@@ -711,12 +709,10 @@ void for_each_xh_panel(index_t B, F&& fn) {
 // W [x | h]^T, so that 32 rows of a weight become an A panel by the split alone (the tile unit's A is
 // row-major in depth, as W is), where as the B operand every 16 x 16 block of them would also be
 // transposed; x and h, a few rows, are packed once as B panels and stay in L2. The split of the weights
-// at every call (0.7-0.9 cycles a value, read from L3 and written to L2 as three parts) runs between
-// the tile products (fused_cell_step_amx) and is repaid by the batch: in-process A/B against the FMA
-// kernels (gemm_wt_direct_cell, bench/cell_tiles.py), 2 threads, LSTM and GRU cells: batch 64 at
-// I + H = 1024 to 2048, 1.15-1.27x, at 512 0.99-1.10x (at 256, 0.84-0.91; batch 48, 0.81-0.93; batch
-// 32, 0.77-0.86); batch 96 to 128, 1.11-1.35x; batch 256 at H256 1.25x. A batch whose B panels pass
-// 3/4 of L2 (H1024, batch 256) stays on the FMA kernels or the blocked GEMM.
+// at every call (read from L3 and written to L2 as three parts) runs between the tile products
+// (fused_cell_step_amx) and is repaid by the batch from 64 rows where I + H >= 512, from 96 below
+// (bench/cell_tiles.py against the FMA kernels). A batch whose B panels pass 3/4 of L2 stays on the
+// FMA kernels or the blocked GEMM.
 bool cell_on_tiles(index_t B, index_t I, const float* x, index_t S, const float* h0) {
   if (!rnn_tiles_active() || !h0 || B < 64 || (I + S < 512 && B < 96)) return false;
   const double panel_bytes = double(ceil_div(B, index_t(amx::kBlock))) *
@@ -732,10 +728,9 @@ bool cell_on_tiles(index_t B, index_t I, const float* x, index_t S, const float*
 // between the tile products of the gate before (amx::SplitQueue; the next block's first gate during
 // this one's last), into a second copy of the panels; where two copies do not fit in L2 beside the B
 // panels, the gate runs in halves instead, W_ih's tiles while W_hh's rows are split and W_hh's (started
-// from the tile W_ih's stored) while the next W_ih's are. On two threads, against the FMA kernels:
-// batch 64 at H512-H1024 1.15-1.27x where splitting before the tiles gave 1.00-1.07x; at H256,
-// 0.99-1.10x against 0.92-1.00x. A block whose weights do not split exactly runs on the FMA dot
-// products instead (gemm_small_m; the block alone: the outputs are float32's either way).
+// from the tile W_ih's stored) while the next W_ih's are (bench/cell_tiles.py). A block whose weights
+// do not split exactly runs on the FMA dot products instead (gemm_small_m; the block alone: the outputs
+// are float32's either way).
 void fused_cell_step_amx(const RnnShape& s, const RnnWeights<float>& w, int l, int d, const float* xl,
                          const float* h0, const float* c0, float* const* y, float* h_n, float* c_n, float* reserve,
                          DirBuffers<float>& b, const float* zeros) {
@@ -1394,7 +1389,7 @@ void rnn_backward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T
           if (packed) {
             // The group packs dG_t together into one buffer. It is free: every thread of the group
             // passed the barrier above after its last step's products.
-            // Micro-panels of balanced height (LSTM H256 B16: 8 + 8 rows rather than 14 + 2, 0.9x the time).
+            // Micro-panels of balanced height (B16 on a 14-row kernel: 8 + 8 rows, not 14 + 2).
             pack_a_rows_part<T>(uk, B, GH, dgh_all + t * B * GH, GH, 1, ap, tg.tid, tg.nt, hgt);
             if (tg.nt > 1) barriers[tg.group].wait();  // packed dG_t complete before the products
             gemm_packed_b<T>(B, ap, b.whh[0], own_s.c0, own_s.c1, gru ? T(1) : T(0), b.state.data(), S,

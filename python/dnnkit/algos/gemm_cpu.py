@@ -101,10 +101,9 @@ class SmallMGemm(Algorithm):
     op = "gemm"
     backend = "cpu"
     tolerance = 1e-5
-    MAX_M = 16  # above this the blocked GEMM wins (measured: m = 32 is a tie, m = 16 a 1.5-2.5x win)
-    # From here the strided-A kernel, where it runs (k >= 192 on AVX-512) in a tile of at most 16 rows, is
-    # faster (measured, AVX-512 float32, 768-4096 outputs, k 128-1024: 13-16 rows 0.54-0.95 of the dot
-    # kernels' time, 12 a tie; in AVX2's 24-row tile, 15-16 rows 0.92-1.2: left to the dot kernels).
+    MAX_M = 16  # the rule: above this the blocked GEMM wins (bench/gemm.py's linear rows)
+    # From here the strided-A kernel, where its rule takes the product in a tile of at most 16 rows
+    # (AVX-512), is faster; AVX2's 24-row tile is left to the dot kernels.
     DIRECT_FROM = 13
 
     def supports(self, p) -> str | None:

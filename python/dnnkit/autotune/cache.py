@@ -371,6 +371,20 @@ class Store:
                 "cuda" if d["problem"].endswith(" cuda") or d["problem"].endswith("_cuda") else "cpu")]
         return out
 
+    def device_rows(self, device: str, version: str, after: int = 0) -> tuple[list[tuple], int, int]:
+        """For a refit: ([(rowid, problem, records JSON)] of device and version stored after rowid `after`,
+        how many rows that device and version has in all, the highest rowid of the store). A row replaced
+        by a newer result of its problem gets a new rowid."""
+        def read(conn):
+            new = conn.execute("SELECT rowid, problem, records FROM results WHERE device = ? AND version = ? "
+                               "AND rowid > ? ORDER BY rowid", (device, version, after)).fetchall()
+            count = conn.execute("SELECT COUNT(*) FROM results WHERE device = ? AND version = ?",
+                                 (device, version)).fetchone()[0]
+            top = conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM results").fetchone()[0]
+            return new, count, top
+
+        return self._run(False, read, default=([], 0, 0))
+
     def clear(self, pattern: str | None = None, device: str | None = None) -> int:
         """Delete results; returns how many. With neither argument every result and ceiling; else the
         results whose problem key contains `pattern` (all, where None), of `device` only (any, where None)."""

@@ -29,10 +29,12 @@ from .._config import get_num_threads
 from ..algos.conv_cpu import as_forward
 
 _COPY_BYTES_PER_S = 10e9  # per thread
-# Winograd, fitted to bench/conv.py's ResNet-50 3x3 layers (bench/log/2026-11-22-to-24.md, cache-resident schedule):
-_TRANSFORM_S_PER_ELEMENT = 1.2e-9  # per thread: one input or output transform element
-_FILTER_S_PER_ELEMENT = 3.0e-9  # per thread: one element of U, transformed, stored and read back
-_FILTER_FEW_S_PER_ELEMENT = 0.6e-9  # the same in the few-tiles schedule (U^T built in L2, never stored)
+# Winograd's transforms in the time of this many float32 FLOPs at the peak (they are vector arithmetic
+# on the same units, so they scale with the measured peak and the ISA's width as the products do):
+# fitted to bench/conv.py's ResNet-50 3x3 layers (bench/log/2026-11-22-to-24.md, cache-resident schedule).
+_TRANSFORM_FLOPS = 192.0  # one input or output transform element
+_FILTER_FLOPS = 480.0  # one element of U, transformed, stored and read back
+_FILTER_FEW_FLOPS = 96.0  # the same in the few-tiles schedule (U^T built in L2, never stored)
 _WINOGRAD_GEMM_EFFICIENCY = 0.7  # the transform-domain products on the micro-kernel, operands in L2
 _WINOGRAD_FEW_TILES = 32
 _WINOGRAD_BWD_DEPTH = 256  # csrc/conv/winograd.cpp kBwdDepth: tiles per chunk of the backward filter
@@ -164,8 +166,8 @@ def _conv_fwd(p, name):
         mr = micro_rows(p.itemsize)
         rows, cols = (math.ceil(tiles / mr) * mr, math.ceil(kg / 64) * 64) if few else (kg, math.ceil(tiles / 64) * 64)
         t = 2 * a2 * rows * cols * cg * g / (peak * _WINOGRAD_GEMM_EFFICIENCY)
-        t += (cg + kg) * g * tiles * a2 * _TRANSFORM_S_PER_ELEMENT / threads
-        t += k * cg * a2 * (_FILTER_FEW_S_PER_ELEMENT if few else _FILTER_S_PER_ELEMENT) / threads
+        t += (cg + kg) * g * tiles * a2 * _TRANSFORM_FLOPS / peak
+        t += k * cg * a2 * (_FILTER_FEW_FLOPS if few else _FILTER_FLOPS) / peak
         return t
     if name == "fft":
         # algos/conv_cpu.py FftFwd: the filters' DFT written as F x 2Cg x K reals (a fresh array: bound by
@@ -215,7 +217,7 @@ def _conv_bwd(p, name):
         mr = micro_rows(p.itemsize)
         threads = get_num_threads()
         t = 2 * a2 * math.ceil(kg / mr) * mr * cg * tiles * g / (peak * _WINOGRAD_GEMM_EFFICIENCY)
-        t += 2 * (cg + kg) * g * tiles * a2 * _TRANSFORM_S_PER_ELEMENT / threads
+        t += 2 * (cg + kg) * g * tiles * a2 * _TRANSFORM_FLOPS / peak
         chunks = math.ceil(tiles / _WINOGRAD_BWD_DEPTH)
         t += a2 * kg * cg * g * p.itemsize * 2 * chunks / (_copy_bytes_per_s() * threads)
         return t
@@ -247,36 +249,44 @@ def correction_factors() -> dict:
     return dict(_calibration()["factors"])
 
 
-_fitted: dict = {}
+# The fit, kept between calls: the store and device it is for, the highest rowid read, and per problem key
+# its (op, algorithm, measured / predicted) samples. A write adds or replaces rows, whose rowids are then
+# above the last one read: only those are parsed again. Fewer rows than problems fitted (a cleared cache)
+# means a fit from scratch.
+_fit: dict = {"for": None, "top": 0, "samples": {}, "generation": None, "value": None}
 
 
 def _calibration() -> dict:
-    """Ceilings and correction factors from the default cache, refitted when the cache changes."""
+    """Ceilings and correction factors for this device and version, from the default cache, brought up to
+    date when the cache changes (incrementally: only rows written since the last fit are read)."""
     from . import cache
-    from .records import TuneRecord
 
-    key = (cache.generation(), str(cache.cache_path()), cache.device_fingerprint())
-    hit = _fitted.get("key")
-    if hit == key:
-        return _fitted["value"]
+    generation = cache.generation()
+    device, version = cache.device_fingerprint(), cache._version()
+    target = (str(cache.cache_path()), device, version)
+    if _fit["for"] == target and _fit["generation"] == generation and _fit["value"] is not None:
+        return _fit["value"]
     value = {"ceilings": None, "factors": {}}
-    _fitted["key"], _fitted["value"] = key, value  # set first: the fit below calls the formulas
+    if _fit["for"] != target:
+        _fit.update({"for": target, "top": 0, "samples": {}})
+    _fit["generation"], _fit["value"] = generation, value  # set first: the fit below calls the formulas
     try:
         store = cache.default_store()
         value["ceilings"] = store.get_ceilings()
+        new, count, top = store.device_rows(device, version, _fit["top"])
+        if top < _fit["top"]:  # another store, or rows renumbered: start over
+            _fit.update({"top": 0, "samples": {}})
+            new, count, top = store.device_rows(device, version, 0)
+        for _, problem, records in new:
+            _fit["samples"][problem] = _samples(cache, problem, records)
+        if count < len(_fit["samples"]):  # rows removed since the last fit
+            _fit["samples"] = {problem: _samples(cache, problem, records)
+                               for _, problem, records in store.device_rows(device, version, 0)[0]}
+        _fit["top"] = top
         ratios: dict = {}
-        for row in store.rows(current_only=True):
-            if row["device"].startswith("cuda"):
-                continue
-            try:
-                p = cache.parse_problem_key(row["problem"])
-                records = [TuneRecord.from_dict(r) for r in row["records"]]
-            except (ValueError, TypeError):
-                continue  # a row this dnnkit cannot read is skipped, never fitted
-            for r in records:
-                t = raw_predict(r.algorithm, p) if r.ok else None
-                if t and r.median_s:
-                    ratios.setdefault((p.op, r.algorithm), []).append(r.median_s / t)
+        for samples in _fit["samples"].values():
+            for key, ratio in samples:
+                ratios.setdefault(key, []).append(ratio)
         value["factors"] = {
             k: min(_CLAMP, max(1 / _CLAMP, float(statistics.median(v))))
             for k, v in ratios.items() if len(v) >= MIN_SAMPLES
@@ -285,6 +295,26 @@ def _calibration() -> dict:
         warnings.warn(f"dnnkit: cost model: could not read the tuning cache ({e}); using nominal values",
                       RuntimeWarning, stacklevel=3)
     return value
+
+
+def _samples(cache, problem: str, records_json: str) -> list:
+    """[((op, algorithm), measured / predicted)] of one stored result; [] for a row this dnnkit cannot read
+    (it is skipped, never fitted)."""
+    import json
+
+    from .records import TuneRecord
+
+    try:
+        p = cache.parse_problem_key(problem)
+        records = [TuneRecord.from_dict(r) for r in json.loads(records_json)]
+    except (ValueError, TypeError):
+        return []
+    out = []
+    for r in records:
+        t = raw_predict(r.algorithm, p) if r.ok else None
+        if t and r.median_s:
+            out.append(((p.op, r.algorithm), r.median_s / t))
+    return out
 
 
 def measure_ceilings(store=None, seconds: float = 0.2, attempts: int = 3) -> dict:
