@@ -251,3 +251,25 @@ def test_autotune_options_that_would_be_ignored(tmp_path):
     assert r.returncode == 2 and "--mb" in r.stderr
     r = run_in(tmp_path, "autotune", "--problem", "m8n8k8", "--dtype", "float64", "--budget", "0.01", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["problems"][0]["descriptor"] == "m8n8k8_f64", r.stderr
+
+
+def test_autotune_workspace_limit_on_a_cached_problem(tmp_path):
+    """A problem tuned without a limit, asked again under one: the choice shown is the fastest within the
+    limit (as dispatch takes it under that limit), and the stored record keeps every candidate; a result
+    tuned under a tighter limit is tuned again when a looser one is asked for."""
+    d = "mb1ic16ih14oc16oh14kh3ph1"
+    r = run_in(tmp_path, "autotune", "--problem", d, "--budget", "0.01", "--json")
+    full = json.loads(r.stdout)["problems"][0]
+    assert full["source"] == "measured" and any(x["workspace_bytes"] for x in full["records"] if x["status"] == "ok")
+    r = run_in(tmp_path, "autotune", "--problem", d, "--budget", "0.01", "--workspace-limit", "0", "--json")
+    limited = json.loads(r.stdout)["problems"][0]
+    assert limited["source"] == "cache", r.stderr
+    chosen = next(x for x in limited["records"] if x["algorithm"] == limited["best"])
+    assert chosen["workspace_bytes"] == 0
+    r = run_in(tmp_path, "autotune", "--problem", d, "--budget", "0.01", "--workspace-limit", "0")
+    assert "workspace limit 0 B" in r.stdout and f"* {limited['best']}" in r.stdout, r.stdout
+    # Tuned under a limit of 0 (--force), then asked with none: tuned again, every candidate timed.
+    run_in(tmp_path, "autotune", "--problem", d, "--budget", "0.01", "--workspace-limit", "0", "--force")
+    r = run_in(tmp_path, "autotune", "--problem", d, "--budget", "0.01", "--workspace-limit", "1G", "--json")
+    again = json.loads(r.stdout)["problems"][0]
+    assert again["source"] == "measured" and not any(x["status"] == "over_limit" for x in again["records"])

@@ -216,13 +216,21 @@ class _Progress:
             sys.stderr.flush()
 
 
+def _tuned_under_tighter_limit(result, limit: int | None) -> bool:
+    """Whether result left a candidate untimed (over its limit) that fits `limit` (None: no limit)."""
+    return any(r.status == "over_limit" and (limit is None or (r.workspace_bytes or 0) <= limit) for r in result)
+
+
 def _cmd_autotune(args) -> int:
     from ._version import __version__
+    from ._config import get_workspace_limit
+    from .autotune.records import format_table
     from .autotune import cache
     from .autotune.cost_model import measure_ceilings, plausible_peak
     from .autotune.tuner import find
 
     problems = _problems(args)
+    limit = get_workspace_limit() if args.workspace_limit is None else args.workspace_limit
     store = cache.default_store()
     if not args.json:
         print(f"dnnkit {__version__} autotune: {len(problems)} problem(s) on {cache.device_fingerprint()}; "
@@ -235,15 +243,18 @@ def _cmd_autotune(args) -> int:
     for i, p in enumerate(problems):
         progress.step(i, f"{p.op} {p.descriptor()}")
         result = None if args.force else store.get(p)
+        if result is not None and _tuned_under_tighter_limit(result, limit):
+            result = None  # a candidate it left untimed fits this limit: tune again
         if result is None:
             result = find(p, budget=args.budget, workspace_limit=args.workspace_limit,
                           prune=None if args.no_prune else 4.0, store=store)
         results.append(result)
         if not args.json:
             progress.close()
-            print(result, flush=True)
+            print(format_table(result, limit), flush=True)
     progress.close()
     summary = summarize(results)
+    chosen = [r.fastest(limit) for r in results]  # what dispatch takes under the limit
     if args.plot:
         _plot(results, args.plot, store.get_ceilings())
     if args.json:
@@ -251,8 +262,8 @@ def _cmd_autotune(args) -> int:
             "version": __version__, "device": cache.device_fingerprint(), "cache": store.path,
             "problems": [{"problem": cache.problem_key(r.problem), "op": r.problem.op,
                           "descriptor": r.problem.descriptor(), "source": r.source,
-                          "elapsed_s": r.elapsed_s, "best": r.best.algorithm if r.best else None,
-                          "records": [x.to_dict() for x in r]} for r in results],
+                          "elapsed_s": r.elapsed_s, "best": b.algorithm if b else None,
+                          "records": [x.to_dict() for x in r]} for r, b in zip(results, chosen)],
             "summary": summary,
         }, indent=1))
     else:
@@ -268,7 +279,7 @@ def _cmd_autotune(args) -> int:
                   f"{s['heuristic_compared']}{err}")
         if args.plot:
             print(f"roofline written to {args.plot}")
-    return 0 if all(r.best is not None for r in results) else 1
+    return 0 if all(b is not None for b in chosen) else 1
 
 
 def _problem_bytes(p) -> int:

@@ -108,13 +108,16 @@ class TuneResult(list):
         return format_table(self)
 
 
-def format_table(result: TuneResult) -> str:
+def format_table(result: TuneResult, workspace_limit: int | None = None) -> str:
+    """The records as a table, the chosen one marked *: the fastest accurate one, or with workspace_limit
+    the fastest whose workspace fits it (as dispatch chooses under that limit)."""
     p = result.problem
     lines = [f"{p.op} {p.descriptor()}" + ("" if p.op == "gemm" else f" {p.dtype}")
-             + (f"  ({result.source})" if result.source != "measured" else f"  ({result.elapsed_s:.2f} s)")]
+             + (f"  ({result.source})" if result.source != "measured" else f"  ({result.elapsed_s:.2f} s)")
+             + ("" if workspace_limit is None else f"  workspace limit {format_bytes(workspace_limit)}")]
     lines.append(f"  {'algorithm':<20} {'median ms':>10} {'spread':>7} {'GFLOP/s':>8} {'workspace':>10} "
                  f"{'error':>8} {'pred ms':>8}  status")
-    best = result.best
+    best = result.fastest(workspace_limit)
     for r in result:
         mark = "*" if best is not None and r is best else " "
         med = f"{r.median_s * 1e3:10.3f}" if r.ok else f"{'-':>10}"
