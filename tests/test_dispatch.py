@@ -169,3 +169,26 @@ def test_rules_decide_where_nothing_is_measured(mode, restore_tuning):
     assert choose(big, "gemm_small_m") is small_m
     row = next(c for c in dnnkit.explain(big) if c.algorithm == "gemm_small_m")
     assert row.supported and "m = 400 is over 16" in row.rule and "rule:" in str(row)
+
+
+def test_environment_names_an_operators_algorithm(tmp_path):
+    """DNNKIT_ALGO_<OP> is what algo="auto" means for that operator; a name it does not have is an error
+    that names the variable."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, dnnkit\n"
+            "from dnnkit.dispatch import choose\n"
+            "from dnnkit.problem import ConvProblem, GemmProblem\n"
+            "print(choose(ConvProblem.parse('mb2ic8ih10oc8oh10kh3ph1')).name, choose(GemmProblem(64, 64, 64)).name)\n"
+            "try:\n"
+            "    dnnkit.lstm(np.ones((3, 2, 4), np.float32), None, None, [np.ones((8, 4), np.float32),"
+            " np.ones((8, 2), np.float32)])\n"
+            "except ValueError as e:\n"
+            "    print(e)\n")
+    env = dict(__import__("os").environ, DNNKIT_ALGO_CONV2D_FWD="direct", DNNKIT_ALGO_GEMM="gemm_goto",
+               DNNKIT_ALGO_LSTM_FWD="no_such", DNNKIT_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == "direct gemm_goto", r.stdout + r.stderr
+    assert "lstm: algo must be 'auto' or one of" in lines[1] and "DNNKIT_ALGO_LSTM_FWD" in lines[1], lines

@@ -98,7 +98,7 @@ def get_amx() -> bool:
     return _cpu.amx_enabled()
 
 
-_state = {"tuning": "heuristic", "workspace_limit": None, "nan_semantics": "any"}
+_state = {"tuning": "heuristic", "workspace_limit": None, "nan_semantics": "any", "algo": {}}
 
 
 def set_tuning(mode: str) -> None:
@@ -148,6 +148,14 @@ def _nan_semantics(raw: str) -> str:
     return raw
 
 
+def algo_overrides() -> dict:
+    """{operator: algorithm name} from DNNKIT_ALGO_<OP> (DNNKIT_ALGO_CONV2D_FWD=direct,
+    DNNKIT_ALGO_LSTM_FWD=fused_rows, DNNKIT_ALGO_GEMM=gemm_goto): what algo="auto" means for that operator,
+    as an explicit algo= would (read at import; a name the operator does not have is reported when the
+    operator is first called)."""
+    return dict(_state["algo"])
+
+
 def _init_from_env() -> None:
     n = _env("DNNKIT_NUM_THREADS", _positive_int)
     if _cpu.available():
@@ -157,6 +165,8 @@ def _init_from_env() -> None:
         _state["tuning"] = mode
     _state["workspace_limit"] = _env("DNNKIT_WORKSPACE_LIMIT", parse_bytes)
     _state["nan_semantics"] = _env("DNNKIT_NAN_SEMANTICS", _nan_semantics) or "any"
+    _state["algo"] = {k[len("DNNKIT_ALGO_"):].lower(): v.strip() for k, v in os.environ.items()
+                      if k.startswith("DNNKIT_ALGO_") and v.strip()}
 
 
 _init_from_env()

@@ -17,7 +17,7 @@ import warnings
 
 from . import algos
 from .backends import cpu as _cpu
-from ._config import get_nan_semantics, get_tuning, get_workspace_limit
+from ._config import algo_overrides, get_nan_semantics, get_tuning, get_workspace_limit
 from .plans import Memo, Plan
 from .autotune import cache
 from .autotune.cost_model import predict
@@ -62,16 +62,25 @@ def dispatch_state() -> tuple:
     return algos.version(), get_tuning(), get_nan_semantics(), cache.generation(), _cpu.settings_generation()
 
 
+# DNNKIT_ALGO_<OP>: the algorithm "auto" names for an operator (read at import).
+_OVERRIDES = algo_overrides()
+
+
 def plan(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) -> Plan:
-    """The Plan that runs p: the algorithm algo names, or (auto) the one dispatch chooses among those whose
-    workspace fits workspace_limit (default: the process-wide limit). Raises ValueError naming the operator
-    when none can."""
+    """The Plan that runs p: the algorithm algo names (for "auto", DNNKIT_ALGO_<OP> where set), or the one
+    dispatch chooses among those whose workspace fits workspace_limit (default: the process-wide limit).
+    Raises ValueError naming the operator when none can."""
     default = get_workspace_limit()
     limit = default if workspace_limit is None else workspace_limit
     key = (p, algo, limit, default) + dispatch_state()
     hit = _plans.get(key)
     if hit is not None:
         return hit
+    if algo == "auto" and p.op in _OVERRIDES:
+        try:
+            return _plans.put(key, Plan.of(p, _choose(p, _OVERRIDES[p.op], limit)))
+        except ValueError as e:
+            raise ValueError(f"{e} (from DNNKIT_ALGO_{p.op.upper()})") from None
     return _plans.put(key, Plan.of(p, _choose(p, algo, limit)))
 
 
