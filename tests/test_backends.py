@@ -129,12 +129,12 @@ def test_info_lists_both_backends():
 def test_import_works_without_the_cpu_kernel_module(tmp_path):
     """A build without its kernel module (a source tree never built): `import dnnkit`, info(), problems and
     dnnkit.kernels work; a CPU call raises ImportError saying why and how to build."""
-    code = f"""
+    code = """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name.startswith("dnnkit._cpu_"):
-            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, Block())
 import numpy as np
 import dnnkit, dnnkit.kernels

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import dnnkit
 from dnnkit.reference import rel_l2
 from test_rnn import (
-    GATES, MODES, SeqCase, cell_cases, cell_forward, make_cell, make_seq, param_names, run_forward, seq_cases,
+    MODES, SeqCase, cell_cases, cell_forward, make_cell, make_seq, param_names, run_forward, seq_cases,
     to_user,
 )
 
