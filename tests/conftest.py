@@ -96,3 +96,14 @@ def nan_rnn_outputs(monkeypatch):
     def empty_nan(op, shape, dtype):
         return np.full(shape, np.nan, dtype=dtype)
     monkeypatch.setattr(recurrent, "_empty", empty_nan)
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """The default tuning cache, in a directory of the test's own."""
+    from dnnkit.autotune import cache
+
+    monkeypatch.setenv("DNNKIT_CACHE_DIR", str(tmp_path))
+    s = cache.default_store()
+    yield s
+    s.close()

@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 import dnnkit
+from dnnkit.autotune.records import TuneRecord, TuneResult
+from dnnkit.problem import ConvProblem
 
 DTYPES = (np.float32, np.float64)
 FLOAT64_TOL = 1e-12  # relative L2 bound for float64 (Algorithm.tolerance is the float32 bound)
@@ -106,3 +108,12 @@ def amx_set(on: bool):
         yield
     finally:
         dnnkit.set_amx(previous)
+
+
+# A tuning result to store (the cache tests): `best` measured at t seconds, FFT pruned.
+CACHED_PROBLEM = ConvProblem.parse("mb2ic8ih12oc8oh12kh3ph1")
+
+
+def cached_result(p=CACHED_PROBLEM, best="direct", t=1e-3):
+    return TuneResult(p, [TuneRecord(best, "ok", median_s=t, workspace_bytes=0),
+                          TuneRecord("fft", "pruned", reason="predicted slow")], 0.5)
