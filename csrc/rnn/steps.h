@@ -242,8 +242,8 @@ inline index_t step_row_blocks(int mr, index_t m) {
 // h_{t-1} (m x k, row stride lda) packed for fused_step: micro-panels of balanced_height rows (the last
 // possibly fewer), each stored k-major at its exact height, panel i at ap + i*k (m*k elements in all).
 // The rows [i0, i1) (on panel boundaries) and columns [j0, j1) of it alone: the post-GEMM of step t
-// writes its part of h_t so, from L1, into step t + 1's operand, where each thread packed all of h_t
-// at the start of the step (LSTM, H256, batch 16 and 64: 2-3% of the time).
+// writes its part of h_t so, from L1, into step t + 1's operand, rather than each thread packing all of
+// h_t again from memory at the start of the step.
 template <typename T>
 void pack_a_balanced(int mr, index_t m, index_t k, const T* a, index_t lda, T* ap, index_t i0, index_t i1, index_t j0,
                      index_t j1) {

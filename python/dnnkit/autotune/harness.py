@@ -250,10 +250,6 @@ def same_nonfinite(actual: np.ndarray, expected: np.ndarray) -> bool:
     return all(np.array_equal(f(actual), f(expected)) for f in (np.isnan, np.isposinf, np.isneginf))
 
 
-def tunable(p) -> bool:
-    return p.op in _HARNESSES
-
-
 def harness(p) -> Harness:
     """The Harness of p's operator; ValueError naming the tunable ones where it has none."""
     h = _HARNESSES.get(p.op)
@@ -265,8 +261,3 @@ def harness(p) -> Harness:
 def operands(p, rng: np.random.Generator) -> Operands:
     """Random inputs for p. MemoryError when they do not fit."""
     return harness(p).operands(p, rng)
-
-
-def run(algorithm, p, ops: Operands, out, workspace_bytes: int):
-    """One call of algorithm on p, as the public API makes it."""
-    return harness(p).run(algorithm, p, ops, out, workspace_bytes)
