@@ -1,5 +1,5 @@
-"""The backend seam: device arrays reach the CUDA backend (which says it has no kernels yet, or why the GPU
-is unavailable), host and device arrays mixed in one call are an error naming the arguments, `import
+"""The backend seam: device arrays reach the CUDA backend (which runs them, says it has no kernels for the
+operator yet, or why the GPU is unavailable), host and device arrays mixed in one call are an error naming the arguments, `import
 dnnkit` works without the CPU kernel module, and the package's imports have no cycles and reach the kernel
 module only from backends/ and algos/."""
 from __future__ import annotations
@@ -59,10 +59,24 @@ def test_device_of():
     assert backends.device_of(FakeDLPackCuda()) == "cuda"
 
 
-ALL_ON_GPU = [
+GPU_OPS = [
     ("gemm", lambda: dnnkit.gemm(_g(2, 3), _g(3, 4))),
     ("linear", lambda: dnnkit.linear(_g(5, 3), _g(4, 3), _g(4))),
     ("linear_backward", lambda: dnnkit.linear_backward(_g(5, 4), _g(5, 3), _g(4, 3))),
+    ("explain", lambda: dnnkit.explain("gemm", _g(2, 3), _g(3, 4))),
+]
+
+
+@pytest.mark.skipif(dnnkit.backends.cuda.status()["available"], reason="a GPU is here: fake arrays would reach it")
+@pytest.mark.parametrize("op, call", GPU_OPS, ids=[op for op, _ in GPU_OPS])
+def test_gpu_operators_say_why_the_gpu_is_unavailable(op, call):
+    """The operators with GPU kernels, given GPU arrays where no GPU (or no numba-cuda) is: the reason."""
+    with pytest.raises(RuntimeError, match=r"^(gemm|linear|linear_backward): GPU arrays given but the GPU backend "
+                                           r"is unavailable: (no CUDA driver|numba-cuda is not installed)"):
+        call()
+
+
+ALL_ON_GPU = [
     ("conv2d", lambda: dnnkit.conv2d(_g(1, 2, 5, 5), _g(3, 2, 3, 3))),
     ("conv2d", lambda: dnnkit.conv2d(_g(1, 2, 5, 5), _g(3, 2, 2, 2), padding="same")),
     ("conv2d_backward_data", lambda: dnnkit.conv2d_backward_data((1, 2, 5, 5), _g(3, 2, 3, 3), _g(1, 3, 3, 3))),

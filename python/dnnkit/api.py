@@ -46,6 +46,22 @@ def _plan(op: str, p, algo, workspace_limit=None):
         raise type(e)(f"{op}: {msg[len(p.op) + 2:]}") from None
 
 
+def _gpu(op: str, **arrays):
+    """The GPU path of the public functions (gpu_ops), for a call whose arrays are on the GPU; raises
+    placement_error when they are mixed with host arrays in a way its checks would not name."""
+    from . import gpu_ops
+
+    where = {device_of(v) for v in arrays.values() if not isinstance(v, (list, tuple, dict))} - {None}
+    if "cuda" not in where:
+        raise placement_error(op, **arrays)
+    return gpu_ops
+
+
+def _host_stream(op: str, stream) -> None:
+    if stream is not None:
+        raise TypeError(f"{op}: stream is for GPU arrays; the arrays given are on the host")
+
+
 # ------------------------------------------------------------------------------------------------- gemm
 def _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b):
     op = "gemm"
@@ -73,17 +89,19 @@ def _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b):
     return p, A, B, alpha, beta
 
 
-def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, algo="auto"):
+def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, algo="auto", stream=None):
     """C := alpha * op(a) @ op(b) + beta * C, with op(x) = x.T when trans_x, as BLAS sgemm/dgemm.
 
-    a, b: 2-D float32 or float64 arrays of one dtype, any strides. When c is given it is updated in place
-    and returned; when beta == 0 it is not read (it may hold NaN), and when alpha == 0 neither are a and b.
-    Without c a new array is returned.
+    a, b: 2-D float32 or float64 arrays of one dtype, any strides: NumPy arrays (run on the CPU) or GPU
+    arrays (CuPy, PyTorch CUDA tensors, Numba device arrays; run on the GPU, on `stream` or the caller's
+    current stream). When c is given it is updated in place and returned; when beta == 0 it is not read (it
+    may hold NaN), and when alpha == 0 neither are a and b. Without c a new array is returned, of a's kind.
     """
     try:
         p, A, B, alpha, beta = _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b)
     except DeviceArray:
-        raise placement_error("gemm", a=a, b=b, c=c) from None
+        return _gpu("gemm", a=a, b=b, c=c).gemm(a, b, c, alpha, beta, trans_a, trans_b, algo, stream)
+    _host_stream("gemm", stream)
     if alpha == 0.0:
         # As BLAS: a and b are not read (a NaN or Inf in them does not reach C); C = beta * C.
         if algo != "auto":
@@ -148,13 +166,14 @@ def _linear_key(input, weight, bias, activation, algo):
             activation, algo, get_workspace_limit(), dispatch_state())
 
 
-def linear(input, weight, bias=None, *, activation=None, return_preactivation=False, algo="auto"):
+def linear(input, weight, bias=None, *, activation=None, return_preactivation=False, algo="auto", stream=None):
     """y = act(input @ weight.T + bias), as torch.nn.functional.linear followed by the activation.
 
     input: (..., in_features); weight: (out_features, in_features), or that weight packed once by
     dnnkit.pack_weight (its own kernel: no packing of the weight at each call); bias: (out_features,) or None.
     activation: None, 'relu', 'tanh', 'sigmoid' or 'gelu' (the exact, erf form), fused into the GEMM.
     return_preactivation: also return z = input @ weight.T + bias (what linear_backward needs for gelu).
+    GPU arrays run on the GPU (see gemm), on `stream` or the caller's current stream.
     """
     if isinstance(weight, PackedWeight):
         return _linear_packed(input, weight, bias, activation, return_preactivation, algo)
@@ -171,7 +190,9 @@ def linear(input, weight, bias=None, *, activation=None, return_preactivation=Fa
     try:
         p, x2, w, bias, lead = _linear_prepare(input, weight, bias, activation)
     except DeviceArray:
-        raise placement_error("linear", input=input, weight=weight, bias=bias) from None
+        return _gpu("linear", input=input, weight=weight, bias=bias).linear(
+            input, weight, bias, activation, return_preactivation, algo, stream)
+    _host_stream("linear", stream)
     _flag("linear", "return_preactivation", return_preactivation)
     plan = _plan("linear", p, algo)
     y = _empty("linear", lead + (p.n,), w.dtype)
@@ -222,7 +243,7 @@ def _linear_packed(x, pw, bias, activation, return_preactivation, algo):
 
 
 def linear_backward(grad_output, input, weight, *, bias=True, activation=None, output=None,
-                    preactivation=None, algo="auto", accumulate_into=None):
+                    preactivation=None, algo="auto", accumulate_into=None, stream=None):
     """Gradients of y = act(input @ weight.T + bias): returns (grad_input, grad_weight, grad_bias).
 
     grad_bias is None when bias is False. With an activation, pass the forward's output (enough for relu,
@@ -242,8 +263,10 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
             if device_of(arr) == "cuda":
                 raise DeviceArray(op)
     except DeviceArray:
-        raise placement_error(op, grad_output=grad_output, input=input, weight=weight, output=output,
-                              preactivation=preactivation, accumulate_into=accumulate_into) from None
+        return _gpu(op, grad_output=grad_output, input=input, weight=weight, output=output,
+                    preactivation=preactivation, accumulate_into=accumulate_into).linear_backward(
+            grad_output, input, weight, bias, activation, output, preactivation, algo, accumulate_into, stream)
+    _host_stream(op, stream)
     if x.ndim < 1:
         raise ValueError(f"{op}: input must have at least 1 dimension, got shape {x.shape}")
     dtype = _same_dtype(op, grad_output=gy, input=x, weight=w)
@@ -585,7 +608,18 @@ class Explanation(list):
 
 
 def _isa_note(p) -> str:
-    """The kernels' instruction set for p, and whether its float32 products run on AMX tiles."""
+    """The kernels' instruction set for p, and whether its float32 products run on AMX tiles; for a GPU
+    problem, the GPU (or why there is none)."""
+    if getattr(p, "device", "cpu") == "cuda":
+        from .backends import cuda
+
+        s = cuda.status()
+        if cuda.simulator():
+            return "the CUDA simulator (Numba-CUDA kernels run on the CPU)"
+        if not s["available"]:
+            return f"no usable GPU here: {s['reason']}"
+        d = s["devices"][0]
+        return f"{d['name']} (compute capability {d['compute_capability']}, {d['sm_count']} SMs), Numba-CUDA kernels"
     isa = _cpu.active_isa()
     if not _cpu.amx_enabled() or isa != "avx512" or getattr(p, "dtype", "float32") != "float32":
         return f"{isa} FMA kernels"
@@ -598,11 +632,19 @@ def _isa_note(p) -> str:
             f"and a depth of 64 or more, where every operand value splits")
 
 
+def _either(op, prepare, args, **arrays):
+    """The problem of a call: api's _<op>_prepare(*args) on host arrays, gpu_ops.<op>_prepare on GPU arrays."""
+    try:
+        return globals()[f"_{prepare}"](*args)[0]
+    except DeviceArray:
+        return getattr(_gpu(op, **arrays), prepare)(*args)[0]
+
+
 _PREPARE = {
-    "gemm": lambda a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False: _gemm_prepare(
-        a, b, c, alpha, beta, trans_a, trans_b)[0],
-    "linear": lambda input, weight, bias=None, *, activation=None: _linear_prepare(
-        input, weight, bias, activation)[0],
+    "gemm": lambda a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False: _either(
+        "gemm", "gemm_prepare", (a, b, c, alpha, beta, trans_a, trans_b), a=a, b=b, c=c),
+    "linear": lambda input, weight, bias=None, *, activation=None: _either(
+        "linear", "linear_prepare", (input, weight, bias, activation), input=input, weight=weight, bias=bias),
     "conv2d": lambda input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1: _conv2d_prepare(
         input, weight, bias, stride, padding, dilation, groups)[0],
     "conv2d_backward_data": lambda input_shape, weight, grad_output, stride=1, padding=0, dilation=1, groups=1: (

@@ -24,7 +24,7 @@ def device_of(x) -> str | None:
     for None."""
     if x is None:
         return None
-    if hasattr(x, "__cuda_array_interface__"):
+    if cuda.is_device_array(x):
         return "cuda"
     dl = getattr(x, "__dlpack_device__", None)
     if dl is not None and not hasattr(x, "__array__") and not hasattr(x, "__array_interface__"):

@@ -6,6 +6,23 @@ without, and works where they are not."""
 from __future__ import annotations
 
 import functools
+import os
+
+import numpy as np
+
+_FLOATS = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
+
+
+def simulator() -> bool:
+    """Whether Numba's CUDA simulator stands in for the GPU (NUMBA_ENABLE_CUDASIM=1): kernels run on the
+    CPU, one Python thread per GPU thread, for tests."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+def is_device_array(x) -> bool:
+    """An array on a CUDA device: __cuda_array_interface__, or the simulator's device arrays (which have
+    no interface and convert to NumPy)."""
+    return hasattr(x, "__cuda_array_interface__") or type(x).__name__ == "FakeCUDAArray"
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,20 +63,141 @@ def fingerprint() -> str:
     return f"cuda|{d['name']}|sm{d['compute_capability']}|{d['sm_count']}sm|driver{s['driver']}"
 
 
-def no_kernels(op: str) -> Exception:
-    """The error for op called with GPU arrays: dnnkit has no GPU algorithm for it (yet), or no GPU here."""
-    from .. import algos
+def _cuda():
+    from numba import cuda
 
-    if algos.algorithms(_registry_op(op), "cuda"):
-        s = status()
-        if not s["available"]:
-            return RuntimeError(f"{op}: GPU arrays given but the GPU backend is unavailable: {s['reason']}")
-        return NotImplementedError(f"{op}: the GPU backend does not take these arrays yet")
+    return cuda
+
+
+def _unavailable(op: str) -> None:
+    s = status()
+    if not s["available"]:
+        raise RuntimeError(f"{op}: GPU arrays given but the GPU backend is unavailable: {s['reason']}")
+
+
+def adopt(op: str, name: str, x, ndim=None):
+    """x as a Numba device array over the same memory (no copy): anything with __cuda_array_interface__
+    (CuPy, PyTorch CUDA tensors, Numba), a CUDA DLPack tensor (through CuPy), or the simulator's arrays.
+    TypeError/ValueError naming op and name for anything else, another dtype than float32/float64, or
+    another rank than ndim (an int or a tuple of them)."""
+    if x is None:
+        raise TypeError(f"{op}: {name} must be an array, got None")
+    if type(x).__name__ == "FakeCUDAArray":
+        d = x
+    elif hasattr(x, "__cuda_array_interface__"):
+        _unavailable(op)
+        d = _cuda().as_cuda_array(x)
+    elif hasattr(x, "__dlpack_device__"):
+        _unavailable(op)
+        try:
+            import cupy
+        except ImportError:
+            raise TypeError(f"{op}: {name} is a CUDA DLPack tensor without __cuda_array_interface__; dnnkit "
+                            f"takes those through CuPy, which is not installed") from None
+        d = _cuda().as_cuda_array(cupy.from_dlpack(x))
+    else:
+        raise TypeError(f"{op}: {name} must be an array on the GPU like the others, got {type(x).__name__}")
+    if np.dtype(d.dtype) not in _FLOATS:
+        raise TypeError(f"{op}: {name} must have dtype float32 or float64, got {d.dtype}")
+    if ndim is not None and d.ndim not in (ndim if isinstance(ndim, tuple) else (ndim,)):
+        want = " or ".join(f"{n}-D" for n in (ndim if isinstance(ndim, tuple) else (ndim,)))
+        raise ValueError(f"{op}: {name} must be {want}, got shape {tuple(d.shape)}")
+    return d
+
+
+def dtype_name(d) -> str:
+    return _FLOATS[np.dtype(d.dtype)]
+
+
+def _library(x) -> str:
+    mod = type(x).__module__.split(".")[0]
+    return mod if mod in ("cupy", "torch") else "numba"
+
+
+def stream_for(op: str, stream, *arrays):
+    """The Numba stream a call runs on: stream= when given (a Numba, CuPy or PyTorch stream, or a raw
+    cudaStream_t as an int), else the current stream of the caller's library (CuPy's, PyTorch's), else the
+    default stream."""
+    cuda = _cuda()
+    if simulator():
+        return cuda.default_stream()
+    if stream is None:
+        libs = {_library(a) for a in arrays if a is not None and is_device_array(a)}
+        if "cupy" in libs:
+            import cupy
+
+            stream = cupy.cuda.get_current_stream()
+        elif "torch" in libs:
+            import torch
+
+            stream = torch.cuda.current_stream()
+        else:
+            return cuda.default_stream()
+    if hasattr(stream, "handle") and type(stream).__module__.startswith("numba"):
+        return stream
+    handle = stream if isinstance(stream, int) else getattr(stream, "ptr", getattr(stream, "cuda_stream", None))
+    if not isinstance(handle, int):
+        raise TypeError(f"{op}: stream must be a Numba, CuPy or PyTorch stream or an int handle, got "
+                        f"{type(stream).__name__}")
+    return cuda.default_stream() if handle == 0 else cuda.external_stream(handle)
+
+
+def empty(op: str, like, shape, dtype: str, stream):
+    """A new array of shape and dtype on like's device, of like's library (CuPy, PyTorch, else Numba):
+    (the caller's object, a Numba view of it)."""
+    shape = tuple(int(s) for s in shape)
+    try:
+        lib = _library(like)
+        if lib == "cupy":
+            import cupy
+
+            out = cupy.empty(shape, dtype=dtype)
+            return out, _cuda().as_cuda_array(out)
+        if lib == "torch":
+            import torch
+
+            out = torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
+            return out, _cuda().as_cuda_array(out)
+        out = _cuda().device_array(shape, dtype=dtype, stream=stream)
+        return out, out
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a device allocation failure is reported as one, naming op
+        if "memory" in str(e).lower():
+            raise MemoryError(f"{op}: cannot allocate an output of shape {shape} on the GPU ({e})") from None
+        raise
+
+
+def scratch(shape, dtype: str, stream):
+    """Workspace memory for a kernel, a Numba device array, released when dropped."""
+    return _cuda().device_array(tuple(shape), dtype=dtype, stream=stream)
+
+
+def copy(dst, src, stream) -> None:
+    """dst[...] = src, device to device, on stream."""
+    if simulator():
+        dst.copy_to_device(src)
+    else:
+        dst.copy_to_device(src, stream=stream)
+
+
+def launch(kernel, grid, block, stream, *args):
+    """kernel[grid, block, stream](*args); the simulator runs it on the CPU, its stream aside."""
+    if simulator():
+        kernel[grid, block](*args)
+    else:
+        kernel[grid, block, stream](*args)
+
+
+def synchronize(stream=None) -> None:
+    if stream is None:
+        _cuda().synchronize()
+    else:
+        stream.synchronize()
+
+
+def no_kernels(op: str) -> Exception:
+    """The error for op called with GPU arrays when dnnkit has no GPU algorithm for it (the operators that
+    have one take their GPU arrays to gpu_ops and never ask)."""
     return NotImplementedError(f"{op}: GPU arrays given, and dnnkit has no GPU kernels for this operator yet; "
                                f"pass NumPy arrays to run it on the CPU")
-
-
-def _registry_op(op: str) -> str:
-    """The registry's operator name for a public function's name."""
-    return {"linear": "gemm", "linear_backward": "gemm", "conv2d": "conv2d_fwd",
-            "conv2d_backward_data": "conv2d_bwd_data", "conv2d_backward_filter": "conv2d_bwd_filter"}.get(op, op)

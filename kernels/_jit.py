@@ -1,0 +1,39 @@
+"""What differs between compiling a kernel for a GPU and running it in Numba's CUDA simulator.
+
+Every kernel module takes `cuda` and its decorators from here. Under the simulator
+(NUMBA_ENABLE_CUDASIM=1) the options that only the compiler understands (launch bounds, line info) are
+dropped; on a GPU and for code generation (compile_ptx) they are passed through.
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+from numba import cuda
+
+SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
+
+# The dtypes the kernels are written for, by NumPy name.
+DTYPES = {"float32": numba.float32, "float64": numba.float64}
+int32 = numba.int32
+
+
+def kernel(fn=None, **options):
+    """cuda.jit for a kernel; options a simulator does not take are dropped there."""
+    if SIMULATOR:
+        options = {k: v for k, v in options.items() if k not in ("launch_bounds", "lineinfo", "fastmath")}
+    if fn is None:
+        return lambda f: cuda.jit(**options)(f)
+    return cuda.jit(**options)(fn)
+
+
+def device(fn):
+    """cuda.jit for a device function, inlined into its callers."""
+    return cuda.jit(device=True, inline=True)(fn) if not SIMULATOR else cuda.jit(device=True)(fn)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+__all__ = ["SIMULATOR", "DTYPES", "cuda", "int32", "kernel", "device", "cdiv", "math"]

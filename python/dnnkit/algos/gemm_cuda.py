@@ -1,0 +1,188 @@
+"""GPU GEMM algorithms (Numba-CUDA kernels of dnnkit.kernels.gemm), and the fully-connected layers'
+element-wise backward kernels.
+
+gemm_tiled_<bm>x<bn>: a block a bm x bn tile of C, each thread an 8x8 or 4x4 tile of it in registers,
+double-buffered shared-memory operand tiles; bias and activation fused into the store. Three tile sizes:
+the tuner chooses among them.
+gemm_splitk: the 64x64 kernel over slices of the depth, the slices' sums added in order by a second
+kernel that applies the epilogue: for products too small in M x N to fill the GPU whose K is long.
+
+The kernels are compiled on first use (one per tile, dtype, operand layout, bias and activation), so
+importing this module imports neither Numba nor the kernels.
+"""
+from __future__ import annotations
+
+from ..backends import cuda as _cuda
+from .base import Algorithm
+
+ACTIVATION_CODES = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3, "gelu": 4}
+_INT32 = 2**31 - 1
+_GRID_Y = 65535
+DEFAULT_SMS = 132  # an H100 SXM's SM count, for rules when no GPU is present (the simulator)
+
+
+def _kernels():
+    from dnnkit.kernels import _jit, eltwise, gemm
+
+    return _jit, gemm, eltwise
+
+
+def sm_count() -> int:
+    s = _cuda.status()
+    return s["devices"][0]["sm_count"] if s["available"] and s["devices"] and not _cuda.simulator() else DEFAULT_SMS
+
+
+def gpu_float_reason(p) -> str | None:
+    if p.device != "cuda":
+        return f"runs on the GPU, the problem is on {p.device}"
+    if p.dtype not in ("float32", "float64"):
+        return f"dtype {p.dtype} is not float32 or float64"
+    return None
+
+
+def _as_stored(x, trans: bool):
+    """(array, transposed) for the operand op(x) = x given as a view: the kernel's loader walks the
+    operand's contiguous dimension, so a view whose first stride is the smaller is passed as its transpose."""
+    s0, s1 = x.strides
+    if x.shape[0] > 1 and x.shape[1] > 1 and s0 < s1:
+        return x.T, True
+    return x, False
+
+
+def _tiles(m: int, n: int, tile) -> int:
+    return -(-m // tile.bm) * -(-n // tile.bn)
+
+
+class TiledGemm(Algorithm):
+    op = "gemm"
+    backend = "cuda"
+    tolerance = 1e-5
+
+    def __init__(self, tile_name: str, bm: int, bn: int, float64: bool = True):
+        self.tile_name = tile_name
+        self.name = f"gemm_tiled_{tile_name}"
+        self.bm, self.bn = bm, bn
+        self.float64 = float64
+
+    def tile(self):
+        return _kernels()[1].TILES[self.tile_name]
+
+    def supports(self, p) -> str | None:
+        reason = gpu_float_reason(p)
+        if reason:
+            return reason
+        if p.dtype == "float64" and not self.float64:
+            return "float64: its 64 accumulators a thread would not fit the register file (255 a thread)"
+        if max(p.m * p.k, p.k * p.n, p.m * p.n) > _INT32:
+            return "an operand of 2^31 elements or more (its index arithmetic is int32)"
+        if -(-p.m // self.bm) > _GRID_Y:
+            return f"m = {p.m} needs more than {_GRID_Y} row blocks of {self.bm}"
+        return None
+
+    def rule(self, p) -> str | None:
+        if self.tile_name == "128x128" and -(-p.m // 128) * -(-p.n // 128) < sm_count():
+            return "fewer 128x128 tiles than the GPU has SMs; a smaller tile fills it"
+        if self.tile_name == "32x32" and -(-p.m // 64) * -(-p.n // 64) >= sm_count():
+            return "the 64x64 tiles fill the GPU; they reuse each operand load twice as often"
+        return None
+
+    def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None, stream=None):
+        """out := act(alpha * a @ b + beta * out + bias) on the GPU; a (m x k), b (k x n) and out (m x n)
+        Numba device arrays (any strides), bias n values or None; on stream (default: the default stream)."""
+        _jit, gemm, _ = _kernels()
+        tile = gemm.TILES[self.tile_name]
+        if p.m == 0 or p.n == 0:
+            return out
+        sa, ta = _as_stored(a, False)
+        sb, tb = _as_stored(b, False)
+        k = gemm.gemm_kernel(tile, p.dtype, ta, tb, False, bias is not None, ACTIVATION_CODES[p.activation])
+        grid = (_jit.cdiv(p.n, tile.bn), _jit.cdiv(p.m, tile.bm), 1)
+        _cuda.launch(k, grid, tile.threads, stream, sa, sb, out, out[0] if bias is None else bias,
+                     p.m, p.n, p.k, alpha, beta, p.k)
+        return out
+
+
+class SplitKGemm(Algorithm):
+    name = "gemm_splitk"
+    op = "gemm"
+    backend = "cuda"
+    tolerance = 1e-5
+    TILE = "64x64"
+    MIN_SLICE = 256  # depth a slice at least: below, the second kernel's pass costs more than it saves
+    MAX_SPLITS = 32
+
+    def splits(self, p) -> int:
+        tiles = -(-p.m // 64) * -(-p.n // 64)
+        want = max(2, -(-sm_count() // max(tiles, 1)))
+        return max(1, min(self.MAX_SPLITS, want, p.k // self.MIN_SLICE))
+
+    def supports(self, p) -> str | None:
+        reason = gpu_float_reason(p)
+        if reason:
+            return reason
+        if p.k < 2 * self.MIN_SLICE:
+            return f"k = {p.k}: fewer than two slices of {self.MIN_SLICE}"
+        if max(p.m * p.k, p.k * p.n, p.m * p.n * self.MAX_SPLITS) > _INT32:
+            return "an operand or the workspace of 2^31 elements or more (its index arithmetic is int32)"
+        if -(-p.m // 64) > _GRID_Y:
+            return f"m = {p.m} needs more than {_GRID_Y} row blocks of 64"
+        return None
+
+    def rule(self, p) -> str | None:
+        if -(-p.m // 64) * -(-p.n // 64) * 2 > sm_count():
+            return "the 64x64 tiles of C alone fill half the GPU or more"
+        return None
+
+    def workspace_bytes(self, p) -> int:
+        return self.splits(p) * p.m * p.n * p.itemsize
+
+    def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None, stream=None):
+        _jit, gemm, _ = _kernels()
+        tile = gemm.TILES[self.TILE]
+        if p.m == 0 or p.n == 0:
+            return out
+        splits = self.splits(p)
+        chunk = _jit.cdiv(_jit.cdiv(p.k, splits), tile.bk) * tile.bk
+        splits = _jit.cdiv(p.k, chunk)
+        ws = _cuda.scratch((splits, p.m, p.n), p.dtype, stream)
+        sa, ta = _as_stored(a, False)
+        sb, tb = _as_stored(b, False)
+        k = gemm.gemm_kernel(tile, p.dtype, ta, tb, True)
+        _cuda.launch(k, (_jit.cdiv(p.n, tile.bn), _jit.cdiv(p.m, tile.bm), splits), tile.threads, stream,
+                     sa, sb, ws, ws[0, 0], p.m, p.n, p.k, alpha, beta, chunk)
+        r = gemm.splitk_reduce(p.dtype, bias is not None, ACTIVATION_CODES[p.activation])
+        _cuda.launch(r, _jit.cdiv(p.m * p.n, gemm.REDUCE_THREADS), gemm.REDUCE_THREADS, stream,
+                     ws, out, ws[0, 0] if bias is None else bias, p.m, p.n, splits, alpha, beta)
+        return out
+
+
+def _eltwise_blocks(m: int, n: int, threads: int) -> int:
+    return max(1, min(-(-m * n // threads), 32 * sm_count()))
+
+
+def activation_forward(z, y, act: str, stream) -> None:
+    """y = act(z) over m x n device arrays."""
+    _, _, eltwise = _kernels()
+    m, n = z.shape
+    k = eltwise.activation_forward(_cuda.dtype_name(z), ACTIVATION_CODES[act])
+    _cuda.launch(k, _eltwise_blocks(m, n, eltwise.ELTWISE_THREADS), eltwise.ELTWISE_THREADS, stream, z, y, m, n)
+
+
+def activation_backward(gy, v, gz, act: str, v_is_z: bool, stream) -> None:
+    """gz = gy * act'(z) over m x n device arrays, v being z (v_is_z) or the forward's output."""
+    _, _, eltwise = _kernels()
+    m, n = gy.shape
+    k = eltwise.activation_backward(_cuda.dtype_name(gy), ACTIVATION_CODES[act], bool(v_is_z))
+    _cuda.launch(k, _eltwise_blocks(m, n, eltwise.ELTWISE_THREADS), eltwise.ELTWISE_THREADS, stream, gy, v, gz, m, n)
+
+
+def column_sums(x, out, accumulate: bool, stream) -> None:
+    """out[j] (+)= sum_i x[i, j] over an m x n device array, summed in float64."""
+    _jit, _, eltwise = _kernels()
+    m, n = x.shape
+    k = eltwise.column_sums(_cuda.dtype_name(x), bool(accumulate))
+    _cuda.launch(k, _jit.cdiv(n, eltwise.SUM_COLUMNS), (eltwise.SUM_COLUMNS, eltwise.SUM_ROWS), stream, x, out, m, n)
+
+
+ALGORITHMS = [TiledGemm("64x64", 64, 64), TiledGemm("128x128", 128, 128, float64=False), TiledGemm("32x32", 32, 32),
+              SplitKGemm()]
