@@ -15,7 +15,11 @@ SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 
 # The dtypes the kernels are written for, by NumPy name.
 DTYPES = {"float32": numba.float32, "float64": numba.float64}
+# The keyword that aligns a shared array to 16 bytes, so that 128-bit loads of it can be proven aligned;
+# in source generated for a kernel. The simulator takes no alignment.
+ALIGN16 = "" if SIMULATOR else ", alignment=16"
 int32 = numba.int32
+uint32 = numba.uint32
 
 
 def kernel(fn=None, **options):
@@ -36,4 +40,4 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["SIMULATOR", "DTYPES", "cuda", "int32", "kernel", "device", "cdiv", "math"]
+__all__ = ["SIMULATOR", "ALIGN16", "DTYPES", "cuda", "int32", "uint32", "kernel", "device", "cdiv", "math"]

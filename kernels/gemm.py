@@ -6,8 +6,9 @@ One kernel per (tile, dtype, trans_a, trans_b, split), built on first use:
   loads for TM * TN fused multiply-adds;
 - the depth advances BK at a time through two shared-memory buffers: the loads of step t + 1 are issued
   before the products of step t, one barrier a step;
-- A's tile is kept depth-major (sA[k][m]) and B's (sB[k][n]), each row padded by 4 elements, so that a
-  thread's TM (TN) operands are contiguous and aligned and the transposing stores do not collide in banks;
+- A's tile is kept depth-major (sA[k][m]) and B's (sB[k][n]), each row padded by 4 elements, the arrays
+  16-byte aligned, so that a thread's TM (TN) operands are contiguous and aligned (128-bit shared loads,
+  LDS.128) and the transposing stores do not collide in banks;
 - global loads are coalesced for either layout of each operand: the loader walks the tile along the
   operand's contiguous dimension (k for A = a and B = b.T, m or n for the transposed cases);
 - edges: out-of-range operands load as zero, out-of-range outputs are not stored; all trip counts come
@@ -15,14 +16,15 @@ One kernel per (tile, dtype, trans_a, trans_b, split), built on first use:
 - split: block z of the grid takes the depth range [z * k_chunk, (z + 1) * k_chunk) and stores its raw
   sums to a workspace slice; splitk_reduce sums the slices in order (deterministic) and applies the
   epilogue. For products whose M x N is too small to fill the GPU while K is long.
-Index arithmetic is int32 (operands up to 2^31 elements; the algorithm's supports() checks).
+Index arithmetic is int32 (operands up to 2^31 elements; the algorithm's supports() checks), and array
+indices are cast to uint32 where they are known non-negative, which spares Numba's negative-index wrap.
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 
-from ._jit import DTYPES, cuda, int32, kernel
+from ._jit import ALIGN16, DTYPES, cuda, int32, kernel, uint32
 from .epilogue import activation
 
 
@@ -71,11 +73,11 @@ def _loads(tile: Tile, operand: str, trans: bool, buf: str) -> list[str]:
     if operand == "a":
         width, count, arr, lim = BM, BM * BK // T, "sA", "m32"
         contiguous_k = not trans  # a as stored is m x k (k contiguous) unless trans_a
-        base, load = "bm", ("a[gk, g]" if trans else "a[g, gk]")
+        base, load = "bm", ("a[u32(gk), u32(g)]" if trans else "a[u32(g), u32(gk)]")
     else:
         width, count, arr, lim = BN, BK * BN // T, "sB", "n32"
         contiguous_k = trans      # b as stored is n x k (k contiguous) when trans_b
-        base, load = "bn", ("b[g, gk]" if trans else "b[gk, g]")
+        base, load = "bn", ("b[u32(g), u32(gk)]" if trans else "b[u32(gk), u32(g)]")
     for l in range(count):
         idx = f"(tid + int32({l * T}))"
         if contiguous_k:
@@ -83,19 +85,21 @@ def _loads(tile: Tile, operand: str, trans: bool, buf: str) -> list[str]:
         else:
             lines += [f"mn = {idx} % int32({width})", f"kk = {idx} // int32({width})"]
         lines += [f"g = {base} + mn", "gk = k0 + kk", "v = zero",
-                  f"if g < {lim} and gk < kend:", f"    v = {load}", f"{arr}[{buf}, kk, mn] = v"]
+                  f"if g < {lim} and gk < kend:", f"    v = {load}", f"{arr}[{buf}, u32(kk), u32(mn)] = v"]
     return lines
 
 
 def _source(tile: Tile, trans_a: bool, trans_b: bool, split: bool, bias: bool, act: int, name: str) -> str:
-    """The kernel's Python source, its loops over the tile unrolled and its accumulators scalars (Numba
-    has no unroll pragma; local arrays indexed in loops it keeps would live in local memory)."""
+    """The kernel's Python source: its loops over a thread's tile written out and its accumulators
+    scalars (Numba has no unroll pragma, and a local array indexed in a loop it keeps lives in local
+    memory); the loop over the depth step stays a loop (NVVM unrolls it; Numba's compile time grows
+    faster than linearly in the source's length)."""
     BM, BN, BK, TM, TN = tile.bm, tile.bn, tile.bk, tile.tm, tile.tn
     acc = [[f"c{i}_{j}" for j in range(TN)] for i in range(TM)]
     ind = lambda lines, n: ["    " * n + x for x in lines]  # noqa: E731
     body = [
-        "sA = cuda.shared.array((2, %d, %d), t)" % (BK, BM + 4),
-        "sB = cuda.shared.array((2, %d, %d), t)" % (BK, BN + 4),
+        "sA = cuda.shared.array((2, %d, %d), t%s)" % (BK, BM + 4, ALIGN16),
+        "sB = cuda.shared.array((2, %d, %d), t%s)" % (BK, BN + 4, ALIGN16),
         "tid = int32(cuda.threadIdx.x)",
         f"tx = tid % int32({BN // TN})",
         f"ty = tid // int32({BN // TN})",
@@ -110,17 +114,18 @@ def _source(tile: Tile, trans_a: bool, trans_b: bool, split: bool, bias: bool, a
              "k0 = kbeg"]
     body += _loads(tile, "a", trans_a, "0") + _loads(tile, "b", trans_b, "0")
     body += ["cuda.syncthreads()",
-             f"ra = ty * int32({TM})", f"rb = tx * int32({TN})",
+             f"ra = ty * int32({TM})", f"rb = tx * int32({TN})", "rau = u32(ra)", "rbu = u32(rb)",
              "for s in range(steps):",
              "    cur = s & 1",
+             "    curu = u32(cur)",
              "    if s + 1 < steps:",
              f"        k0 = kbeg + int32(s + 1) * int32({BK})",
              "        nxt = cur ^ 1"]
     body += ind(_loads(tile, "a", trans_a, "nxt") + _loads(tile, "b", trans_b, "nxt"), 2)
-    for kk in range(BK):
-        body += ind([f"a{i} = sA[cur, {kk}, ra + int32({i})]" for i in range(TM)]
-                    + [f"b{j} = sB[cur, {kk}, rb + int32({j})]" for j in range(TN)]
-                    + [f"{acc[i][j]} = cuda.fma(a{i}, b{j}, {acc[i][j]})" for i in range(TM) for j in range(TN)], 1)
+    body += [f"    for kk in range({BK}):"]
+    body += ind([f"a{i} = sA[curu, u32(kk), rau + u32({i})]" for i in range(TM)]
+                + [f"b{j} = sB[curu, u32(kk), rbu + u32({j})]" for j in range(TN)]
+                + [f"{acc[i][j]} = cuda.fma(a{i}, b{j}, {acc[i][j]})" for i in range(TM) for j in range(TN)], 2)
     body += ["    cuda.syncthreads()", "r0 = bm + ra", "col0 = bn + rb"]
     if split:
         body += ["z = cuda.blockIdx.z"]
@@ -129,12 +134,12 @@ def _source(tile: Tile, trans_a: bool, trans_b: bool, split: bool, bias: bool, a
         for j in range(TN):
             body += [f"    col = col0 + int32({j})", "    if col < n32:"]
             if split:
-                body += [f"        c[z, r, col] = {acc[i][j]}"]
+                body += [f"        c[z, u32(r), u32(col)] = {acc[i][j]}"]
             else:
                 body += [f"        v = alpha * {acc[i][j]}",
-                         "        if beta != zero:", "            v += beta * c[r, col]"]
-                body += ["        v += bias[col]"] if bias else []
-                body += ["        c[r, col] = v" if act == 0 else f"        c[r, col] = act_fn(v, {act})"]
+                         "        if beta != zero:", "            v += beta * c[u32(r), u32(col)]"]
+                body += ["        v += bias[u32(col)]"] if bias else []
+                body += ["        c[u32(r), u32(col)] = v" if act == 0 else f"        c[u32(r), u32(col)] = act_fn(v, {act})"]
     return (f"def {name}(a, b, c, bias, m, n, k, alpha, beta, k_chunk):\n"
             + "\n".join("    " + x for x in body) + "\n")
 
@@ -161,7 +166,7 @@ def gemm_kernel(tile: Tile, dtype: str, trans_a: bool, trans_b: bool, split: boo
         bias, act = False, 0
     name = kernel_name(tile, dtype, trans_a, trans_b, split, bias, act)
     t = DTYPES[dtype]
-    scope = {"cuda": cuda, "int32": int32, "t": t, "zero": t(0.0), "act_fn": activation(dtype)}
+    scope = {"cuda": cuda, "int32": int32, "u32": uint32, "t": t, "zero": t(0.0), "act_fn": activation(dtype)}
     code = compile(_source(tile, trans_a, trans_b, split, bias, act, name), f"<dnnkit.kernels.gemm:{name}>", "exec")
     exec(code, scope)  # noqa: S102 - the source is generated above from the tile's integers alone
     return kernel(scope[name], launch_bounds=(tile.threads,))

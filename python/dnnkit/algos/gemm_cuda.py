@@ -3,7 +3,7 @@ element-wise backward kernels.
 
 gemm_tiled_<bm>x<bn>: a block a bm x bn tile of C, each thread an 8x8 or 4x4 tile of it in registers,
 double-buffered shared-memory operand tiles; bias and activation fused into the store. Three tile sizes:
-the tuner chooses among them.
+untuned, the rules take the largest whose tiles fill the GPU; the tuner times them all.
 gemm_splitk: the 64x64 kernel over slices of the depth, the slices' sums added in order by a second
 kernel that applies the epilogue: for products too small in M x N to fill the GPU whose K is long.
 
@@ -11,6 +11,8 @@ The kernels are compiled on first use (one per tile, dtype, operand layout, bias
 importing this module imports neither Numba nor the kernels.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from ..backends import cuda as _cuda
 from .base import Algorithm
@@ -58,11 +60,10 @@ class TiledGemm(Algorithm):
     backend = "cuda"
     tolerance = 1e-5
 
-    def __init__(self, tile_name: str, bm: int, bn: int, float64: bool = True):
+    def __init__(self, tile_name: str, bm: int, bn: int):
         self.tile_name = tile_name
         self.name = f"gemm_tiled_{tile_name}"
         self.bm, self.bn = bm, bn
-        self.float64 = float64
 
     def tile(self):
         return _kernels()[1].TILES[self.tile_name]
@@ -71,8 +72,6 @@ class TiledGemm(Algorithm):
         reason = gpu_float_reason(p)
         if reason:
             return reason
-        if p.dtype == "float64" and not self.float64:
-            return "float64: its 64 accumulators a thread would not fit the register file (255 a thread)"
         if max(p.m * p.k, p.k * p.n, p.m * p.n) > _INT32:
             return "an operand of 2^31 elements or more (its index arithmetic is int32)"
         if -(-p.m // self.bm) > _GRID_Y:
@@ -80,10 +79,11 @@ class TiledGemm(Algorithm):
         return None
 
     def rule(self, p) -> str | None:
-        if self.tile_name == "128x128" and -(-p.m // 128) * -(-p.n // 128) < sm_count():
-            return "fewer 128x128 tiles than the GPU has SMs; a smaller tile fills it"
-        if self.tile_name == "32x32" and -(-p.m // 64) * -(-p.n // 64) >= sm_count():
-            return "the 64x64 tiles fill the GPU; they reuse each operand load twice as often"
+        sms = sm_count()
+        if self.tile_name == "128x128" and -(-p.m // 128) * -(-p.n // 128) < sms:
+            return f"fewer 128x128 tiles of C than the GPU's {sms} SMs; a smaller tile keeps them all busy"
+        if self.tile_name == "64x64" and -(-p.m // 64) * -(-p.n // 64) * 2 < sms:
+            return f"fewer 64x64 tiles of C than half the GPU's {sms} SMs; the 32x32 tile (or split-K) keeps more busy"
         return None
 
     def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None, stream=None):
@@ -97,8 +97,9 @@ class TiledGemm(Algorithm):
         sb, tb = _as_stored(b, False)
         k = gemm.gemm_kernel(tile, p.dtype, ta, tb, False, bias is not None, ACTIVATION_CODES[p.activation])
         grid = (_jit.cdiv(p.n, tile.bn), _jit.cdiv(p.m, tile.bm), 1)
+        t = np.dtype(p.dtype).type  # scalars of the operands' dtype: a float32 kernel never computes in float64
         _cuda.launch(k, grid, tile.threads, stream, sa, sb, out, out[0] if bias is None else bias,
-                     p.m, p.n, p.k, alpha, beta, p.k)
+                     p.m, p.n, p.k, t(alpha), t(beta), p.k)
         return out
 
 
@@ -110,6 +111,7 @@ class SplitKGemm(Algorithm):
     TILE = "64x64"
     MIN_SLICE = 256  # depth a slice at least: below, the second kernel's pass costs more than it saves
     MAX_SPLITS = 32
+    RULE_MIN_K = 2048
 
     def splits(self, p) -> int:
         tiles = -(-p.m // 64) * -(-p.n // 64)
@@ -131,6 +133,8 @@ class SplitKGemm(Algorithm):
     def rule(self, p) -> str | None:
         if -(-p.m // 64) * -(-p.n // 64) * 2 > sm_count():
             return "the 64x64 tiles of C alone fill half the GPU or more"
+        if p.k < self.RULE_MIN_K:
+            return f"k = {p.k} is under {self.RULE_MIN_K}: the second pass costs more than the blocks it adds save"
         return None
 
     def workspace_bytes(self, p) -> int:
@@ -148,11 +152,12 @@ class SplitKGemm(Algorithm):
         sa, ta = _as_stored(a, False)
         sb, tb = _as_stored(b, False)
         k = gemm.gemm_kernel(tile, p.dtype, ta, tb, True)
+        t = np.dtype(p.dtype).type
         _cuda.launch(k, (_jit.cdiv(p.n, tile.bn), _jit.cdiv(p.m, tile.bm), splits), tile.threads, stream,
-                     sa, sb, ws, ws[0, 0], p.m, p.n, p.k, alpha, beta, chunk)
+                     sa, sb, ws, ws[0, 0], p.m, p.n, p.k, t(alpha), t(beta), chunk)
         r = gemm.splitk_reduce(p.dtype, bias is not None, ACTIVATION_CODES[p.activation])
         _cuda.launch(r, _jit.cdiv(p.m * p.n, gemm.REDUCE_THREADS), gemm.REDUCE_THREADS, stream,
-                     ws, out, ws[0, 0] if bias is None else bias, p.m, p.n, splits, alpha, beta)
+                     ws, out, ws[0, 0] if bias is None else bias, p.m, p.n, splits, t(alpha), t(beta))
         return out
 
 
@@ -184,5 +189,6 @@ def column_sums(x, out, accumulate: bool, stream) -> None:
     _cuda.launch(k, _jit.cdiv(n, eltwise.SUM_COLUMNS), (eltwise.SUM_COLUMNS, eltwise.SUM_ROWS), stream, x, out, m, n)
 
 
-ALGORITHMS = [TiledGemm("64x64", 64, 64), TiledGemm("128x128", 128, 128, float64=False), TiledGemm("32x32", 32, 32),
-              SplitKGemm()]
+# In the order the rules are tried: the largest tile that fills the GPU, then split-K for a small C over a
+# long depth, then the small tile (every shape).
+ALGORITHMS = [TiledGemm("128x128", 128, 128), TiledGemm("64x64", 64, 64), SplitKGemm(), TiledGemm("32x32", 32, 32)]

@@ -240,6 +240,65 @@ class RnnHarness(Harness):
         return np.concatenate([a.ravel() for a in [gx, gh0, *gw]])
 
 
+@dataclasses.dataclass
+class DeviceOperands(Operands):
+    """Operands copied to the GPU, with the host arrays they were made from (the reference's inputs)."""
+
+    host: Operands = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.host.nbytes
+
+
+def _to_device(x):
+    from numba import cuda
+
+    if isinstance(x, np.ndarray):
+        return cuda.to_device(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_device(e) for e in x)
+    return x
+
+
+class DeviceHarness(Harness):
+    """A host Harness's operator on the GPU: the same random operands, copied to the device; outputs there;
+    calls on the default stream; results copied back to the host for the checks."""
+
+    def __init__(self, host: Harness):
+        self.host = host
+
+    def data_arg(self, p) -> int:
+        return self.host.data_arg(p)
+
+    def _upload(self, ops: Operands) -> DeviceOperands:
+        return DeviceOperands(_to_device(tuple(ops.args)), {k: _to_device(v) for k, v in ops.kwargs.items()}, ops)
+
+    def operands(self, p, rng) -> DeviceOperands:
+        return self._upload(self.host.operands(p, rng))
+
+    def with_nonfinite(self, p, ops) -> DeviceOperands:
+        return self._upload(self.host.with_nonfinite(p, ops.host))
+
+    def output(self, p, ops, fill=None):
+        return _to_device(self.host.output(p, ops.host, fill=0.0 if fill is None else fill))
+
+    def run(self, algorithm, p, ops, out, workspace_bytes):
+        if p.op != "gemm":
+            raise NotImplementedError(f"autotune: {p.op} has no GPU algorithm to time")
+        algorithm.run(p, *ops.args, out=out, **ops.kwargs)
+        return out
+
+    def result(self, p, out):
+        return self.host.result(p, out.copy_to_host())
+
+    def reference(self, p, ops):
+        return self.host.reference(p, ops.host)
+
+    def nbytes(self, p, ops) -> int:
+        return self.host.nbytes(p, ops.host)
+
+
 _GEMM, _CONV, _RNN = GemmHarness(), ConvHarness(), RnnHarness()
 _HARNESSES = {"gemm": _GEMM, "conv2d_fwd": _CONV, "conv2d_bwd_data": _CONV, "conv2d_bwd_filter": _CONV}
 _HARNESSES.update({f"{mode}_{d}": _RNN for mode in RNN_MODES for d in ("fwd", "bwd")})
@@ -255,7 +314,12 @@ def harness(p) -> Harness:
     h = _HARNESSES.get(p.op)
     if h is None:
         raise ValueError(f"autotune: operator {p.op!r} is not tunable; tunable ones: {sorted(_HARNESSES)}")
+    if getattr(p, "device", "cpu") == "cuda":
+        return _DEVICE.setdefault(p.op, DeviceHarness(h))
     return h
+
+
+_DEVICE: dict[str, DeviceHarness] = {}
 
 
 def operands(p, rng: np.random.Generator) -> Operands:

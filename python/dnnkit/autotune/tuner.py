@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from .. import algos
-from ..backends import cpu as _cpu
+from ..backends import BACKENDS, cpu as _cpu
 from .._config import NAN_SEMANTICS, get_nan_semantics, get_workspace_limit
 from ..algos.base import NONFINITE
 from ..reference import rel_l2
@@ -68,7 +68,7 @@ def _operand_sets(p, ops: harness.Operands, rng) -> list:
     finds its inputs and output in memory, as a layer inside a network does, not where the previous
     call left them (the classifier of ResNet-50 at batch 1 read 1.9x the copy bandwidth on reused inputs)."""
     nbytes = harness.harness(p).nbytes(p, ops)
-    llc = _cpu.last_level_cache_bytes()
+    llc = BACKENDS[_backend(p)].last_level_cache_bytes()
     if llc <= 0 or nbytes >= llc:
         return [ops]
     copies = min(MAX_OPERAND_COPIES, -(-2 * llc // max(nbytes, 1)))
@@ -83,6 +83,7 @@ def _time_rounds(entries, p, sets, outs, budget_s: float, rounds: int) -> None:
         return
     share = budget_s / len(entries) / rounds
     h = harness.harness(p)
+    clock = BACKENDS[_backend(p)].time_call
     for r in range(rounds):
         order = entries[r % len(entries):] + entries[:r % len(entries)]
         for a, rec, times in order:
@@ -93,9 +94,7 @@ def _time_rounds(entries, p, sets, outs, budget_s: float, rounds: int) -> None:
             try:
                 while len(times) < MAX_REPS * rounds:
                     i = len(times) % len(sets)
-                    t0 = time.perf_counter()
-                    h.run(a, p, sets[i], outs[i], rec.workspace_bytes)
-                    times.append(time.perf_counter() - t0)
+                    times.append(clock(lambda: h.run(a, p, sets[i], outs[i], rec.workspace_bytes)))
                     want -= 1
                     if want <= 0 and time.perf_counter() - start >= share:
                         break

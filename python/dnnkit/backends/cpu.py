@@ -26,6 +26,13 @@ def synchronize() -> None:
     """Nothing: a CPU kernel has finished when it returns."""
 
 
+def time_call(fn) -> float:
+    """Seconds fn() takes (the tuner's timer): a CPU call has finished when it returns."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 # Memory. Float arrays of 128 KiB and up come from the kernels' block cache and go back to it when freed
 # (csrc/block_cache.cpp): a fresh mapping from the allocator would fault in zeroed pages at every call.
 empty = ext.empty          # empty(shape, itemsize) -> float32/float64 ndarray

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 
 import numpy as np
 
@@ -182,11 +183,39 @@ def copy(dst, src, stream) -> None:
 
 
 def launch(kernel, grid, block, stream, *args):
-    """kernel[grid, block, stream](*args); the simulator runs it on the CPU, its stream aside."""
-    if simulator():
+    """kernel[grid, block, stream](*args) (stream None: the default stream); the simulator runs it on the
+    CPU, its stream aside."""
+    if simulator() or stream is None:
         kernel[grid, block](*args)
     else:
         kernel[grid, block, stream](*args)
+
+
+def time_call(fn, stream=None) -> float:
+    """Seconds fn()'s GPU work takes on stream (default: the default stream), between two CUDA events
+    recorded around it; under the simulator (whose events do not time), the wall time of the call."""
+    cuda = _cuda()
+    if simulator():
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    stream = stream or cuda.default_stream()
+    start, end = cuda.event(), cuda.event()
+    start.record(stream)
+    fn()
+    end.record(stream)
+    end.synchronize()
+    return cuda.event_elapsed_time(start, end) / 1e3
+
+
+def last_level_cache_bytes() -> int:
+    """The GPU's L2 (what the tuner's operand copies must outgrow so that no call finds its inputs where
+    the last left them); 50 MiB (an H100's) where it cannot be asked."""
+    try:
+        dev = _cuda().get_current_device()
+        return int(dev.L2_CACHE_SIZE)
+    except Exception:  # noqa: BLE001 - the simulator, or no driver
+        return 50 * 1024 * 1024
 
 
 def synchronize(stream=None) -> None:

@@ -1,0 +1,95 @@
+"""Fully-connected layers on the GPU: dnnkit.linear and linear_backward given device arrays, against the
+float64 references: bias and every activation fused, the preactivation, leading dimensions, gradients
+from the output or the preactivation, accumulate_into, and the errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba.cuda")
+
+import dnnkit  # noqa: E402
+from dnnkit import reference as ref  # noqa: E402
+from gpu_helpers import close, dev, host, rand  # noqa: E402
+
+ACTS = [None, "relu", "tanh", "sigmoid", "gelu"]
+
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_linear_forward(activation, dtype):
+    rng = np.random.default_rng(1)
+    x, w, b = rand(rng, (2, 3, 13), dtype), rand(rng, (7, 13), dtype), rand(rng, (7,), dtype)
+    y = dnnkit.linear(dev(x), dev(w), dev(b), activation=activation)
+    assert tuple(y.shape) == (2, 3, 7)
+    assert close(host(y), ref.linear_ref(x, w, b, activation), dtype)
+
+
+@pytest.mark.parametrize("activation", ["identity", "gelu"])
+def test_linear_returns_the_preactivation(activation):
+    rng = np.random.default_rng(2)
+    x, w = rand(rng, (5, 9)), rand(rng, (4, 9))
+    y, z = dnnkit.linear(dev(x), dev(w), None, activation=activation, return_preactivation=True)
+    assert close(host(z), ref.linear_ref(x, w), np.float32)
+    assert close(host(y), ref.linear_ref(x, w, None, activation), np.float32)
+
+
+@pytest.mark.parametrize("activation, saved", [(None, None), ("relu", "output"), ("tanh", "output"),
+                                               ("sigmoid", "preactivation"), ("tanh", "preactivation"),
+                                               ("gelu", "preactivation")])
+def test_linear_backward(activation, saved):
+    rng = np.random.default_rng(3)
+    x, w, b = rand(rng, (2, 5, 11), np.float64), rand(rng, (6, 11), np.float64), rand(rng, (6,), np.float64)
+    gy = rand(rng, (2, 5, 6), np.float64)
+    z = ref.linear_ref(x, w, b)
+    y = ref.activation_ref(z, activation or "identity")
+    kw = {} if saved is None else {saved: dev(z if saved == "preactivation" else y)}
+    gx, gw, gb = dnnkit.linear_backward(dev(gy), dev(x), dev(w), activation=activation, **kw)
+    rx, rw, rb = ref.linear_backward_ref(gy, x, w, True, activation, preactivation=z)
+    for got, want in ((gx, rx), (gw, rw), (gb, rb)):
+        assert close(host(got), want, np.float64)
+
+
+def test_linear_backward_accumulates_and_skips_the_bias():
+    rng = np.random.default_rng(4)
+    x, w, gy = rand(rng, (37, 9)), rand(rng, (5, 9)), rand(rng, (37, 5))
+    gw0, gb0 = rand(rng, (5, 9)), rand(rng, (5,))
+    into = (dev(gw0), dev(gb0))
+    gx, gw, gb = dnnkit.linear_backward(dev(gy), dev(x), dev(w), accumulate_into=into)
+    assert gw is into[0] and gb is into[1]
+    rx, rw, rb = ref.linear_backward_ref(gy, x, w, True)
+    assert close(host(gw), rw + gw0, np.float32) and close(host(gb), rb + gb0, np.float32)
+    _, _, none = dnnkit.linear_backward(dev(gy), dev(x), dev(w), bias=False)
+    assert none is None
+
+
+def test_linear_errors_name_the_argument():
+    x, w = dev(np.ones((3, 4), np.float32)), dev(np.ones((2, 4), np.float32))
+    with pytest.raises(TypeError, match=r"linear: arrays on different devices \(bias on the host"):
+        dnnkit.linear(x, w, np.ones(2, np.float32))
+    with pytest.raises(ValueError, match="linear: input has 5 features"):
+        dnnkit.linear(dev(np.ones((3, 5), np.float32)), w)
+    with pytest.raises(ValueError, match="linear: bias must have 2 elements"):
+        dnnkit.linear(x, w, dev(np.ones(3, np.float32)))
+    with pytest.raises(ValueError, match="linear: activation must be None or one of"):
+        dnnkit.linear(x, w, activation="swish")
+    with pytest.raises(ValueError, match="linear_backward: activation 'gelu' needs the forward's preactivation"):
+        dnnkit.linear_backward(dev(np.ones((3, 2), np.float32)), x, w, activation="gelu",
+                               output=dev(np.ones((3, 2), np.float32)))
+    with pytest.raises(TypeError, match=r"linear_backward: arrays on different devices \(accumulate_into\[0\] on "
+                                        r"the host"):
+        dnnkit.linear_backward(dev(np.ones((3, 2), np.float32)), x, w,
+                               accumulate_into=(np.zeros((2, 4), np.float32), dev(np.zeros(2, np.float32))))
+
+
+@pytest.mark.gpu
+def test_linear_real_sizes():
+    rng = np.random.default_rng(0)
+    x, w, b = rand(rng, (64, 2048)), rand(rng, (1000, 2048)), rand(rng, (1000,))
+    y = dnnkit.linear(dev(x), dev(w), dev(b), activation="relu")
+    assert ref.rel_l2(host(y), ref.linear_ref(x, w, b, "relu")) <= 1e-5
+    gy = rand(rng, (64, 1000))
+    gx, gw, gb = dnnkit.linear_backward(dev(gy), dev(x), dev(w), activation="relu", output=y)
+    rx, rw, rb = ref.linear_backward_ref(gy, x, w, True, "relu", preactivation=ref.linear_ref(x, w, b))
+    for got, want in ((gx, rx), (gw, rw), (gb, rb)):
+        assert ref.rel_l2(host(got), want) <= 1e-5

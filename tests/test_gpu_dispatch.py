@@ -1,0 +1,70 @@
+"""GPU dispatch without a GPU: which GPU GEMM algorithm supports a problem and why not, the rules that
+choose among them untuned (by how many tiles of C the GPU's SMs get), split-K's slices and workspace,
+and explain() on GPU descriptors. Nothing here launches a kernel."""
+from __future__ import annotations
+
+import pytest
+
+import dnnkit
+from dnnkit import algos
+from dnnkit.algos import gemm_cuda
+from dnnkit.dispatch import choose
+from dnnkit.problem import GemmProblem
+
+
+@pytest.fixture
+def sms(monkeypatch):
+    monkeypatch.setattr(gemm_cuda, "sm_count", lambda: 132)
+    dnnkit.dispatch._plans.clear()
+    yield 132
+    dnnkit.dispatch._plans.clear()
+
+
+def g(m, n, k, **kw):
+    return GemmProblem(m, n, k, device="cuda", **kw)
+
+
+@pytest.mark.parametrize("shape, chosen", [
+    ((4096, 4096, 4096), "gemm_tiled_128x128"),   # 1024 tiles of 128x128: a wave and more
+    ((1024, 1024, 1024), "gemm_tiled_64x64"),     # 64 tiles of 128, 256 of 64
+    ((8, 1000, 512), "gemm_tiled_32x32"),         # 16 tiles of 64: too few; depth too short to split
+    ((64, 64, 8192), "gemm_splitk"),              # one tile of 64 over a long depth
+    ((3, 5, 7), "gemm_tiled_32x32"),
+])
+def test_rules_choose_by_how_the_tiles_fill_the_gpu(sms, shape, chosen):
+    assert choose(g(*shape)).name == chosen
+
+
+def test_every_gpu_algorithm_is_registered_in_rule_order():
+    names = [a.name for a in algos.algorithms("gemm", "cuda")]
+    assert names == ["gemm_tiled_128x128", "gemm_tiled_64x64", "gemm_splitk", "gemm_tiled_32x32"]
+    assert all(a.backend == "cuda" and a.op == "gemm" for a in algos.algorithms("gemm", "cuda"))
+
+
+def test_supports_says_why_not(sms):
+    tiled = algos.get("gemm", "cuda", "gemm_tiled_64x64")
+    split = algos.get("gemm", "cuda", "gemm_splitk")
+    assert tiled.supports(GemmProblem(8, 8, 8)) == "runs on the GPU, the problem is on cpu"
+    assert "2^31" in tiled.supports(g(2**16, 2**16, 2))
+    assert "row blocks" in tiled.supports(g(65536 * 64 + 1, 1, 1))
+    assert split.supports(g(4, 4, 511)) == "k = 511: fewer than two slices of 256"
+    assert split.supports(g(4, 4, 512)) is None
+    assert tiled.supports(g(1, 1, 1, dtype="float64")) is None
+
+
+def test_split_k_slices_and_workspace(sms):
+    split = algos.get("gemm", "cuda", "gemm_splitk")
+    p = g(64, 64, 8192)
+    assert split.splits(p) == 32  # one tile: as many slices as allowed (the SMs' worth, at most 32)
+    assert split.workspace_bytes(p) == 32 * 64 * 64 * 4
+    assert split.splits(g(64, 64, 600)) == 2  # slices of 256 at least
+    # a workspace limit below its need leaves the tiled kernels
+    assert choose(p, workspace_limit=1024).name == "gemm_tiled_32x32"
+
+
+def test_explain_a_gpu_descriptor(sms):
+    e = dnnkit.explain("m64n64k8192_f32_cuda")
+    assert e.problem.device == "cuda"
+    assert [c.algorithm for c in e if c.chosen] == ["gemm_splitk"]
+    text = str(e)
+    assert "gemm_tiled_128x128" in text and "rule: fewer 128x128 tiles" in text
