@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from .. import algos
-from ..backends import BACKENDS, cpu as _cpu
+from ..backends import BACKENDS
 from .._config import NAN_SEMANTICS, get_nan_semantics, get_workspace_limit
 from ..algos.base import NONFINITE
 from ..reference import rel_l2
