@@ -50,7 +50,8 @@ import numpy as np
 
 from .algos.rnn_cpu import reserve_elems as _reserve_elems
 from ._config import get_workspace_limit
-from .backends import DeviceArray, placement_error
+from .backends import DeviceArray, device_of, placement_error
+from ._rnn_args import _dropout, _layers, _proj_size, _weight_label, _weights
 from ._checks import _DTYPE_NAMES, _FLOAT_DTYPES, _array, _empty, _flag
 from .api import _accumulate_target, _plan
 from .plans import Memo
@@ -117,53 +118,6 @@ def _problem(mode, T, B, I, H, L, D, bias, direction, dtype, P=0) -> RnnProblem:
 
 
 # ------------------------------------------------------------------------------------------------ checks
-def _param_names(num_layers: int, dirs: int, bias: bool, proj: bool = False) -> list:
-    names = []
-    for layer in range(num_layers):
-        for suffix in ("", "_reverse")[:dirs]:
-            names += [f"weight_ih_l{layer}{suffix}", f"weight_hh_l{layer}{suffix}"]
-            if bias:
-                names += [f"bias_ih_l{layer}{suffix}", f"bias_hh_l{layer}{suffix}"]
-            if proj:
-                names.append(f"weight_hr_l{layer}{suffix}")
-    return names
-
-
-def _layers(op: str, num_layers) -> int:
-    if isinstance(num_layers, bool) or not isinstance(num_layers, (int, np.integer)):
-        raise TypeError(f"{op}: num_layers must be an int, got {type(num_layers).__name__}")
-    if num_layers < 1:
-        raise ValueError(f"{op}: num_layers must be >= 1, got {num_layers}")
-    return int(num_layers)
-
-
-def _weights(op: str, weights, num_layers: int, dirs: int, proj: bool = False):
-    """(list of arrays in module order, names, as_dict, has_bias) from a list/tuple or a dict."""
-    n = num_layers * dirs
-    config = f"num_layers={num_layers}, bidirectional={dirs == 2}" + (", proj_size > 0" if proj else "")
-    extra_w = 1 if proj else 0  # weight_hr per layer-direction
-    if isinstance(weights, dict):
-        has_bias = "bias_ih_l0" in weights or "bias_hh_l0" in weights
-        names = _param_names(num_layers, dirs, has_bias, proj)
-        missing = [k for k in names if k not in weights]
-        extra = [k for k in weights if k not in names]
-        if missing or extra:
-            raise ValueError(f"{op}: weights for {config} (biases {'present' if has_bias else 'absent'}) must have "
-                             f"the keys {names}; missing {missing}, unexpected {extra}")
-        return [weights[k] for k in names], names, True, has_bias
-    if not isinstance(weights, (list, tuple)):
-        raise TypeError(f"{op}: weights must be a list or a dict of arrays, got {type(weights).__name__}")
-    if len(weights) not in ((4 + extra_w) * n, (2 + extra_w) * n):
-        raise ValueError(f"{op}: weights has {len(weights)} entries but {config} needs {(4 + extra_w) * n} "
-                         f"(or {(2 + extra_w) * n} without biases)")
-    has_bias = len(weights) == (4 + extra_w) * n
-    return list(weights), _param_names(num_layers, dirs, has_bias, proj), False, has_bias
-
-
-def _weight_label(names, as_dict, index) -> str:
-    return f"weights[{names[index]!r}]" if as_dict else f"weights[{index}] ({names[index]})"
-
-
 def _check_weights(op, mode, arrays, names, as_dict, has_bias, dtype, input_size, num_layers, dirs, proj=0):
     """Contiguous arrays of the right shapes and dtype, as the kernel's flat list (4 per layer-direction,
     None for absent biases, and w_hr fifth with a projection); returns (flat, hidden_size)."""
@@ -216,24 +170,6 @@ def _state(op, name, h, shape, dtype):
     if a.shape != shape:
         raise ValueError(f"{op}: {name} must have shape {shape}, got {a.shape}")
     return np.ascontiguousarray(a)
-
-
-def _dropout(op, p) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{op}: dropout must be a number in [0, 1], got {type(p).__name__}")
-    if not 0.0 <= float(p) <= 1.0:
-        raise ValueError(f"{op}: dropout must be a probability in [0, 1], got {p}")
-    return float(p)
-
-
-def _proj_size(op, mode, proj_size) -> int:
-    if isinstance(proj_size, bool) or not isinstance(proj_size, (int, np.integer)):
-        raise TypeError(f"{op}: proj_size must be an int, got {type(proj_size).__name__}")
-    if proj_size < 0:
-        raise ValueError(f"{op}: proj_size must be >= 0, got {proj_size}")
-    if proj_size and mode != "lstm":
-        raise ValueError(f"{op}: proj_size is only for LSTMs")
-    return int(proj_size)
 
 
 def _generator(op, generator) -> np.random.Generator:
@@ -289,12 +225,19 @@ def _sequence_stack(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias, rec
 
 
 def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout=0.0,
-              generator=None, recompute=False, proj_size=0, algo="auto"):
+              generator=None, recompute=False, proj_size=0, algo="auto", stream=None):
+    if stream is not None and device_of(x) != "cuda":
+        raise TypeError(f"{op}: stream is for GPU arrays; the input is on the host")
     try:
         return _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train,
                                  dropout, generator, recompute, proj_size, algo)
     except DeviceArray:
-        raise placement_error(op, input=x, h0=h0, c0=c0, weights=weights) from None
+        if device_of(x) != "cuda":
+            raise placement_error(op, input=x, h0=h0, c0=c0, weights=weights) from None
+        from . import gpu_recurrent
+
+        return gpu_recurrent.sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train,
+                                      dropout, generator, recompute, proj_size, algo, stream)
 
 
 def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
@@ -356,7 +299,7 @@ def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, b
 
 
 def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False, dropout=0.0,
-         generator=None, recompute=False, proj_size=0, algo="auto"):
+         generator=None, recompute=False, proj_size=0, algo="auto", stream=None):
     """torch.nn.LSTM's forward: returns (output, (h_n, c_n)), and a reserve for lstm_backward when train.
 
     x: (T, B, I), or (B, T, I) with batch_first, or (T, I) unbatched; h0, c0: (num_layers*D, B, H) or
@@ -372,27 +315,29 @@ def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=F
     algo: "auto" (dispatch: the tuning cache, else the kernel's rule) or how the threads share the time loop:
     "fused" (the kernel's rule), "fused_units", "fused_rows", "fused_wavefront" (see
     dnnkit.explain("lstm_l2t50mb16slc512sic512") for which can run a shape, and why not). Training with
-    dropout between layers, or with recompute, runs the layers one call each: no wavefront there."""
+    dropout between layers, or with recompute, runs the layers one call each: no wavefront there.
+    GPU arrays (CuPy, PyTorch CUDA tensors, Numba) run the inference forward on the GPU (algo "gpu_steps"),
+    on `stream` or the caller's current stream; results are arrays of the input's kind."""
     return _sequence("lstm", "lstm", x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
-                     generator, recompute, proj_size, algo)
+                     generator, recompute, proj_size, algo, stream)
 
 
 def gru(x, h0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False, dropout=0.0,
-        generator=None, recompute=False, algo="auto"):
+        generator=None, recompute=False, algo="auto", stream=None):
     """torch.nn.GRU's forward: returns (output, h_n), and a reserve for gru_backward when train. dropout,
-    generator, recompute and algo as for lstm."""
+    generator, recompute, algo and stream as for lstm."""
     return _sequence("gru", "gru", x, h0, None, weights, num_layers, bidirectional, batch_first, train, dropout,
-                     generator, recompute, 0, algo)
+                     generator, recompute, 0, algo, stream)
 
 
 def rnn(x, h0, weights, *, nonlinearity="tanh", num_layers=1, bidirectional=False, batch_first=False, train=False,
-        dropout=0.0, generator=None, recompute=False, algo="auto"):
+        dropout=0.0, generator=None, recompute=False, algo="auto", stream=None):
     """torch.nn.RNN's forward (nonlinearity 'tanh' or 'relu'): returns (output, h_n), and a reserve for
-    rnn_backward when train. dropout, generator, recompute and algo as for lstm."""
+    rnn_backward when train. dropout, generator, recompute, algo and stream as for lstm."""
     if nonlinearity not in ("tanh", "relu"):
         raise ValueError(f"rnn: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
     return _sequence("rnn", "rnn_" + nonlinearity, x, h0, None, weights, num_layers, bidirectional, batch_first,
-                     train, dropout, generator, recompute, 0, algo)
+                     train, dropout, generator, recompute, 0, algo, stream)
 
 
 def _reserve(op, reserve, modes, cell):

@@ -7,7 +7,7 @@ kernels, and its entry in that module's ALGORITHMS list.
 from __future__ import annotations
 
 from .base import Algorithm, Candidate
-from . import conv_cpu, gemm_cpu, gemm_cuda, rnn_cpu
+from . import conv_cpu, gemm_cpu, gemm_cuda, rnn_cpu, rnn_cuda
 
 _REGISTRY: dict[tuple[str, str], list[Algorithm]] = {}
 _version = [0]  # bumped by register(): dispatch's cached decisions name the version they were made with
@@ -55,7 +55,7 @@ def get(op: str, backend: str, name: str) -> Algorithm:
 
 # The registry: each module's ALGORITHMS in order, GEMM, convolution, RNN on the CPU, then the GPU's. Within an operator the order
 # is the preference where nothing else decides (see dispatch.py).
-for _module in (gemm_cpu, conv_cpu, rnn_cpu, gemm_cuda):
+for _module in (gemm_cpu, conv_cpu, rnn_cpu, gemm_cuda, rnn_cuda):
     for _algo in _module.ALGORITHMS:
         register(_algo)
 

@@ -1,0 +1,122 @@
+"""The element-wise half of an RNN step on the GPU: one kernel a step does the whole gate pass (every gate's
+nonlinearity, the cell update, the new hidden state), one thread a (batch row, hidden unit).
+
+The products are GEMMs (kernels/gemm.py): the input projection of all steps at once before the time
+loop, and per step the recurrent product h_{t-1} W_hh^T, added into the step's rows of the projection
+(LSTM, RNN: the gate pre-activations arrive summed, both biases in them) or kept apart (GRU: r scales
+the recurrent part of the n gate, W_hn h + b_hn). Gate order and formulas are torch.nn.LSTM / GRU / RNN's:
+  LSTM (i, f, g, o): c' = s(f) c + s(i) tanh(g), h' = s(o) tanh(c')
+  GRU (r, z, n):     r = s(x_r + h_r), z = s(x_z + h_z), n = tanh(x_n + r h_n), h' = (1 - z) n + z h
+  RNN:               h' = tanh(pre) or relu(pre)
+Arguments are 2-D arrays of any row stride (a step's rows of the projection, a slice of the output), so
+no step copies anything. Launch: grid (cdiv(H, STEP_X), cdiv(B, STEP_Y)), block (STEP_X, STEP_Y).
+"""
+from __future__ import annotations
+
+import functools
+
+from ._jit import DTYPES, cuda, device, int32, kernel, math
+
+STEP_X = 32   # hidden units a block: a warp's loads of a gate row are contiguous
+STEP_Y = 8    # batch rows a block
+
+
+@functools.lru_cache(maxsize=None)
+def _sigmoid(dtype: str):
+    one = DTYPES[dtype](1.0)
+
+    @device
+    def sigmoid(v):
+        return one / (one + math.exp(-v))
+
+    return sigmoid
+
+
+@functools.lru_cache(maxsize=None)
+def lstm_step(dtype: str):
+    """kernel(gates, c, h_out, B, H): gates (B, 4H) the pre-activations (i, f, g, o); c (B, H) the cell state,
+    updated in place; h_out (B, H) receives h'."""
+    sig = _sigmoid(dtype)
+
+    def lstm(gates, c, h_out, B, H):
+        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
+        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        h32 = int32(H)
+        if b < int32(B) and j < h32:
+            i = sig(gates[b, j])
+            f = sig(gates[b, j + h32])
+            g = math.tanh(gates[b, j + 2 * h32])
+            o = sig(gates[b, j + 3 * h32])
+            cn = f * c[b, j] + i * g
+            c[b, j] = cn
+            h_out[b, j] = o * math.tanh(cn)
+
+    lstm.__name__ = lstm.__qualname__ = f"lstm_step_{dtype}"
+    return kernel(lstm, launch_bounds=(STEP_X * STEP_Y,))
+
+
+@functools.lru_cache(maxsize=None)
+def gru_step(dtype: str):
+    """kernel(gx, gh, h_prev, h_out, B, H): gx (B, 3H) = x W_ih^T + b_ih, gh (B, 3H) = h W_hh^T + b_hh for
+    the gates (r, z, n); h_prev (B, H); h_out (B, H) receives h' (it may be h_prev: each thread reads its
+    unit before writing it)."""
+    sig = _sigmoid(dtype)
+    one = DTYPES[dtype](1.0)
+
+    def gru(gx, gh, h_prev, h_out, B, H):
+        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
+        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        h32 = int32(H)
+        if b < int32(B) and j < h32:
+            r = sig(gx[b, j] + gh[b, j])
+            z = sig(gx[b, j + h32] + gh[b, j + h32])
+            n = math.tanh(gx[b, j + 2 * h32] + r * gh[b, j + 2 * h32])
+            h_out[b, j] = (one - z) * n + z * h_prev[b, j]
+
+    gru.__name__ = gru.__qualname__ = f"gru_step_{dtype}"
+    return kernel(gru, launch_bounds=(STEP_X * STEP_Y,))
+
+
+@functools.lru_cache(maxsize=None)
+def rnn_step(dtype: str, relu: bool):
+    """kernel(pre, h_out, B, H): h_out = tanh(pre) (relu: max(pre, 0), NaN kept)."""
+    zero = DTYPES[dtype](0.0)
+
+    def rnn(pre, h_out, B, H):
+        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
+        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        if b < int32(B) and j < int32(H):
+            v = pre[b, j]
+            if relu:
+                h_out[b, j] = zero if v < zero else v
+            else:
+                h_out[b, j] = math.tanh(v)
+
+    rnn.__name__ = rnn.__qualname__ = f"rnn_{'relu' if relu else 'tanh'}_step_{dtype}"
+    return kernel(rnn, launch_bounds=(STEP_X * STEP_Y,))
+
+
+@functools.lru_cache(maxsize=None)
+def copy(dtype: str):
+    """kernel(src, dst, R, C): dst[:R, :C] = src[:R, :C], either of any strides (a step's h into h_n)."""
+    def copy_(src, dst, R, C):
+        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
+        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        if b < int32(R) and j < int32(C):
+            dst[b, j] = src[b, j]
+
+    copy_.__name__ = copy_.__qualname__ = f"copy_{dtype}"
+    return kernel(copy_, launch_bounds=(STEP_X * STEP_Y,))
+
+
+@functools.lru_cache(maxsize=None)
+def fill(dtype: str):
+    """kernel(x, value, R, C): x[:R, :C] = value. Launch as the steps (R rows, C columns)."""
+    def fill_(x, value, R, C):
+        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
+        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        if b < int32(R) and j < int32(C):
+            x[b, j] = value
+
+    fill_.__name__ = fill_.__qualname__ = f"fill_{dtype}"
+    return kernel(fill_, launch_bounds=(STEP_X * STEP_Y,))

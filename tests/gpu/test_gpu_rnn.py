@@ -1,0 +1,111 @@
+"""RNN sequences on the GPU (the inference forward): LSTM, GRU and tanh/ReLU RNN, one and two layers, one
+and two directions, batch_first and unbatched, with and without biases and initial states, against the
+float64 reference of torch.nn.LSTM/GRU/RNN's semantics; and the errors for what runs on the CPU only."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba.cuda")
+
+import dnnkit  # noqa: E402
+from dnnkit import reference as ref  # noqa: E402
+from gpu_helpers import close, dev, host, rand  # noqa: E402
+
+GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+
+
+def _weights(rng, mode, I, H, L, D, bias, dtype):
+    G, ws = GATES[mode], []
+    for layer in range(L):
+        for _ in range(D):
+            fan = I if layer == 0 else D * H
+            ws += [rand(rng, (G * H, fan), dtype) * 0.5, rand(rng, (G * H, H), dtype) * 0.5]
+            if bias:
+                ws += [rand(rng, (G * H,), dtype), rand(rng, (G * H,), dtype)]
+    return ws
+
+
+def _call(mode, x, h0, c0, ws, **kw):
+    if mode == "lstm":
+        out, (h_n, c_n) = dnnkit.lstm(x, h0, c0, ws, **kw)
+        return out, h_n, c_n
+    if mode == "gru":
+        out, h_n = dnnkit.gru(x, h0, ws, **kw)
+    else:
+        out, h_n = dnnkit.rnn(x, h0, ws, nonlinearity=mode[4:], **kw)
+    return out, h_n, None
+
+
+CASES = [  # mode, T, B, I, H, L, D, bias, states, batch_first
+    ("lstm", 5, 3, 4, 6, 1, 1, True, True, False),
+    ("lstm", 4, 2, 3, 5, 2, 2, True, False, True),
+    ("lstm", 3, 9, 2, 33, 1, 1, False, True, False),     # a second block of batch rows and of units
+    ("gru", 5, 3, 4, 6, 2, 1, True, True, False),
+    ("gru", 4, 2, 3, 5, 1, 2, False, False, True),
+    ("rnn_tanh", 6, 2, 3, 4, 2, 2, True, True, False),
+    ("rnn_relu", 5, 3, 2, 4, 1, 1, True, False, False),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-L{c[5]}D{c[6]}{'-bf' if c[9] else ''}" for c in CASES])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sequences_match_the_reference(case, dtype):
+    mode, T, B, I, H, L, D, bias, states, batch_first = case
+    rng = np.random.default_rng(hash(case) % 2**32)
+    x = rand(rng, (T, B, I), dtype)
+    ws = _weights(rng, mode, I, H, L, D, bias, dtype)
+    h0 = rand(rng, (L * D, B, H), dtype) if states else None
+    c0 = rand(rng, (L * D, B, H), dtype) if states and mode == "lstm" else None
+    want_out, want_h, want_c = ref.rnn_sequence_ref(mode, x, h0, c0, ws, num_layers=L, bidirectional=D == 2)
+    xin = np.ascontiguousarray(x.transpose(1, 0, 2)) if batch_first else x
+    out, h_n, c_n = _call(mode, dev(xin), None if h0 is None else dev(h0), None if c0 is None else dev(c0),
+                          [dev(w) for w in ws], num_layers=L, bidirectional=D == 2, batch_first=batch_first)
+    got = host(out)
+    if batch_first:
+        got = got.transpose(1, 0, 2)
+    assert close(got, want_out, dtype) and close(host(h_n), want_h, dtype)
+    if mode == "lstm":
+        assert close(host(c_n), want_c, dtype)
+
+
+def test_unbatched_input():
+    rng = np.random.default_rng(9)
+    x = rand(rng, (4, 3))
+    ws = _weights(rng, "gru", 3, 5, 1, 1, True, np.float32)
+    out, h_n = dnnkit.gru(dev(x), None, [dev(w) for w in ws])
+    want_out, want_h, _ = ref.rnn_sequence_ref("gru", x[:, None, :], None, None, ws)
+    assert tuple(out.shape) == (4, 5) and tuple(h_n.shape) == (1, 5)
+    assert close(host(out), want_out[:, 0], np.float32) and close(host(h_n), want_h[:, 0], np.float32)
+
+
+def test_explain_lists_the_gpu_sequence_algorithm():
+    e = dnnkit.explain(dnnkit.problem.RnnProblem("lstm", 10, 4, 8, 16, device="cuda"))
+    assert [c.algorithm for c in e] == ["gpu_steps"] and e[0].chosen
+
+
+def test_what_runs_on_the_cpu_only_says_so():
+    rng = np.random.default_rng(1)
+    x = dev(rand(rng, (3, 2, 4)))
+    ws = [dev(w) for w in _weights(rng, "lstm", 4, 5, 1, 1, True, np.float32)]
+    with pytest.raises(NotImplementedError, match="lstm: train=True on GPU arrays"):
+        dnnkit.lstm(x, None, None, ws, train=True)
+    host_ws = _weights(rng, "lstm", 4, 5, 1, 1, True, np.float32)
+    with pytest.raises(TypeError, match=r"lstm: arrays on different devices"):
+        dnnkit.lstm(x, None, None, [ws[0], host_ws[1], ws[2], ws[3]])
+    with pytest.raises(ValueError, match=r"lstm: weights\[1\] \(weight_hh_l0\) must be 2-D of shape"):
+        dnnkit.lstm(x, None, None, [ws[0], dev(np.ones((20, 4), np.float32)), ws[2], ws[3]])
+    with pytest.raises(TypeError, match="lstm: stream is for GPU arrays"):
+        dnnkit.lstm(np.ones((3, 2, 4), np.float32), None, None, host_ws, stream=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode, H, B, T", [("lstm", 512, 64, 50), ("gru", 1024, 1, 25), ("lstm", 2048, 16, 25)])
+def test_sequences_real_sizes(mode, H, B, T):
+    rng = np.random.default_rng(0)
+    x = rand(rng, (T, B, H))
+    ws = _weights(rng, mode, H, H, 2, 1, True, np.float32)
+    ws = [w / np.sqrt(H) for w in ws]
+    out, h_n, _ = _call(mode, dev(x), None, None, [dev(w) for w in ws], num_layers=2)
+    want_out, want_h, _ = ref.rnn_sequence_ref(mode, x, None, None, ws, num_layers=2)
+    assert ref.rel_l2(host(out), want_out) <= 1e-5
