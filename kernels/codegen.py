@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from numba import types
 
-from . import eltwise, gemm
+from . import eltwise, gemm, rnn
 
 # Per SM, for the occupancy figures (sm_80 and sm_90 alike, but shared memory: 164 and 228 KiB).
 REGISTERS_PER_SM = 65536
@@ -36,6 +36,7 @@ class Variant:
     threads: int         # threads a block
     wide_loads: bool     # whether its shared-memory operand loads are meant to be 128-bit
     main_loop_fma: bool  # whether it has a main loop of fused multiply-adds
+    launch_bounds: tuple = ()  # as the kernel is built (default: (threads,))
 
 
 def _arr(dtype: str, ndim: int):
@@ -55,7 +56,7 @@ def gemm_variants(layouts=(("n", "t"),)) -> list[Variant]:
             for ta, tb in layouts:
                 k = gemm.gemm_kernel(tile, dtype, ta == "t", tb == "t", False, True, 0)
                 out.append(Variant(gemm.kernel_name(tile, dtype, ta == "t", tb == "t", False, True), k, sig,
-                                   tile.threads, wide, True))
+                                   tile.threads, wide, True, gemm.launch_bounds(tile, dtype)))
             if tile_name == "64x64":
                 sig3 = (_arr(dtype, 2), _arr(dtype, 2), _arr(dtype, 3), _arr(dtype, 1)) + sig[4:]
                 k = gemm.gemm_kernel(tile, dtype, False, True, True)
@@ -80,15 +81,30 @@ def eltwise_variants() -> list[Variant]:
     return out
 
 
+def rnn_variants() -> list[Variant]:
+    """The RNN steps' gate kernels, on strided 2-D views (a step's rows, a slice of the output)."""
+    out = []
+    step = rnn.STEP_X * rnn.STEP_Y
+    for dtype in ("float32", "float64"):
+        v2 = types.Array(getattr(types, dtype), 2, "A")
+        i64 = types.int64
+        out.append(Variant(f"lstm_step_{dtype}", rnn.lstm_step(dtype), (v2, v2, v2, i64, i64), step, False, False))
+        out.append(Variant(f"gru_step_{dtype}", rnn.gru_step(dtype), (v2, v2, v2, v2, i64, i64), step, False, False))
+        out.append(Variant(f"rnn_tanh_step_{dtype}", rnn.rnn_step(dtype, False), (v2, v2, i64, i64), step, False,
+                           False))
+        out.append(Variant(f"copy_{dtype}", rnn.copy(dtype), (v2, v2, i64, i64), step, False, False))
+    return out
+
+
 def variants() -> list[Variant]:
-    return gemm_variants() + eltwise_variants()
+    return gemm_variants() + eltwise_variants() + rnn_variants()
 
 
 @functools.lru_cache(maxsize=None)
 def compile_ptx(v: Variant, cc: tuple) -> str:
     from numba import cuda
 
-    ptx, _ = cuda.compile_ptx(v.dispatcher.py_func, v.signature, cc=cc, launch_bounds=(v.threads,))
+    ptx, _ = cuda.compile_ptx(v.dispatcher.py_func, v.signature, cc=cc, launch_bounds=v.launch_bounds or (v.threads,))
     return ptx
 
 

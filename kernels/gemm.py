@@ -144,6 +144,15 @@ def _source(tile: Tile, trans_a: bool, trans_b: bool, split: bool, bias: bool, a
             + "\n".join("    " + x for x in body) + "\n")
 
 
+def launch_bounds(tile: Tile, dtype: str) -> tuple:
+    """The kernel's launch bounds: its threads a block and, for the 128x128 tile in float32, two resident
+    blocks an SM (which caps it at 128 registers a thread; it fits them without spilling, and an SM then
+    holds 16 warps instead of 8). In float64 its accumulators alone take 128 registers."""
+    if tile.bm * tile.bn >= 128 * 128 and dtype == "float32":
+        return (tile.threads, 2)
+    return (tile.threads,)
+
+
 def kernel_name(tile: Tile, dtype: str, trans_a: bool, trans_b: bool, split: bool = False, bias: bool = False,
                 act: int = 0) -> str:
     tail = "_split" if split else ("_bias" if bias else "") + (f"_act{act}" if act else "")
@@ -169,7 +178,7 @@ def gemm_kernel(tile: Tile, dtype: str, trans_a: bool, trans_b: bool, split: boo
     scope = {"cuda": cuda, "int32": int32, "u32": uint32, "t": t, "zero": t(0.0), "act_fn": activation(dtype)}
     code = compile(_source(tile, trans_a, trans_b, split, bias, act, name), f"<dnnkit.kernels.gemm:{name}>", "exec")
     exec(code, scope)  # noqa: S102 - the source is generated above from the tile's integers alone
-    return kernel(scope[name], launch_bounds=(tile.threads,))
+    return kernel(scope[name], launch_bounds=launch_bounds(tile, dtype))
 
 
 REDUCE_THREADS = 256

@@ -48,7 +48,8 @@ set_amx = ext.set_amx
 amx_enabled = ext.amx_enabled
 amx_available = ext.amx_available
 amx_takes_shape = ext.amx_takes_shape
-settings_generation = ext.settings_generation
+# Without the kernel module (a GPU-only use of dnnkit) nothing changes the settings.
+settings_generation = ext.settings_generation if _extension.error is None else (lambda: 0)
 
 # The machine.
 active_isa = ext.active_isa      # the kernels' vector ISA now: 'avx512', 'avx2' or 'ref'

@@ -55,13 +55,23 @@ def status() -> dict:
 
 
 def fingerprint() -> str:
-    """What a GPU tuning record is valid for: the device's name, compute capability, SM count and the
-    driver; 'cuda|unavailable' (matching no record) without a usable GPU."""
+    """What a GPU tuning record is valid for: the device's name, compute capability, SM count, the driver
+    and numba-cuda's version (the kernels' compiler); 'cuda|unavailable' (matching no record) without a
+    usable GPU, 'cuda|simulator' under the simulator."""
+    if simulator():
+        return "cuda|simulator"
     s = status()
     if not s["available"] or not s["devices"]:
         return "cuda|unavailable"
     d = s["devices"][0]
-    return f"cuda|{d['name']}|sm{d['compute_capability']}|{d['sm_count']}sm|driver{s['driver']}"
+    try:
+        from importlib.metadata import version
+
+        compiler = version("numba-cuda")
+    except Exception:  # noqa: BLE001 - a source checkout without metadata
+        compiler = "unknown"
+    return (f"cuda|{d['name']}|sm{d['compute_capability']}|{d['sm_count']}sm|driver{s['driver']}"
+            f"|numba-cuda{compiler}")
 
 
 def _cuda():

@@ -1,0 +1,219 @@
+"""dnnkit on a GPU, in one run: versions, the GPU tests at real sizes, compute-sanitizer on a small subset,
+and the benchmark beside cuBLAS and cuDNN (through PyTorch, TF32 off).
+
+  python bench/gpu.py --all [--out DIR]      everything below, in order (about 5-8 minutes on an H100)
+  python bench/gpu.py --tests                pytest tests/gpu on the GPU (the `gpu` marker's real sizes too)
+  python bench/gpu.py --sanitize             compute-sanitizer memcheck and racecheck on --subset
+  python bench/gpu.py --bench [--quick]      SGEMM and fully-connected shapes, LSTM/GRU sequences
+  python bench/gpu.py --subset               (what the sanitizer runs) a few small calls of each GPU kernel
+
+Timing: CUDA events on the current stream around each call, medians of --reps calls after warm-up (the
+first call compiles the kernels), each call on the next of several copies of the operands (so that no
+call finds its inputs in L2 where the last left them). dnnkit and the baseline run in one process, one
+after the other per shape; ratios are dnnkit's speed over the baseline's. float32 rows run with TF32 off in
+cuBLAS and cuDNN. Writes gpu_bench.csv (and the test and sanitizer logs) under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+GEMM_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
+               # fully-connected layers: batch x out x in (ResNet-50's classifier, a transformer MLP, an LSTM's input GEMM)
+               (64, 1000, 2048), (512, 4096, 1024), (3200, 2048, 512), (1, 4096, 4096), (16, 1024, 4096)]
+RNN_SHAPES = [  # mode, hidden, batch, steps
+    ("lstm", 512, 64, 50), ("lstm", 1024, 1, 25), ("lstm", 1024, 32, 50), ("lstm", 2048, 128, 25),
+    ("lstm", 512, 1, 100), ("gru", 512, 64, 50), ("gru", 1024, 1, 25), ("gru", 2048, 16, 25)]
+QUICK = {"gemm": 5, "rnn": 4}
+H100_FP32_PEAK = 67e12  # dense FP32 FLOP/s, H100 SXM (non-tensor); the fraction of peak column uses it
+
+
+def sh(cmd, log=None, check=False) -> int:
+    print("$ " + " ".join(cmd), flush=True)
+    if log is None:
+        return subprocess.run(cmd, check=check).returncode
+    with open(log, "w") as f:
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    with open(log) as f:
+        tail = f.read()[-3000:]
+    print(tail)
+    return r.returncode
+
+
+def versions() -> None:
+    sh(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm", "--format=csv"])
+    sh([sys.executable, "-m", "pip", "show", "numba", "numba-cuda", "cupy-cuda13x", "torch"])
+    import dnnkit
+
+    print(dnnkit.info(gpu=True)["backends"]["cuda"])
+
+
+def tests(out: str) -> int:
+    return sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(ROOT, "tests", "gpu")],
+              os.path.join(out, "gpu_tests.log"))
+
+
+def subset() -> None:
+    """Small calls of every GPU kernel: the sanitizer's workload."""
+    import torch
+
+    import dnnkit
+
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def r(*s):
+        return torch.rand(*s, device=dev, generator=g) - 0.5
+
+    for algo in ("gemm_tiled_128x128", "gemm_tiled_64x64", "gemm_tiled_32x32"):
+        dnnkit.gemm(r(130, 70), r(70, 67), algo=algo)
+        dnnkit.gemm(r(70, 130), r(67, 70), trans_a=True, trans_b=True, algo=algo)
+    dnnkit.gemm(r(5, 1100), r(1100, 67), algo="gemm_splitk")
+    x, w, b = r(33, 65), r(17, 65), r(17)
+    y, z = dnnkit.linear(x, w, b, activation="gelu", return_preactivation=True)
+    dnnkit.linear_backward(r(33, 17), x, w, activation="gelu", preactivation=z)
+    for mode in ("lstm", "gru", "rnn_tanh"):
+        G = {"lstm": 4, "gru": 3, "rnn_tanh": 1}[mode]
+        ws = [r(G * 33, 9), r(G * 33, 33), r(G * 33), r(G * 33)] * 2
+        fn = {"lstm": lambda: dnnkit.lstm(r(5, 3, 9), None, None, ws, bidirectional=True),
+              "gru": lambda: dnnkit.gru(r(5, 3, 9), None, ws, bidirectional=True),
+              "rnn_tanh": lambda: dnnkit.rnn(r(5, 3, 9), None, ws, bidirectional=True)}[mode]
+        fn()
+    torch.cuda.synchronize()
+    print("subset done")
+
+
+def sanitize(out: str) -> int:
+    rc = 0
+    for tool in ("memcheck", "racecheck"):
+        rc |= sh(["compute-sanitizer", "--tool", tool, "--error-exitcode", "3", sys.executable, __file__, "--subset"],
+                 os.path.join(out, f"sanitizer_{tool}.log"))
+    return rc
+
+
+def _time(fn, reps: int) -> float:
+    """Median seconds of fn() between CUDA events on the current stream."""
+    import torch
+
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return float(np.median(times))
+
+
+def bench(out: str, quick: bool, reps: int) -> list:
+    import torch
+
+    import dnnkit
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = "cuda"
+    rows = []
+
+    def row(kind, shape, flops, t_dk, t_base, baseline, algo=""):
+        rows.append({"kind": kind, "shape": shape, "dnnkit_ms": round(t_dk * 1e3, 4), "baseline": baseline,
+                     "baseline_ms": round(t_base * 1e3, 4), "ratio": round(t_base / t_dk, 3),
+                     "dnnkit_tflops": round(flops / t_dk / 1e12, 2), "baseline_tflops": round(flops / t_base / 1e12, 2),
+                     "dnnkit_peak_frac": round(flops / t_dk / H100_FP32_PEAK, 3), "algo": algo})
+        print(rows[-1], flush=True)
+
+    gemms = GEMM_SHAPES[:QUICK["gemm"]] if quick else GEMM_SHAPES
+    for m, n, k in gemms:
+        copies = max(1, min(4, int(2e9 // (4 * (m * k + k * n + m * n)))))
+        ops = [(torch.rand(m, k, device=dev) - 0.5, torch.rand(n, k, device=dev) - 0.5) for _ in range(copies)]
+        c = torch.empty(m, n, device=dev)
+        i = [0]
+
+        def nxt():
+            i[0] = (i[0] + 1) % copies
+            return ops[i[0]]
+
+        # the tuned choice for this shape (the tuner on the GPU, CUDA events), then dnnkit as a user calls it
+        x, w = ops[0]
+        from dnnkit.autotune.tuner import find
+        from dnnkit.problem import GemmProblem
+
+        res = find(GemmProblem(m, n, k, trans_b=True, device="cuda"), budget=2.0)
+        best = res.best.algorithm if res.best else "auto"
+        for _ in range(2):
+            dnnkit.gemm(x, w, c, trans_b=True, algo=best)
+            torch.mm(x, w.T, out=c)
+        torch.cuda.synchronize()
+        t_dk = _time(lambda: dnnkit.gemm(*nxt(), c, trans_b=True, algo=best), reps)
+        t_base = _time(lambda: (lambda o: torch.mm(o[0], o[1].T, out=c))(nxt()), reps)
+        row("gemm_f32", f"{m}x{n}x{k}", 2 * m * n * k, t_dk, t_base, "torch.mm (cuBLAS, TF32 off)", best)
+
+    shapes = RNN_SHAPES[:QUICK["rnn"]] if quick else RNN_SHAPES
+    for mode, H, B, T in shapes:
+        G = 4 if mode == "lstm" else 3
+        mod = (torch.nn.LSTM if mode == "lstm" else torch.nn.GRU)(H, H, num_layers=1).to(dev).eval()
+        ws = [p.detach() for p in mod.parameters()]
+        x = torch.rand(T, B, H, device=dev) - 0.5
+        with torch.no_grad():
+            for _ in range(2):
+                (dnnkit.lstm(x, None, None, ws) if mode == "lstm" else dnnkit.gru(x, None, ws))
+                mod(x)
+            torch.cuda.synchronize()
+            t_dk = _time(lambda: dnnkit.lstm(x, None, None, ws) if mode == "lstm" else dnnkit.gru(x, None, ws), reps)
+            t_base = _time(lambda: mod(x), reps)
+        flops = 2 * T * B * G * H * (H + H)
+        row(f"{mode}_fwd_f32", f"H{H} B{B} T{T}", flops, t_dk, t_base, "torch.nn (cuDNN, TF32 off)", "gpu_steps")
+
+    path = os.path.join(out, "gpu_bench.csv")
+    with open(path, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+        wr.writeheader()
+        wr.writerows(rows)
+    print(f"\n{'kind':<14} {'shape':<18} {'dnnkit ms':>10} {'base ms':>10} {'ratio':>7} {'TFLOP/s':>8} {'peak':>6}  algo")
+    for r in rows:
+        print(f"{r['kind']:<14} {r['shape']:<18} {r['dnnkit_ms']:>10} {r['baseline_ms']:>10} {r['ratio']:>7} "
+              f"{r['dnnkit_tflops']:>8} {r['dnnkit_peak_frac']:>6}  {r['algo']}")
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--all", action="store_true")
+    ap.add_argument("--tests", action="store_true")
+    ap.add_argument("--sanitize", action="store_true")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--subset", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="the first shapes of each table only")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if args.subset:
+        subset()
+        return 0
+    rc = 0
+    t0 = time.time()
+    if args.all or args.tests or args.sanitize or args.bench:
+        versions()
+    if args.all or args.tests:
+        rc |= tests(args.out)
+    if args.all or args.sanitize:
+        rc |= sanitize(args.out)
+    if args.all or args.bench:
+        bench(args.out, args.quick, args.reps)
+    print(f"bench/gpu.py: {time.time() - t0:.0f} s, exit {rc}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
