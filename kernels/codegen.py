@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from numba import types
 
-from . import eltwise, gemm, rnn
+from . import eltwise, gemm, gemm_tf32, rnn
 
 # Per SM, for the occupancy figures (sm_80 and sm_90 alike, but shared memory: 164 and 228 KiB).
 REGISTERS_PER_SM = 65536
@@ -36,6 +36,7 @@ class Variant:
     threads: int         # threads a block
     wide_loads: bool     # whether its shared-memory operand loads are meant to be 128-bit
     main_loop_fma: bool  # whether it has a main loop of fused multiply-adds
+    tensor_cores: bool = False  # whether its main loop is mma.sync (HMMA) instructions
     launch_bounds: tuple = ()  # as the kernel is built (default: (threads,))
 
 
@@ -57,6 +58,10 @@ def gemm_variants(layouts=(("n", "t"),)) -> list[Variant]:
                 k = gemm.gemm_kernel(tile, dtype, ta == "t", tb == "t", False, True, 0)
                 out.append(Variant(gemm.kernel_name(tile, dtype, ta == "t", tb == "t", False, True), k, sig,
                                    tile.threads, wide, True, gemm.launch_bounds(tile, dtype)))
+            if tile_name == "64x64" and dtype == "float32":
+                k = gemm_tf32.gemm_tf32_kernel(False, True, True, 0)
+                out.append(Variant(gemm_tf32.kernel_name(False, True, True), k, sig, gemm_tf32.TILE.threads, False,
+                                   False, True))
             if tile_name == "64x64":
                 sig3 = (_arr(dtype, 2), _arr(dtype, 2), _arr(dtype, 3), _arr(dtype, 1)) + sig[4:]
                 k = gemm.gemm_kernel(tile, dtype, False, True, True)
@@ -187,8 +192,9 @@ class SassProfile:
     ffma: int
     lds: dict               # LDS width ("LDS", "LDS.64", "LDS.128") -> count
     local: int              # LDL/STL instructions (spills)
-    loop_instructions: int  # in the main loop: the loop with the most FFMA
+    loop_instructions: int  # in the main loop: the loop with the most FFMA (or HMMA)
     loop_ffma: int
+    loop_mma: int = 0       # HMMA instructions in that loop
 
     @property
     def loop_ffma_share(self) -> float:
@@ -209,14 +215,15 @@ def sass_profile(text: str) -> SassProfile:
             target = re.search(r"0x([0-9a-f]+)", m.group(3))
             if target:
                 branches.append((len(ops) - 1, int(target.group(1), 16)))
-    best = (0, 0)
+    best = (0, 0, 0)
     for at, target in branches:
         start = at_address.get(target)
         if start is not None and start <= at:
             body = ops[start:at + 1]
-            f = sum(op.startswith("FFMA") or op.startswith("DFMA") for op in body)
-            if f > best[1]:
-                best = (len(body), f)
+            f = sum(op.startswith(("FFMA", "DFMA")) for op in body)
+            h = sum(op.startswith("HMMA") for op in body)
+            if (f + h, f) > (best[1] + best[2], best[1]):
+                best = (len(body), f, h)
     lds = {}
     for op in ops:
         if op.startswith("LDS"):
@@ -224,4 +231,4 @@ def sass_profile(text: str) -> SassProfile:
             lds[key] = lds.get(key, 0) + 1
     return SassProfile(instructions=len(ops), ffma=sum(op.startswith(("FFMA", "DFMA")) for op in ops), lds=lds,
                        local=sum(op.startswith(("LDL", "STL")) for op in ops), loop_instructions=best[0],
-                       loop_ffma=best[1])
+                       loop_ffma=best[1], loop_mma=best[2])

@@ -89,6 +89,16 @@ def _loads(tile: Tile, operand: str, trans: bool, buf: str) -> list[str]:
     return lines
 
 
+def _store(value: str, split: bool, bias: bool, act: int) -> list[str]:
+    """Source lines that store one accumulator at (r, col), inside C: the epilogue act(alpha * v + beta *
+    c + bias), c not read when beta == 0; or, for a split, the raw sum into the workspace slice z."""
+    if split:
+        return [f"c[z, u32(r), u32(col)] = {value}"]
+    lines = [f"v = alpha * {value}", "if beta != zero:", "    v += beta * c[u32(r), u32(col)]"]
+    lines += ["v += bias[u32(col)]"] if bias else []
+    return lines + ["c[u32(r), u32(col)] = v" if act == 0 else f"c[u32(r), u32(col)] = act_fn(v, {act})"]
+
+
 def _source(tile: Tile, trans_a: bool, trans_b: bool, split: bool, bias: bool, act: int, name: str) -> str:
     """The kernel's Python source: its loops over a thread's tile written out and its accumulators
     scalars (Numba has no unroll pragma, and a local array indexed in a loop it keeps lives in local
@@ -133,13 +143,7 @@ def _source(tile: Tile, trans_a: bool, trans_b: bool, split: bool, bias: bool, a
         body += [f"r = r0 + int32({i})", "if r < m32:"]
         for j in range(TN):
             body += [f"    col = col0 + int32({j})", "    if col < n32:"]
-            if split:
-                body += [f"        c[z, u32(r), u32(col)] = {acc[i][j]}"]
-            else:
-                body += [f"        v = alpha * {acc[i][j]}",
-                         "        if beta != zero:", "            v += beta * c[u32(r), u32(col)]"]
-                body += ["        v += bias[u32(col)]"] if bias else []
-                body += ["        c[u32(r), u32(col)] = v" if act == 0 else f"        c[u32(r), u32(col)] = act_fn(v, {act})"]
+            body += ["        " + x for x in _store(acc[i][j], split, bias, act)]
     return (f"def {name}(a, b, c, bias, m, n, k, alpha, beta, k_chunk):\n"
             + "\n".join("    " + x for x in body) + "\n")
 

@@ -37,7 +37,7 @@ def test_rules_choose_by_how_the_tiles_fill_the_gpu(sms, shape, chosen):
 
 def test_every_gpu_algorithm_is_registered_in_rule_order():
     names = [a.name for a in algos.algorithms("gemm", "cuda")]
-    assert names == ["gemm_tiled_128x128", "gemm_tiled_64x64", "gemm_splitk", "gemm_tiled_32x32"]
+    assert names == ["gemm_tf32", "gemm_tiled_128x128", "gemm_tiled_64x64", "gemm_splitk", "gemm_tiled_32x32"]
     assert all(a.backend == "cuda" and a.op == "gemm" for a in algos.algorithms("gemm", "cuda"))
 
 
@@ -68,3 +68,17 @@ def test_explain_a_gpu_descriptor(sms):
     assert [c.algorithm for c in e if c.chosen] == ["gemm_splitk"]
     text = str(e)
     assert "gemm_tiled_128x128" in text and "rule: fewer 128x128 tiles" in text
+
+
+def test_tf32_only_where_allowed(sms):
+    p = g(4096, 4096, 4096)
+    assert choose(p).name == "gemm_tiled_128x128"
+    assert choose(p, "gemm_tf32").name == "gemm_tf32"  # naming it allows it
+    dnnkit.set_allow_tf32(True)
+    try:
+        assert choose(p).name == "gemm_tf32"
+        assert choose(g(64, 64, 64, dtype="float64")).name != "gemm_tf32"
+    finally:
+        dnnkit.set_allow_tf32(False)
+    with pytest.raises(TypeError, match="set_allow_tf32: allowed must be a bool"):
+        dnnkit.set_allow_tf32(1)

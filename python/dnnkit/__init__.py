@@ -7,8 +7,8 @@ import os
 from ._version import __version__
 
 from ._config import (
-    empty_cache, get_amx, get_nan_semantics, get_num_threads, get_tuning, get_workspace_limit, set_amx,
-    set_nan_semantics, set_num_threads, set_tuning, set_workspace_limit,
+    empty_cache, get_allow_tf32, get_amx, get_nan_semantics, get_num_threads, get_tuning, get_workspace_limit,
+    set_allow_tf32, set_amx, set_nan_semantics, set_num_threads, set_tuning, set_workspace_limit,
 )
 from .api import (
     conv2d, conv2d_backward_bias, conv2d_backward_data, conv2d_backward_filter, explain, gemm, linear,
@@ -65,7 +65,7 @@ __all__ = [
     "__version__", "gemm", "linear", "linear_backward", "conv2d", "conv2d_backward_data", "conv2d_backward_filter",
     "conv2d_backward_bias", "explain", "info", "GemmProblem", "ConvProblem", "RnnProblem", "algos", "machine",
     "set_num_threads", "get_num_threads", "set_tuning", "get_tuning", "set_workspace_limit", "set_nan_semantics",
-    "get_nan_semantics",
+    "get_nan_semantics", "set_allow_tf32", "get_allow_tf32",
     "get_workspace_limit", "lstm", "gru", "rnn", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
     "lstm_backward", "gru_backward", "rnn_backward", "lstm_cell_backward", "gru_cell_backward", "rnn_cell_backward",
     "RnnReserve", "empty_cache", "pack_weight", "PackedWeight", "set_amx", "get_amx", "backends",

@@ -98,7 +98,7 @@ def get_amx() -> bool:
     return _cpu.amx_enabled()
 
 
-_state = {"tuning": "heuristic", "workspace_limit": None, "nan_semantics": "any", "algo": {}}
+_state = {"tuning": "heuristic", "workspace_limit": None, "nan_semantics": "any", "algo": {}, "allow_tf32": False}
 
 
 def set_tuning(mode: str) -> None:
@@ -148,6 +148,26 @@ def _nan_semantics(raw: str) -> str:
     return raw
 
 
+def set_allow_tf32(allowed: bool) -> None:
+    """Whether dispatch may choose a GPU algorithm that rounds float32 operands to TF32 (10 mantissa bits)
+    for the tensor cores (gemm_tf32: relative error about 1e-3 instead of 1e-6), as
+    torch.backends.cuda.matmul.allow_tf32. Off by default; also DNNKIT_ALLOW_TF32=1. An explicit
+    algo="gemm_tf32" runs it either way."""
+    if not isinstance(allowed, bool):
+        raise TypeError(f"set_allow_tf32: allowed must be a bool, got {type(allowed).__name__}")
+    _state["allow_tf32"] = allowed
+
+
+def get_allow_tf32() -> bool:
+    return _state["allow_tf32"]
+
+
+def _bool(raw: str) -> bool:
+    if raw not in ("0", "1"):
+        raise ValueError("must be 0 or 1")
+    return raw == "1"
+
+
 def algo_overrides() -> dict:
     """{operator: algorithm name} from DNNKIT_ALGO_<OP> (DNNKIT_ALGO_CONV2D_FWD=direct,
     DNNKIT_ALGO_LSTM_FWD=fused_rows, DNNKIT_ALGO_GEMM=gemm_goto): what algo="auto" means for that operator,
@@ -165,6 +185,7 @@ def _init_from_env() -> None:
         _state["tuning"] = mode
     _state["workspace_limit"] = _env("DNNKIT_WORKSPACE_LIMIT", parse_bytes)
     _state["nan_semantics"] = _env("DNNKIT_NAN_SEMANTICS", _nan_semantics) or "any"
+    _state["allow_tf32"] = bool(_env("DNNKIT_ALLOW_TF32", _bool))
     _state["algo"] = {k[len("DNNKIT_ALGO_"):].lower(): v.strip() for k, v in os.environ.items()
                       if k.startswith("DNNKIT_ALGO_") and v.strip()}
 

@@ -17,11 +17,11 @@ import warnings
 
 from . import algos
 from .backends import cpu as _cpu
-from ._config import algo_overrides, get_nan_semantics, get_tuning, get_workspace_limit
+from ._config import algo_overrides, get_allow_tf32, get_nan_semantics, get_tuning, get_workspace_limit
 from .plans import Memo, Plan
 from .autotune import cache
 from .autotune.cost_model import predict
-from .algos.base import NONFINITE, Algorithm, Candidate
+from .algos.base import TF32_NOT_ALLOWED, Algorithm, Candidate, settings_reason
 
 
 def _backend(p) -> str:
@@ -31,14 +31,14 @@ def _backend(p) -> str:
 def candidates(p, workspace_limit: int | None = None) -> list[tuple[Algorithm, str | None, int | None]]:
     """Every registered algorithm for p's (op, backend) with the reason it cannot run p (None if it can)
     and its workspace. An algorithm needing more than the workspace limit is rejected with that reason, and
-    under strict NaN semantics (set_nan_semantics) one that does not propagate NaN and Inf exactly."""
+    one the settings keep out (algos.base.settings_reason: strict NaN semantics, TF32 not allowed)."""
     limit = get_workspace_limit() if workspace_limit is None else workspace_limit
     strict = get_nan_semantics() == "strict"
     out = []
     for algo in algos.algorithms(p.op, _backend(p)):
         reason = algo.supports(p)
-        if reason is None and strict and algo.nonfinite != "exact":
-            reason = f"NaN and Inf: {NONFINITE[algo.nonfinite]} (nan_semantics is strict)"
+        if reason is None:
+            reason = settings_reason(algo, strict)
         ws = None
         if reason is None:
             ws = algo.workspace_bytes(p)
@@ -56,10 +56,11 @@ _plans = Memo()
 
 def dispatch_state() -> tuple:
     """What a dispatch decision depends on besides the problem, the algo argument and the workspace
-    limit: the registry, the tuning mode, the NaN semantics, the tuning cache's generation, and the settings a cached record
+    limit: the registry, the tuning mode, the NaN semantics, TF32's permission, the tuning cache's generation, and the settings a cached record
     is keyed by on this machine (the thread count, the active ISA, AMX tiles on or off: a count that
     each of their setters bumps)."""
-    return algos.version(), get_tuning(), get_nan_semantics(), cache.generation(), _cpu.settings_generation()
+    return (algos.version(), get_tuning(), get_nan_semantics(), get_allow_tf32(), cache.generation(),
+            _cpu.settings_generation())
 
 
 # DNNKIT_ALGO_<OP>: the algorithm "auto" names for an operator (read at import).
@@ -101,7 +102,7 @@ def _choose(p, algo, workspace_limit) -> Algorithm:
     if algo != "auto":
         for a, reason, _ in cands:
             if a.name == algo:
-                if reason is not None:
+                if reason is not None and reason != TF32_NOT_ALLOWED:  # naming a TF32 algorithm allows it
                     raise ValueError(f"{p.op}: algo {algo!r} cannot run {p.descriptor()}: {reason}")
                 return a
         known = [a.name for a, _, _ in cands]

@@ -2,7 +2,8 @@
 element-wise and reduction kernels) compiled by Numba-CUDA to PTX for sm_80 and sm_90 and linked to a
 cubin by nvJitLink: no local memory (no spills, no local arrays), registers and shared memory within
 what its launch needs, and in the SASS of the GEMM kernels' main loop, fused multiply-adds the larger
-share of its instructions and 128-bit shared-memory loads where the tile is meant to load them."""
+share of its instructions and 128-bit shared-memory loads where the tile is meant to load them (and
+tensor-core HMMA in the TF32 kernel's)."""
 from __future__ import annotations
 
 import pytest
@@ -51,6 +52,15 @@ def test_sass_main_loop(v, built):
     assert prof.loop_ffma >= 16 and prof.loop_ffma_share >= floor, (v.name, prof)
     if v.wide_loads:
         assert prof.lds.get("LDS.128", 0) > 0 and "LDS" not in prof.lds, (v.name, prof.lds)
+
+
+@pytest.mark.skipif(codegen.cuobjdump() is None, reason="cuobjdump and nvdisasm are not installed")
+@pytest.mark.parametrize("v", [v for v in VARIANTS if v.tensor_cores], ids=lambda v: v.name)
+def test_sass_tensor_cores(v, built):
+    """The TF32 kernel's main loop is mma.sync: 8 HMMA.1688.F32.TF32 a step of 8 of the depth."""
+    text = codegen.sass(built(v, "sm_90").cubin)
+    prof = codegen.sass_profile(text)
+    assert "HMMA.1688.F32.TF32" in text and prof.loop_mma >= 8 and prof.local == 0, prof
 
 
 def test_sass_profile_reads_cuobjdump_output():

@@ -153,7 +153,7 @@ def test_explain_lists_the_gpu_algorithms():
     e = dnnkit.explain("gemm", dev(np.ones((2, 3), np.float32)), dev(np.ones((3, 2), np.float32)))
     assert e.problem.device == "cuda"
     names = [c.algorithm for c in e]
-    assert names == ["gemm_tiled_128x128", "gemm_tiled_64x64", "gemm_splitk", "gemm_tiled_32x32"]
+    assert names == ["gemm_tf32", "gemm_tiled_128x128", "gemm_tiled_64x64", "gemm_splitk", "gemm_tiled_32x32"]
     assert sum(c.chosen for c in e) == 1 and "simulator" in str(e) or "compute capability" in str(e)
 
 
@@ -166,3 +166,38 @@ def test_gemm_real_sizes(shape):
     for algo in ["gemm_tiled_128x128", "gemm_tiled_64x64", "gemm_tiled_32x32", "gemm_splitk"]:
         c = dnnkit.gemm(dev(a), dev(b), trans_b=True, algo=algo)
         assert ref.rel_l2(host(c), ref.gemm_ref(a, b, trans_b=True)) <= 1e-5, algo
+
+
+@pytest.mark.parametrize("ta, tb", [(False, True), (True, False)], ids=["nt", "tn"])
+def test_tf32_kernel(ta, tb):
+    """The tensor-core kernel (the simulator's mma: the same fragment layout and TF32 rounding): equal to
+    the float64 product of the TF32-rounded operands to float32's accuracy, and within TF32's of the
+    exact one; two column blocks, a partial depth step, bias fused, C full of NaN not read."""
+    from dnnkit.kernels import gemm_tf32
+
+    m, n, k = 17, 70, 19
+    rng = np.random.default_rng(2)
+    A, B, bias = rand(rng, (m, k)), rand(rng, (k, n)), rand(rng, (n,))
+    a, b = (A.T.copy() if ta else A), (B.T.copy() if tb else B)
+    c = dev(np.full((m, n), np.nan, np.float32))
+    gemm_tf32.gemm_tf32_kernel(ta, tb, True, 0)[(cdiv(n, 64), cdiv(m, 64)), gemm_tf32.TILE.threads](
+        dev(a), dev(b), c, dev(bias), m, n, k, np.float32(1.0), np.float32(0.0), k)
+    got = host(c)
+    rounded = np.vectorize(gemm_tf32.tf32)
+    assert ref.rel_l2(got, rounded(A).astype(np.float64) @ rounded(B) + bias) <= 2e-6
+    assert ref.rel_l2(got, A.astype(np.float64) @ B + bias) <= 2e-3
+
+
+def test_tf32_is_opt_in():
+    """gemm_tf32 runs when named; auto takes it only where TF32 is allowed."""
+    rng = np.random.default_rng(4)
+    a, b = rand(rng, (9, 12)), rand(rng, (12, 5))
+    c = dnnkit.gemm(dev(a), dev(b), algo="gemm_tf32")
+    assert ref.rel_l2(host(c), ref.gemm_ref(a, b)) <= 2e-3
+    e = dnnkit.explain("gemm", dev(a), dev(b))
+    assert not e[0].supported and "set_allow_tf32" in e[0].reason
+    dnnkit.set_allow_tf32(True)
+    try:
+        assert [x.algorithm for x in dnnkit.explain("gemm", dev(a), dev(b)) if x.chosen] == ["gemm_tf32"]
+    finally:
+        dnnkit.set_allow_tf32(False)

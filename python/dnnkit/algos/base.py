@@ -15,6 +15,8 @@ class Algorithm:
                reference has NaN or +-Inf, the same, and nowhere else; "tiles" the outputs of every
                transform tile it reaches are NaN (Winograd: Inf - Inf in the transforms); "all" every
                output of the image is NaN (FFT: the transform mixes all points)
+    tf32:      whether it rounds float32 operands to TF32 for the tensor cores; dispatch and the tuner take
+               it only where dnnkit.set_allow_tf32(True) (or DNNKIT_ALLOW_TF32=1) allows, algo= always
     """
 
     name: str = ""
@@ -22,6 +24,7 @@ class Algorithm:
     backend: str = "cpu"
     tolerance: float = 1e-5
     nonfinite: str = "exact"
+    tf32: bool = False  # rounds float32 operands to TF32: chosen only where allowed (set_allow_tf32) or named
 
     def supports(self, p) -> str | None:
         """None when this algorithm can run p, else the reason it cannot (never a matter of speed: see rule)."""
@@ -49,6 +52,22 @@ NONFINITE = {
     "tiles": "a NaN or Inf makes every output of the transform tiles it reaches NaN",
     "all": "a NaN or Inf makes every output of its image NaN",
 }
+
+
+TF32_NOT_ALLOWED = "rounds float32 operands to TF32; allow it with dnnkit.set_allow_tf32(True) or DNNKIT_ALLOW_TF32=1"
+
+
+def settings_reason(algo: Algorithm, strict_nan: bool) -> str | None:
+    """Why the process's settings keep algo out of dispatch's and the tuner's choice (it can run the
+    problem): NaN semantics "strict" and an algorithm that does not propagate NaN and Inf exactly; TF32
+    not allowed and an algorithm that rounds to it. None when they do not."""
+    from .._config import get_allow_tf32
+
+    if strict_nan and algo.nonfinite != "exact":
+        return f"NaN and Inf: {NONFINITE[algo.nonfinite]} (nan_semantics is strict)"
+    if algo.tf32 and not get_allow_tf32():
+        return TF32_NOT_ALLOWED
+    return None
 
 
 def cpu_float_reason(p) -> str | None:

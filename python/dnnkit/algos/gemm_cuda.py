@@ -4,6 +4,7 @@ element-wise backward kernels.
 gemm_tiled_<bm>x<bn>: a block a bm x bn tile of C, each thread an 8x8 or 4x4 tile of it in registers,
 double-buffered shared-memory operand tiles; bias and activation fused into the store. Three tile sizes:
 untuned, the rules take the largest whose tiles fill the GPU; the tuner times them all.
+gemm_tf32: the tensor cores on float32 operands rounded to TF32, opt-in (dnnkit.set_allow_tf32).
 gemm_splitk: the 64x64 kernel over slices of the depth, the slices' sums added in order by a second
 kernel that applies the epilogue: for products too small in M x N to fill the GPU whose K is long.
 
@@ -161,6 +162,43 @@ class SplitKGemm(Algorithm):
         return out
 
 
+class Tf32Gemm(Algorithm):
+    """The tensor cores in TF32 (kernels/gemm_tf32.py): float32 operands rounded to 10 mantissa bits,
+    products by mma.sync m16n8k8, sums in float32; a 64x64 tile of C a block of 4 warps. Opt-in
+    (dnnkit.set_allow_tf32, DNNKIT_ALLOW_TF32=1, or algo="gemm_tf32"); its error against float64 is
+    TF32's, about 1e-4 to 1e-3 relative (the tolerance the tuner holds it to: 2e-3)."""
+
+    name = "gemm_tf32"
+    op = "gemm"
+    backend = "cuda"
+    tolerance = 2e-3
+    tf32 = True
+
+    def supports(self, p) -> str | None:
+        reason = gpu_float_reason(p)
+        if reason:
+            return reason
+        if p.dtype != "float32":
+            return f"dtype {p.dtype}: TF32 is for float32 operands"
+        if max(p.m * p.k, p.k * p.n, p.m * p.n) > _INT32:
+            return "an operand of 2^31 elements or more (its index arithmetic is int32)"
+        if -(-p.m // 64) > _GRID_Y:
+            return f"m = {p.m} needs more than {_GRID_Y} row blocks of 64"
+        return None
+
+    def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None, stream=None):
+        from dnnkit.kernels import _jit, gemm_tf32
+
+        if p.m == 0 or p.n == 0:
+            return out
+        sa, ta = _as_stored(a, False)
+        sb, tb = _as_stored(b, False)
+        k = gemm_tf32.gemm_tf32_kernel(ta, tb, bias is not None, ACTIVATION_CODES[p.activation])
+        _cuda.launch(k, (_jit.cdiv(p.n, 64), _jit.cdiv(p.m, 64)), gemm_tf32.TILE.threads, stream, sa, sb, out,
+                     out[0] if bias is None else bias, p.m, p.n, p.k, np.float32(alpha), np.float32(beta), p.k)
+        return out
+
+
 def _eltwise_blocks(m: int, n: int, threads: int) -> int:
     return max(1, min(-(-m * n // threads), 32 * sm_count()))
 
@@ -189,6 +227,7 @@ def column_sums(x, out, accumulate: bool, stream) -> None:
     _cuda.launch(k, _jit.cdiv(n, eltwise.SUM_COLUMNS), (eltwise.SUM_COLUMNS, eltwise.SUM_ROWS), stream, x, out, m, n)
 
 
-# In the order the rules are tried: the largest tile that fills the GPU, then split-K for a small C over a
-# long depth, then the small tile (every shape).
-ALGORITHMS = [TiledGemm("128x128", 128, 128), TiledGemm("64x64", 64, 64), SplitKGemm(), TiledGemm("32x32", 32, 32)]
+# In the order the rules are tried: TF32 where allowed, then the largest tile that fills the GPU, then
+# split-K for a small C over a long depth, then the small tile (every shape).
+ALGORITHMS = [Tf32Gemm(), TiledGemm("128x128", 128, 128), TiledGemm("64x64", 64, 64), SplitKGemm(),
+              TiledGemm("32x32", 32, 32)]

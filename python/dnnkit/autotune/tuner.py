@@ -30,7 +30,7 @@ import numpy as np
 from .. import algos
 from ..backends import BACKENDS
 from .._config import NAN_SEMANTICS, get_nan_semantics, get_workspace_limit
-from ..algos.base import NONFINITE
+from ..algos.base import settings_reason
 from ..reference import rel_l2
 from . import harness
 from .cost_model import predict
@@ -148,9 +148,7 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
             records.append(TuneRecord(a.name, "unsupported", reason="excluded"))
             continue
         try:
-            reason = a.supports(p)
-            if reason is None and strict and a.nonfinite != "exact":
-                reason = f"NaN and Inf: {NONFINITE[a.nonfinite]} (nan_semantics is strict)"
+            reason = a.supports(p) or settings_reason(a, strict)
             ws = None if reason else int(a.workspace_bytes(p))
         except Exception as e:  # noqa: BLE001 - a broken supports() is this candidate's failure only
             records.append(TuneRecord(a.name, "failed", reason=f"{type(e).__name__}: {e}"))
