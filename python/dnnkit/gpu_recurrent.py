@@ -112,3 +112,62 @@ def _contiguous(d) -> bool:
             return False
         expect *= n
     return True
+
+
+def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, stream=None):
+    """The cells (lstm_cell, gru_cell, rnn_*_cell) on GPU arrays: a one-step, one-layer sequence."""
+    names = ("hx[0]", "hx[1]") if mode == "lstm" else ("hx", "c")
+    arrays = {"input": x, names[0]: h, names[1]: c, "w_ih": w_ih, "w_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh}
+    if any(device_of(a) != "cuda" for a in arrays.values() if a is not None):
+        raise placement_error(op, **{k: v for k, v in arrays.items() if v is not None})
+    if _flag(op, "train", train):
+        raise NotImplementedError(f"{op}: train=True on GPU arrays: the GPU runs the inference forward so far (no "
+                                  f"reserve, no backward); pass NumPy arrays to train on the CPU")
+    dx = _cuda.adopt(op, "input", x, ndim=(1, 2))
+    unbatched = dx.ndim == 1
+    B, I = (1, tuple(dx.shape)[0]) if unbatched else tuple(dx.shape)
+    dtype = _cuda.dtype_name(dx)
+    G = _GATES[mode]
+    dw_ih = _cuda.adopt(op, "w_ih", w_ih, ndim=2)
+    dw_hh = _cuda.adopt(op, "w_hh", w_hh, ndim=2)
+    _same_dtype(op, input=dx, w_ih=dw_ih, w_hh=dw_hh)
+    hh = tuple(dw_hh.shape)
+    if hh[1] < 1 or hh[0] != G * hh[1]:
+        raise ValueError(f"{op}: w_hh must have shape ({G}*hidden_size, hidden_size) with hidden_size >= 1, got {hh}")
+    H = hh[1]
+    if tuple(dw_ih.shape) != (G * H, I):
+        raise ValueError(f"{op}: w_ih must have shape {(G * H, I)} (input has {I} features), got "
+                         f"{tuple(dw_ih.shape)}")
+    if (b_ih is None) != (b_hh is None):
+        raise ValueError(f"{op}: b_ih and b_hh must both be given or both be None")
+    biases = [None, None]
+    if b_ih is not None:
+        for i, (name, b) in enumerate((("b_ih", b_ih), ("b_hh", b_hh))):
+            d = _cuda.adopt(op, name, b)
+            _same_dtype(op, input=dx, **{name: d})
+            if tuple(d.shape) != (G * H,):
+                raise ValueError(f"{op}: {name} must have shape {(G * H,)}, got {tuple(d.shape)}")
+            biases[i] = d
+    state = (H,) if unbatched else (B, H)
+    states = []
+    for name, v in ((names[0], h), (names[1], c if mode == "lstm" else None)):
+        if v is None:
+            states.append(None)
+            continue
+        d = _cuda.adopt(op, name, v)
+        _same_dtype(op, input=dx, **{name: d})
+        if tuple(d.shape) != state:
+            raise ValueError(f"{op}: {name} must have shape {state}, got {tuple(d.shape)}")
+        states.append(d.reshape((1, B, H)))
+    p = RnnProblem(mode, 1, B, I, H, bias=b_ih is not None, dtype=dtype, device="cuda")
+    plan = _plan(op, p, "auto")
+    s = _cuda.stream_for(op, stream, x)
+    h_new, dh = _cuda.empty(op, x, state, dtype, s)
+    dh3 = dh.reshape((1, B, H))
+    c_new = dc3 = None
+    if mode == "lstm":
+        c_new, dc = _cuda.empty(op, x, state, dtype, s)
+        dc3 = dc.reshape((1, B, H))
+    plan.run(dx.reshape((1, B, I)), states[0], states[1], [dw_ih, dw_hh, *biases], out=dh3, h_n=dh3, c_n=dc3,
+             stream=s, gemm_plan=dispatch.plan)
+    return (h_new, c_new) if mode == "lstm" else h_new

@@ -585,6 +585,10 @@ def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
     try:
         return _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train)
     except DeviceArray:
+        if device_of(x) == "cuda" and not any(isinstance(w, PackedWeight) for w in (w_ih, w_hh)):
+            from . import gpu_recurrent
+
+            return gpu_recurrent.cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train)
         names = ("hx[0]", "hx[1]") if mode == "lstm" else ("hx", "")
         raise placement_error(op, input=x, **{names[0]: h}, **({names[1]: c} if c is not None else {}), w_ih=w_ih,
                               w_hh=w_hh, b_ih=b_ih, b_hh=b_hh) from None

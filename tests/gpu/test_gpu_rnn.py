@@ -109,3 +109,28 @@ def test_sequences_real_sizes(mode, H, B, T):
     out, h_n, _ = _call(mode, dev(x), None, None, [dev(w) for w in ws], num_layers=2)
     want_out, want_h, _ = ref.rnn_sequence_ref(mode, x, None, None, ws, num_layers=2)
     assert ref.rel_l2(host(out), want_out) <= 1e-5
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
+def test_cells(mode):
+    """The cells: one step from a given state (batched) and from zeros (unbatched), without biases too."""
+    rng = np.random.default_rng(5)
+    B, I, H = 3, 4, 6
+    G = GATES[mode]
+    x, h, c = rand(rng, (B, I)), rand(rng, (B, H)), rand(rng, (B, H))
+    w_ih, w_hh, b_ih, b_hh = rand(rng, (G * H, I)), rand(rng, (G * H, H)), rand(rng, (G * H,)), rand(rng, (G * H,))
+    ref_fn = {"lstm": ref.lstm_cell_ref, "gru": ref.gru_cell_ref, "rnn_tanh": ref.rnn_cell_ref,
+              "rnn_relu": lambda *a: ref.rnn_cell_ref(*a, nonlinearity="relu")}[mode]
+    dw = [dev(w) for w in (w_ih, w_hh, b_ih, b_hh)]
+    if mode == "lstm":
+        h1, c1 = dnnkit.lstm_cell(dev(x), (dev(h), dev(c)), *dw)
+        wh, wc = ref_fn(x, h, c, w_ih, w_hh, b_ih, b_hh)
+        assert close(host(h1), wh, np.float32) and close(host(c1), wc, np.float32)
+        h0, c0 = dnnkit.lstm_cell(dev(x[0]), None, dw[0], dw[1])
+        wh, wc = ref_fn(x[:1], np.zeros((1, H)), np.zeros((1, H)), w_ih, w_hh)
+        assert tuple(h0.shape) == (H,) and close(host(h0), wh[0], np.float32) and close(host(c0), wc[0], np.float32)
+        return
+    fn = {"gru": dnnkit.gru_cell, "rnn_tanh": dnnkit.rnn_tanh_cell, "rnn_relu": dnnkit.rnn_relu_cell}[mode]
+    assert close(host(fn(dev(x), dev(h), *dw)), ref_fn(x, h, w_ih, w_hh, b_ih, b_hh), np.float32)
+    got = fn(dev(x[0]), None, dw[0], dw[1])
+    assert tuple(got.shape) == (H,) and close(host(got), ref_fn(x[:1], np.zeros((1, H)), w_ih, w_hh)[0], np.float32)
