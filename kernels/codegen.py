@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from numba import types
 
-from . import eltwise, gemm, gemm_tf32, rnn
+from . import eltwise, gemm, gemm_tf32, rnn, rnn_backward
 
 # Per SM, for the occupancy figures (sm_80 and sm_90 alike, but shared memory: 164 and 228 KiB).
 REGISTERS_PER_SM = 65536
@@ -87,17 +87,26 @@ def eltwise_variants() -> list[Variant]:
 
 
 def rnn_variants() -> list[Variant]:
-    """The RNN steps' gate kernels, on strided 2-D views (a step's rows, a slice of the output)."""
+    """The RNN steps' gate kernels, forward (as training runs them) and backward, on strided 2-D views (a
+    step's rows, a slice of the output)."""
     out = []
     step = rnn.STEP_X * rnn.STEP_Y
     for dtype in ("float32", "float64"):
         v2 = types.Array(getattr(types, dtype), 2, "A")
         i64 = types.int64
-        out.append(Variant(f"lstm_step_{dtype}", rnn.lstm_step(dtype), (v2, v2, v2, i64, i64), step, False, False))
-        out.append(Variant(f"gru_step_{dtype}", rnn.gru_step(dtype), (v2, v2, v2, v2, i64, i64), step, False, False))
+        out.append(Variant(f"lstm_step_{dtype}_train", rnn.lstm_step(dtype, True), (v2, v2, v2, v2, i64, i64), step,
+                           False, False))
+        out.append(Variant(f"gru_step_{dtype}_train", rnn.gru_step(dtype, True), (v2, v2, v2, v2, v2, i64, i64), step,
+                           False, False))
         out.append(Variant(f"rnn_tanh_step_{dtype}", rnn.rnn_step(dtype, False), (v2, v2, i64, i64), step, False,
                            False))
         out.append(Variant(f"copy_{dtype}", rnn.copy(dtype), (v2, v2, i64, i64), step, False, False))
+        out.append(Variant(f"lstm_step_backward_{dtype}", rnn_backward.lstm_step_backward(dtype),
+                           (v2, v2, v2, v2, v2, v2, i64, i64), step, False, False))
+        out.append(Variant(f"gru_step_backward_{dtype}", rnn_backward.gru_step_backward(dtype),
+                           (v2, v2, v2, v2, v2, v2, v2, i64, i64), step, False, False))
+        out.append(Variant(f"rnn_tanh_step_backward_{dtype}", rnn_backward.rnn_step_backward(dtype, False),
+                           (v2, v2, v2, v2, i64, i64), step, False, False))
     return out
 
 

@@ -33,12 +33,13 @@ def _sigmoid(dtype: str):
 
 
 @functools.lru_cache(maxsize=None)
-def lstm_step(dtype: str):
-    """kernel(gates, c, h_out, B, H): gates (B, 4H) the pre-activations (i, f, g, o); c (B, H) the cell state,
-    updated in place; h_out (B, H) receives h'."""
+def lstm_step(dtype: str, train: bool = False):
+    """kernel(gates, c, h_out, save, B, H): gates (B, 4H) the pre-activations (i, f, g, o); c (B, H) the cell
+    state, updated in place; h_out (B, H) receives h'. train: save (B, 5H) receives the activated gates
+    and c' (what the backward reads); else save is not touched."""
     sig = _sigmoid(dtype)
 
-    def lstm(gates, c, h_out, B, H):
+    def lstm(gates, c, h_out, save, B, H):
         b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
         j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
         h32 = int32(H)
@@ -50,30 +51,42 @@ def lstm_step(dtype: str):
             cn = f * c[b, j] + i * g
             c[b, j] = cn
             h_out[b, j] = o * math.tanh(cn)
+            if train:
+                save[b, j] = i
+                save[b, j + h32] = f
+                save[b, j + 2 * h32] = g
+                save[b, j + 3 * h32] = o
+                save[b, j + 4 * h32] = cn
 
-    lstm.__name__ = lstm.__qualname__ = f"lstm_step_{dtype}"
+    lstm.__name__ = lstm.__qualname__ = f"lstm_step_{dtype}{'_train' if train else ''}"
     return kernel(lstm, launch_bounds=(STEP_X * STEP_Y,))
 
 
 @functools.lru_cache(maxsize=None)
-def gru_step(dtype: str):
-    """kernel(gx, gh, h_prev, h_out, B, H): gx (B, 3H) = x W_ih^T + b_ih, gh (B, 3H) = h W_hh^T + b_hh for
-    the gates (r, z, n); h_prev (B, H); h_out (B, H) receives h' (it may be h_prev: each thread reads its
-    unit before writing it)."""
+def gru_step(dtype: str, train: bool = False):
+    """kernel(gx, gh, h_prev, h_out, save, B, H): gx (B, 3H) = x W_ih^T + b_ih, gh (B, 3H) = h W_hh^T + b_hh
+    for the gates (r, z, n); h_prev (B, H); h_out (B, H) receives h' (it may be h_prev: each thread reads
+    its unit before writing it). train: save (B, 4H) receives r, z, n and gh's n part."""
     sig = _sigmoid(dtype)
     one = DTYPES[dtype](1.0)
 
-    def gru(gx, gh, h_prev, h_out, B, H):
+    def gru(gx, gh, h_prev, h_out, save, B, H):
         b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
         j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
         h32 = int32(H)
         if b < int32(B) and j < h32:
             r = sig(gx[b, j] + gh[b, j])
             z = sig(gx[b, j + h32] + gh[b, j + h32])
-            n = math.tanh(gx[b, j + 2 * h32] + r * gh[b, j + 2 * h32])
+            hn = gh[b, j + 2 * h32]
+            n = math.tanh(gx[b, j + 2 * h32] + r * hn)
             h_out[b, j] = (one - z) * n + z * h_prev[b, j]
+            if train:
+                save[b, j] = r
+                save[b, j + h32] = z
+                save[b, j + 2 * h32] = n
+                save[b, j + 3 * h32] = hn
 
-    gru.__name__ = gru.__qualname__ = f"gru_step_{dtype}"
+    gru.__name__ = gru.__qualname__ = f"gru_step_{dtype}{'_train' if train else ''}"
     return kernel(gru, launch_bounds=(STEP_X * STEP_Y,))
 
 

@@ -1,18 +1,23 @@
-"""The GPU path of the RNN sequences (recurrent.py's lstm, gru and rnn given GPU arrays): the inference
-forward, multi-layer and bidirectional, batch_first or not, batched or not, with torch.nn.LSTM's weights.
+"""The GPU path of the RNN sequences and cells (recurrent.py's lstm, gru, rnn and the cells given GPU
+arrays): forward and backward through time, multi-layer and bidirectional, batch_first or not, batched or
+not, with torch.nn.LSTM's weights.
 
 Arguments are checked as on the CPU, viewed as Numba device arrays without a copy, and run by the plan
-dispatch makes for the RnnProblem on the GPU (algos/rnn_cuda.py). Training (train=True: the reserve, the
-backward through time) and LSTM projections run on the CPU only so far; asked of GPU arrays, they are an
-error that says so.
+dispatch makes for the RnnProblem on the GPU (algos/rnn_cuda.py). train=True keeps every layer's output
+and the gate activations in a GpuRnnReserve, and backward() runs the backward through time from it. LSTM
+projections, dropout between layers, recompute and accumulate_into run on the CPU only so far; asked of
+GPU arrays, they are an error that says so.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from . import dispatch
 from .backends import cuda as _cuda, device_of, placement_error
 from ._checks import _flag
 from ._rnn_args import _dropout, _layers, _proj_size, _weight_label, _weights
 from .gpu_ops import _plan, _same_dtype
+from .algos.rnn_cuda import SAVED
 from .problem import RnnProblem
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
@@ -34,9 +39,13 @@ def sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_firs
     _flag(op, "recompute", recompute)
     D = 2 if _flag(op, "bidirectional", bidirectional) else 1
     batch_first = _flag(op, "batch_first", batch_first)
-    if _flag(op, "train", train):
-        raise NotImplementedError(f"{op}: train=True on GPU arrays: the GPU runs the inference forward so far (no "
-                                  f"reserve, no backward through time); pass NumPy arrays to train on the CPU")
+    train = _flag(op, "train", train)
+    if train and L > 1 and _dropout(op, dropout) > 0.0:
+        raise NotImplementedError(f"{op}: dropout between layers on GPU arrays has no GPU kernel yet; pass NumPy "
+                                  f"arrays to train with dropout on the CPU")
+    if train and recompute:
+        raise NotImplementedError(f"{op}: recompute=True on GPU arrays: the GPU's training forward keeps its "
+                                  f"gate activations; pass recompute=False")
     dx = _cuda.adopt(op, "input", x, ndim=(2, 3))
     shape = tuple(dx.shape)
     unbatched = len(shape) == 2
@@ -100,9 +109,96 @@ def sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_firs
         dout = dout.reshape((T, 1, D * H))
         dh_n = dh_n.reshape((L * D, 1, H))
         dc_n = None if dc_n is None else dc_n.reshape((L * D, 1, H))
-    plan.run(x3, states.get("h0"), states.get("c0"), flat, out=dout, h_n=dh_n, c_n=dc_n,
-             batch_first=batch_first and not unbatched, stream=s, gemm_plan=dispatch.plan)
-    return out, ((h_n, c_n) if mode == "lstm" else h_n)
+    ys = saves = None
+    if train:
+        ys = [_cuda.scratch(dout.shape, dtype, s) for _ in range(L - 1)] + [dout]
+        saved = SAVED[mode]
+        saves = [_cuda.scratch((T, B, saved * H), dtype, s) for _ in range(L * D)] if saved else [None] * (L * D)
+    bf = batch_first and not unbatched
+    plan.run(x3, states.get("h0"), states.get("c0"), flat, out=dout, h_n=dh_n, c_n=dc_n, batch_first=bf, stream=s,
+             gemm_plan=dispatch.plan, ys=ys, saves=saves)
+    state = (h_n, c_n) if mode == "lstm" else h_n
+    if not train:
+        return out, state
+    reserve = GpuRnnReserve(op=op, mode=mode, problem=p, x=x3, h0=states.get("h0"), c0=states.get("c0"),
+                            weights=flat, names=names, as_dict=as_dict, has_bias=has_bias, ys=ys, saves=saves,
+                            batch_first=bf, unbatched=unbatched, like=x, stream=s)
+    return out, state, reserve
+
+
+class GpuRnnReserve:
+    """What a GPU training forward keeps for its backward (as RnnReserve on the host): the input, initial
+    states and weights (views of the caller's arrays), every layer's output and the saved gate
+    activations (device arrays of its own)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+    @property
+    def nbytes(self) -> int:
+        arrays = list(self.ys[:-1]) + [a for a in self.saves if a is not None]
+        return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in arrays)
+
+    def __repr__(self) -> str:
+        p = self.problem
+        return (f"<GpuRnnReserve {self.op}: T={p.seq} B={p.batch} I={p.input} H={p.hidden} layers={p.layers} "
+                f"directions={p.dirs} {p.dtype} {self.nbytes} bytes on the GPU>")
+
+
+def backward(op, r: GpuRnnReserve, grad_output, grad_h_n, grad_c_n, accumulate_into, algo, stream=None):
+    """lstm_backward / gru_backward / rnn_backward for a GPU reserve: (grad_x, grad_h0[, grad_c0],
+    grad_weights), arrays of the input's kind, the weights' gradients in the forward's list or dict."""
+    if accumulate_into is not None:
+        raise NotImplementedError(f"{op}: accumulate_into on the GPU has no kernel yet; add the returned gradients")
+    p = r.problem
+    T, B, H, L, D = p.seq, p.batch, p.hidden, p.layers, p.dirs
+    dtype = p.dtype
+    if r.unbatched:
+        out_shape, lead = (T, D * H), (L * D,)
+    else:
+        out_shape, lead = ((B, T, D * H) if r.batch_first else (T, B, D * H)), (L * D, B)
+    grads = {}
+    for name, g, shape in (("grad_output", grad_output, out_shape), ("grad_h_n", grad_h_n, lead + (H,)),
+                           ("grad_c_n", grad_c_n if r.mode == "lstm" else None, lead + (H,))):
+        if g is None:
+            continue
+        if device_of(g) != "cuda":
+            raise TypeError(f"{op}: {name} is on the host but the forward ran on the GPU (its reserve holds GPU "
+                            f"arrays); pass all of a call's arrays on one device")
+        d = _cuda.adopt(op, name, g)
+        if _cuda.dtype_name(d) != dtype:
+            raise TypeError(f"{op}: {name} has dtype {d.dtype} but the forward ran in {dtype}")
+        if tuple(d.shape) != shape:
+            raise ValueError(f"{op}: {name} must have shape {shape}, got {tuple(d.shape)}")
+        if not _contiguous(d):
+            raise ValueError(f"{op}: {name} must be C-contiguous on the GPU")
+        grads[name] = d.reshape((T, 1, D * H) if name == "grad_output" else (L * D, 1, H)) if r.unbatched else d
+    plan = _plan(op, RnnProblem(r.mode, T, B, p.input, H, layers=L, dirs=D, bias=p.bias, direction="bwd",
+                                dtype=dtype, device="cuda"), algo)
+    s = _cuda.stream_for(op, stream, r.like) if stream is not None else r.stream
+    x_shape = tuple(r.x.shape)
+    gx, dgx = _cuda.empty(op, r.like, (T, x_shape[2]) if r.unbatched else x_shape, dtype, s)
+    gh0, dgh0 = _cuda.empty(op, r.like, lead + (H,), dtype, s)
+    gc0 = dgc0 = None
+    if r.mode == "lstm":
+        gc0, dgc0 = _cuda.empty(op, r.like, lead + (H,), dtype, s)
+    if r.unbatched:
+        dgx = dgx.reshape(x_shape)
+        dgh0 = dgh0.reshape((L * D, 1, H))
+        dgc0 = None if dgc0 is None else dgc0.reshape((L * D, 1, H))
+    out_w, dws = [], []
+    for w in r.weights:
+        if w is None:
+            dws.append(None)
+            continue
+        o, d = _cuda.empty(op, r.like, tuple(w.shape), dtype, s)
+        out_w.append(o)
+        dws.append(d)
+    plan.run(r.x, r.h0, r.c0, r.weights, r.ys, r.saves, grads.get("grad_output"), grads.get("grad_h_n"),
+             grads.get("grad_c_n"), dx=dgx, dh0=dgh0, dc0=dgc0, dweights=dws, batch_first=r.batch_first, stream=s,
+             gemm_plan=dispatch.plan)
+    weights = dict(zip(r.names, out_w)) if r.as_dict else out_w
+    return (gx, gh0, gc0, weights) if r.mode == "lstm" else (gx, gh0, weights)
 
 
 def _contiguous(d) -> bool:
@@ -121,8 +217,9 @@ def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, stream=None):
     if any(device_of(a) != "cuda" for a in arrays.values() if a is not None):
         raise placement_error(op, **{k: v for k, v in arrays.items() if v is not None})
     if _flag(op, "train", train):
-        raise NotImplementedError(f"{op}: train=True on GPU arrays: the GPU runs the inference forward so far (no "
-                                  f"reserve, no backward); pass NumPy arrays to train on the CPU")
+        raise NotImplementedError(f"{op}: train=True on GPU arrays: the cells' backward has no GPU kernel yet (the "
+                                  f"sequences' has: a one-step lstm/gru/rnn with train=True); pass NumPy arrays to "
+                                  f"train the cell on the CPU")
     dx = _cuda.adopt(op, "input", x, ndim=(1, 2))
     unbatched = dx.ndim == 1
     B, I = (1, tuple(dx.shape)[0]) if unbatched else tuple(dx.shape)

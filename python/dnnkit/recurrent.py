@@ -316,8 +316,9 @@ def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=F
     "fused" (the kernel's rule), "fused_units", "fused_rows", "fused_wavefront" (see
     dnnkit.explain("lstm_l2t50mb16slc512sic512") for which can run a shape, and why not). Training with
     dropout between layers, or with recompute, runs the layers one call each: no wavefront there.
-    GPU arrays (CuPy, PyTorch CUDA tensors, Numba) run the inference forward on the GPU (algo "gpu_steps"),
-    on `stream` or the caller's current stream; results are arrays of the input's kind."""
+    GPU arrays (CuPy, PyTorch CUDA tensors, Numba) run on the GPU (algo "gpu_steps"; train=True and
+    lstm_backward too, without dropout, recompute or projections), on `stream` or the caller's current
+    stream; results are arrays of the input's kind."""
     return _sequence("lstm", "lstm", x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
                      generator, recompute, proj_size, algo, stream)
 
@@ -486,6 +487,12 @@ def _backward(op, r: RnnReserve, grad_output, grad_h_n, grad_c_n, into=None, alg
 
 
 def _sequence_backward(op, modes, grad_output, grad_h_n, grad_c_n, reserve, accumulate_into, algo):
+    if type(reserve).__name__ == "GpuRnnReserve":
+        from . import gpu_recurrent
+
+        if reserve.mode not in modes:
+            raise ValueError(f"{op}: the reserve is from a {reserve.op} forward")
+        return gpu_recurrent.backward(op, reserve, grad_output, grad_h_n, grad_c_n, accumulate_into, algo)
     r = _reserve(op, reserve, modes, cell=False)
     names = r.names if r.as_dict else range(sum(w is not None for w in r.weights))
     into = _accumulate_targets(op, r, accumulate_into, list(names))

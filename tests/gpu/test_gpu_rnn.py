@@ -88,8 +88,8 @@ def test_what_runs_on_the_cpu_only_says_so():
     rng = np.random.default_rng(1)
     x = dev(rand(rng, (3, 2, 4)))
     ws = [dev(w) for w in _weights(rng, "lstm", 4, 5, 1, 1, True, np.float32)]
-    with pytest.raises(NotImplementedError, match="lstm: train=True on GPU arrays"):
-        dnnkit.lstm(x, None, None, ws, train=True)
+    with pytest.raises(NotImplementedError, match="lstm: dropout between layers on GPU arrays"):
+        dnnkit.lstm(x, None, None, ws * 2, num_layers=2, train=True, dropout=0.5)
     host_ws = _weights(rng, "lstm", 4, 5, 1, 1, True, np.float32)
     with pytest.raises(TypeError, match=r"lstm: arrays on different devices"):
         dnnkit.lstm(x, None, None, [ws[0], host_ws[1], ws[2], ws[3]])
@@ -134,3 +134,62 @@ def test_cells(mode):
     assert close(host(fn(dev(x), dev(h), *dw)), ref_fn(x, h, w_ih, w_hh, b_ih, b_hh), np.float32)
     got = fn(dev(x[0]), None, dw[0], dw[1])
     assert tuple(got.shape) == (H,) and close(host(got), ref_fn(x[:1], np.zeros((1, H)), w_ih, w_hh)[0], np.float32)
+
+
+BWD_CASES = [  # mode, T, B, I, H, L, D, bias, states, batch_first
+    ("lstm", 4, 3, 5, 6, 2, 2, True, True, False),
+    ("lstm", 3, 2, 4, 5, 1, 1, False, False, True),
+    ("gru", 4, 3, 5, 6, 2, 1, True, True, False),
+    ("gru", 3, 2, 4, 5, 1, 2, True, False, True),
+    ("rnn_tanh", 4, 3, 5, 6, 1, 2, True, True, False),
+    ("rnn_relu", 4, 3, 5, 6, 2, 1, True, True, False),
+]
+
+
+@pytest.mark.parametrize("case", BWD_CASES, ids=[f"{c[0]}-L{c[5]}D{c[6]}{'-bf' if c[9] else ''}" for c in BWD_CASES])
+def test_training_forward_and_backward(case):
+    """train=True keeps what the backward reads; the backward through time gives every gradient of the
+    float64 reference (grad_output, grad_h_n and grad_c_n all flowing in)."""
+    mode, T, B, I, H, L, D, bias, states, batch_first = case
+    dtype = np.float64
+    rng = np.random.default_rng(hash(case) % 2**32)
+    x = rand(rng, (T, B, I), dtype)
+    ws = _weights(rng, mode, I, H, L, D, bias, dtype)
+    h0 = rand(rng, (L * D, B, H), dtype) if states else None
+    c0 = rand(rng, (L * D, B, H), dtype) if states and mode == "lstm" else None
+    gy, gh = rand(rng, (T, B, D * H), dtype), rand(rng, (L * D, B, H), dtype)
+    gc = rand(rng, (L * D, B, H), dtype) if mode == "lstm" else None
+    want = ref.rnn_sequence_backward_ref(mode, x, h0, c0, ws, gy, gh, gc, num_layers=L, bidirectional=D == 2)
+    bf = (lambda a: np.ascontiguousarray(a.transpose(1, 0, 2))) if batch_first else (lambda a: a)
+    kw = dict(num_layers=L, bidirectional=D == 2, batch_first=batch_first, train=True)
+    dws = [dev(w) for w in ws]
+    d = (lambda a: None if a is None else dev(a))
+    if mode == "lstm":
+        out, (h_n, c_n), reserve = dnnkit.lstm(dev(bf(x)), d(h0), d(c0), dws, **kw)
+        gx, gh0, gc0, gw = dnnkit.lstm_backward(dev(bf(gy)), dev(gh), dev(gc), reserve)
+        assert close(host(gc0), want[2], dtype)
+    elif mode == "gru":
+        out, h_n, reserve = dnnkit.gru(dev(bf(x)), d(h0), dws, **kw)
+        gx, gh0, gw = dnnkit.gru_backward(dev(bf(gy)), dev(gh), reserve)
+    else:
+        out, h_n, reserve = dnnkit.rnn(dev(bf(x)), d(h0), dws, nonlinearity=mode[4:], **kw)
+        gx, gh0, gw = dnnkit.rnn_backward(dev(bf(gy)), dev(gh), reserve)
+    got_x = host(gx)
+    assert close(got_x.transpose(1, 0, 2) if batch_first else got_x, want[0], dtype)
+    assert close(host(gh0), want[1], dtype)
+    assert len(gw) == len(ws)
+    for g, w in zip(gw, want[3]):
+        assert close(host(g), w, dtype)
+    assert "GpuRnnReserve" in repr(reserve)
+
+
+def test_training_without_incoming_state_gradients_and_unbatched():
+    rng = np.random.default_rng(8)
+    x = rand(rng, (4, 3), np.float64)
+    ws = _weights(rng, "lstm", 3, 5, 1, 1, True, np.float64)
+    out, _, reserve = dnnkit.lstm(dev(x), None, None, [dev(w) for w in ws], train=True)
+    gy = rand(rng, (4, 5), np.float64)
+    gx, gh0, gc0, gw = dnnkit.lstm_backward(dev(gy), None, None, reserve)
+    want = ref.rnn_sequence_backward_ref("lstm", x[:, None, :], None, None, ws, gy[:, None, :])
+    assert tuple(gx.shape) == (4, 3) and close(host(gx), want[0][:, 0], np.float64)
+    assert close(host(gh0), want[1][:, 0], np.float64) and close(host(gw[1]), want[3][1], np.float64)

@@ -16,6 +16,7 @@ from ..problem import RNN_MODES, GemmProblem
 from .base import Algorithm
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+SAVED = {"lstm": 5, "gru": 4, "rnn_tanh": 0, "rnn_relu": 0}  # per unit a step: LSTM i, f, g, o, c; GRU r, z, n, hn
 _INT32 = 2**31 - 1
 
 
@@ -55,11 +56,14 @@ class GpuSteps(Algorithm):
             elems += min(p.layers - 1, 2) * T * B * D * H
         return elems * p.itemsize
 
-    def run(self, p, x, h0, c0, weights, *, out, h_n, c_n=None, batch_first=False, stream=None, gemm_plan):
+    def run(self, p, x, h0, c0, weights, *, out, h_n, c_n=None, batch_first=False, stream=None, gemm_plan, ys=None,
+            saves=None):
         """x (T, B, I), or (B, T, I) with batch_first, a C-contiguous device array; h0, c0 (L*D, B, H) or
         None (zeros); weights the flat list, 4 a layer-direction (w_ih, w_hh, b_ih or None, b_hh or None);
         out (T, B, D*H) (batch_first: (B, T, D*H)), h_n and c_n (L*D, B, H): device arrays written.
-        gemm_plan(GemmProblem) -> Plan: how the products run (the caller's dispatch.plan)."""
+        gemm_plan(GemmProblem) -> Plan: how the products run (the caller's dispatch.plan).
+        Training: ys, every layer's output (out the last), kept; saves, per layer-direction (T, B, S*H)
+        arrays that receive what the backward reads (SAVED: S per mode; none for an RNN)."""
         _jit, kr = _kernels()
         G, H, T, B, D, L = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dirs, p.layers
         if B == 0:
@@ -79,12 +83,13 @@ class GpuSteps(Algorithm):
         if h0 is None or (p.mode == "lstm" and c0 is None):
             zeros = _cuda.scratch((B, H), dt, stream)
             launch(kr.fill(dt), zeros, t(0.0), B, H)
-        between = [_cuda.scratch(out.shape, dt, stream) for _ in range(min(L - 1, 2))]
-        step = kr.lstm_step(dt) if p.mode == "lstm" else kr.gru_step(dt) if p.mode == "gru" else \
+        between = [] if ys is not None else [_cuda.scratch(out.shape, dt, stream) for _ in range(min(L - 1, 2))]
+        train = saves is not None
+        step = kr.lstm_step(dt, train) if p.mode == "lstm" else kr.gru_step(dt, train) if p.mode == "gru" else \
             kr.rnn_step(dt, p.mode == "rnn_relu")
         inp = x
         for layer in range(L):
-            y = out if layer == L - 1 else between[layer % 2]
+            y = ys[layer] if ys is not None else out if layer == L - 1 else between[layer % 2]
             feats = inp.shape[2]
             x2 = inp.reshape(T * B, feats)
             has_bias = weights[4 * layer * D + 2] is not None
@@ -103,13 +108,14 @@ class GpuSteps(Algorithm):
                     ti = s if d == 0 else T - 1 - s
                     g = gx3[:, ti, :] if batch_first else gx3[ti]
                     h_out = y[:, ti, d * H:(d + 1) * H] if batch_first else y[ti, :, d * H:(d + 1) * H]
+                    save = saves[k][ti] if train and p.mode != "rnn_tanh" and p.mode != "rnn_relu" else g
                     if p.mode == "gru":
                         rec.run(h_prev, w_hh.T, out=gh, bias=b_hh, stream=stream)
-                        launch(step, g, gh, h_prev, h_out, B, H)
+                        launch(step, g, gh, h_prev, h_out, save, B, H)
                     else:
                         rec.run(h_prev, w_hh.T, out=g, beta=1.0, bias=b_hh, stream=stream)
                         if p.mode == "lstm":
-                            launch(step, g, c, h_out, B, H)
+                            launch(step, g, c, h_out, save, B, H)
                         else:
                             launch(step, g, h_out, B, H)
                     h_prev = h_out
@@ -118,4 +124,120 @@ class GpuSteps(Algorithm):
         return out
 
 
-ALGORITHMS = [GpuSteps(mode) for mode in RNN_MODES]
+class GpuStepsBackward(Algorithm):
+    """The backward through time of gpu_steps' training forward: per layer (top first) and direction, the
+    time loop in reverse runs one element-wise kernel a step (kernels/rnn_backward.py: the gates'
+    gradients dG_t into a whole-sequence buffer, dc_{t-1}) and one GEMM, dh_{t-1} = dG_t W_hh; after it,
+    whole-sequence GEMMs give dx = dG W_ih (both directions summed), dW_ih = dG^T x, dW_hh = dG^T h_{t-1}
+    (the previous outputs gathered into one matrix) and column sums the biases' gradients."""
+
+    name = "gpu_steps"
+    backend = "cuda"
+    tolerance = 1e-5
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.op = f"{mode}_bwd"
+
+    def supports(self, p) -> str | None:
+        return GpuSteps(self.mode).supports(p)
+
+    def workspace_bytes(self, p) -> int:
+        G, H, T, B, D = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dirs
+        elems = T * B * G * H * (2 if p.mode == "gru" else 1) + T * B * H + 4 * B * H + 2 * T * B * D * H
+        return elems * p.itemsize
+
+    def run(self, p, x, h0, c0, weights, ys, saves, dy, dh_n, dc_n, *, dx, dh0, dc0, dweights, batch_first=False,
+            stream=None, gemm_plan):
+        """x, h0, c0, weights, ys, saves: the training forward's (GpuSteps.run); dy (the top output's layout),
+        dh_n, dc_n: the incoming gradients or None (zeros); dx (x's shape), dh0, dc0 (L*D, B, H) and
+        dweights (4 a layer-direction: dW_ih, dW_hh, db_ih, db_hh, the biases' None without biases):
+        device arrays written."""
+        from dnnkit.kernels import rnn_backward as kb
+
+        from .gemm_cuda import column_sums
+
+        _jit, kr = _kernels()
+        G, H, T, B, D, L = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dirs, p.layers
+        dt = p.dtype
+        grid = (_jit.cdiv(H, kr.STEP_X), _jit.cdiv(B, kr.STEP_Y))
+        block = (kr.STEP_X, kr.STEP_Y)
+
+        def launch(k, *args):
+            _cuda.launch(k, grid, block, stream, *args)
+
+        def fill_zero(a2):
+            r, c = a2.shape
+            _cuda.launch(kr.fill(dt), (_jit.cdiv(c, kr.STEP_X), _jit.cdiv(r, kr.STEP_Y)), block, stream, a2,
+                         np.dtype(dt).type(0.0), r, c)
+
+        def step_view(a3, t):  # a step's (B, .) rows of a (T, B, .) array, or of (B, T, .) with batch_first
+            return a3[:, t, :] if batch_first else a3[t]
+
+        seq3 = (B, T) if batch_first else (T, B)
+        zeros = _cuda.scratch((B, H), dt, stream)
+        fill_zero(zeros)
+        dgx = _cuda.scratch((T * B, G * H), dt, stream)
+        dgh = _cuda.scratch((T * B, G * H), dt, stream) if p.mode == "gru" else dgx
+        dgx3, dgh3 = dgx.reshape(seq3 + (G * H,)), dgh.reshape(seq3 + (G * H,))
+        hprev = _cuda.scratch((T * B, H), dt, stream)
+        hprev3 = hprev.reshape(seq3 + (H,))
+        dh_next = _cuda.scratch((B, H), dt, stream)
+        dc = _cuda.scratch((B, H), dt, stream) if p.mode == "lstm" else None
+        if dy is None:
+            dy = _cuda.scratch(ys[-1].shape, dt, stream)
+            fill_zero(dy.reshape(T * B, D * H))
+        copy = kr.copy(dt)
+        for layer in reversed(range(L)):
+            inp = x if layer == 0 else ys[layer - 1]
+            feats = inp.shape[2]
+            x2 = inp.reshape(T * B, feats)
+            dinp = dx if layer == 0 else _cuda.scratch(inp.shape, dt, stream)
+            dinp2 = dinp.reshape(T * B, feats)
+            y = ys[layer]
+            rec = gemm_plan(GemmProblem(B, H, G * H, dtype=dt, device="cuda"))
+            for d in range(D):
+                k = layer * D + d
+                w_ih, w_hh = weights[4 * k], weights[4 * k + 1]
+                dw_ih, dw_hh, db_ih, db_hh = dweights[4 * k:4 * k + 4]
+                launch(copy, zeros if dh_n is None else dh_n[k], dh_next, B, H)
+                if dc is not None:
+                    launch(copy, zeros if dc_n is None else dc_n[k], dc, B, H)
+                order = list(range(T)) if d == 0 else list(range(T - 1, -1, -1))
+                units = slice(d * H, (d + 1) * H)
+                for idx in reversed(range(T)):
+                    t = order[idx]
+                    tp = order[idx - 1] if idx > 0 else None
+                    dy_t = step_view(dy, t)[:, units]
+                    h_prev = (zeros if h0 is None else h0[k]) if tp is None else step_view(y, tp)[:, units]
+                    launch(copy, h_prev, step_view(hprev3, t), B, H)
+                    dg_t = step_view(dgx3, t)
+                    if p.mode == "lstm":
+                        c_prev = (zeros if c0 is None else c0[k]) if tp is None else saves[k][tp][:, 4 * H:5 * H]
+                        launch(kb.lstm_step_backward(dt), dy_t, dh_next, dc, saves[k][t], c_prev, dg_t, B, H)
+                        rec.run(dg_t, w_hh, out=dh_next, stream=stream)
+                    elif p.mode == "gru":
+                        dgh_t = step_view(dgh3, t)
+                        launch(kb.gru_step_backward(dt), dy_t, dh_next, saves[k][t], h_prev, dg_t, dgh_t, dh_next, B, H)
+                        rec.run(dgh_t, w_hh, out=dh_next, beta=1.0, stream=stream)
+                    else:
+                        launch(kb.rnn_step_backward(dt, p.mode == "rnn_relu"), dy_t, dh_next,
+                               step_view(y, t)[:, units], dg_t, B, H)
+                        rec.run(dg_t, w_hh, out=dh_next, stream=stream)
+                launch(copy, dh_next, dh0[k], B, H)
+                if dc is not None:
+                    launch(copy, dc, dc0[k], B, H)
+                gemm_plan(GemmProblem(T * B, feats, G * H, dtype=dt, device="cuda")).run(
+                    dgx, w_ih, out=dinp2, beta=0.0 if d == 0 else 1.0, stream=stream)
+                gemm_plan(GemmProblem(G * H, feats, T * B, trans_a=True, dtype=dt, device="cuda")).run(
+                    dgx.T, x2, out=dw_ih, stream=stream)
+                gemm_plan(GemmProblem(G * H, H, T * B, trans_a=True, dtype=dt, device="cuda")).run(
+                    dgh.T, hprev, out=dw_hh, stream=stream)
+                if db_ih is not None:
+                    column_sums(dgx, db_ih, False, stream)
+                    column_sums(dgh, db_hh, False, stream)
+            dy = dinp
+        return dx
+
+
+ALGORITHMS = [GpuSteps(mode) for mode in RNN_MODES] + [GpuStepsBackward(mode) for mode in RNN_MODES]
