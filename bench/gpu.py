@@ -174,6 +174,50 @@ def bench(out: str, quick: bool, reps: int) -> list:
         flops = 2 * T * B * G * H * (H + H)
         row(f"{mode}_fwd_f32", f"H{H} B{B} T{T}", flops, t_dk, t_base, "torch.nn (cuDNN, TF32 off)", "gpu_steps")
 
+    # TF32 on the tensor cores beside cuBLAS's TF32 (both allowed to round), at 4096^3
+    m = n = k = 4096
+    a, w = torch.rand(m, k, device=dev) - 0.5, torch.rand(n, k, device=dev) - 0.5
+    c = torch.empty(m, n, device=dev)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    for _ in range(2):
+        dnnkit.gemm(a, w, c, trans_b=True, algo="gemm_tf32")
+        torch.mm(a, w.T, out=c)
+    t_dk = _time(lambda: dnnkit.gemm(a, w, c, trans_b=True, algo="gemm_tf32"), reps)
+    t_base = _time(lambda: torch.mm(a, w.T, out=c), reps)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    row("gemm_tf32", f"{m}x{n}x{k}", 2 * m * n * k, t_dk, t_base, "torch.mm (cuBLAS, TF32 on)", "gemm_tf32")
+
+    # training steps: the forward with train=True and the backward through time, beside torch's autograd
+    for mode, H, B, T in shapes[:3]:
+        G = 4 if mode == "lstm" else 3
+        mod = (torch.nn.LSTM if mode == "lstm" else torch.nn.GRU)(H, H, num_layers=1).to(dev)
+        ws = [p.detach() for p in mod.parameters()]
+        x = torch.rand(T, B, H, device=dev) - 0.5
+        gy = torch.rand(T, B, H, device=dev) - 0.5
+
+        def dk_step():
+            if mode == "lstm":
+                out, _, r = dnnkit.lstm(x, None, None, ws, train=True)
+                dnnkit.lstm_backward(gy, None, None, r)
+            else:
+                out, _, r = dnnkit.gru(x, None, ws, train=True)
+                dnnkit.gru_backward(gy, None, r)
+
+        xg = x.clone().requires_grad_(True)
+
+        def torch_step():
+            out, _ = mod(xg)
+            out.backward(gy)
+
+        for _ in range(2):
+            dk_step()
+            torch_step()
+        torch.cuda.synchronize()
+        t_dk, t_base = _time(dk_step, reps), _time(torch_step, reps)
+        flops = 3 * 2 * T * B * G * H * (H + H)
+        row(f"{mode}_train_f32", f"H{H} B{B} T{T}", flops, t_dk, t_base, "torch.nn + autograd (cuDNN, TF32 off)",
+            "gpu_steps")
+
     path = os.path.join(out, "gpu_bench.csv")
     with open(path, "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=list(rows[0]))

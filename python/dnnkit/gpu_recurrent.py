@@ -5,8 +5,8 @@ not, with torch.nn.LSTM's weights.
 Arguments are checked as on the CPU, viewed as Numba device arrays without a copy, and run by the plan
 dispatch makes for the RnnProblem on the GPU (algos/rnn_cuda.py). train=True keeps every layer's output
 and the gate activations in a GpuRnnReserve, and backward() runs the backward through time from it. LSTM
-projections, dropout between layers, recompute and accumulate_into run on the CPU only so far; asked of
-GPU arrays, they are an error that says so.
+projections, dropout between layers and recompute run on the CPU only so far; asked of GPU arrays, they
+are an error that says so.
 """
 from __future__ import annotations
 
@@ -148,8 +148,6 @@ class GpuRnnReserve:
 def backward(op, r: GpuRnnReserve, grad_output, grad_h_n, grad_c_n, accumulate_into, algo, stream=None):
     """lstm_backward / gru_backward / rnn_backward for a GPU reserve: (grad_x, grad_h0[, grad_c0],
     grad_weights), arrays of the input's kind, the weights' gradients in the forward's list or dict."""
-    if accumulate_into is not None:
-        raise NotImplementedError(f"{op}: accumulate_into on the GPU has no kernel yet; add the returned gradients")
     p = r.problem
     T, B, H, L, D = p.seq, p.batch, p.hidden, p.layers, p.dirs
     dtype = p.dtype
@@ -186,17 +184,21 @@ def backward(op, r: GpuRnnReserve, grad_output, grad_h_n, grad_c_n, accumulate_i
         dgx = dgx.reshape(x_shape)
         dgh0 = dgh0.reshape((L * D, 1, H))
         dgc0 = None if dgc0 is None else dgc0.reshape((L * D, 1, H))
+    into = _accumulate_targets(op, r, accumulate_into, dtype)
     out_w, dws = [], []
-    for w in r.weights:
+    for i, w in enumerate(r.weights):
         if w is None:
             dws.append(None)
             continue
-        o, d = _cuda.empty(op, r.like, tuple(w.shape), dtype, s)
+        if into is not None:
+            o, d = into[i]
+        else:
+            o, d = _cuda.empty(op, r.like, tuple(w.shape), dtype, s)
         out_w.append(o)
         dws.append(d)
     plan.run(r.x, r.h0, r.c0, r.weights, r.ys, r.saves, grads.get("grad_output"), grads.get("grad_h_n"),
              grads.get("grad_c_n"), dx=dgx, dh0=dgh0, dc0=dgc0, dweights=dws, batch_first=r.batch_first, stream=s,
-             gemm_plan=dispatch.plan)
+             gemm_plan=dispatch.plan, accumulate=into is not None)
     weights = dict(zip(r.names, out_w)) if r.as_dict else out_w
     return (gx, gh0, gc0, weights) if r.mode == "lstm" else (gx, gh0, weights)
 
@@ -268,3 +270,35 @@ def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, stream=None):
     plan.run(dx.reshape((1, B, I)), states[0], states[1], [dw_ih, dw_hh, *biases], out=dh3, h_n=dh3, c_n=dc3,
              stream=s, gemm_plan=dispatch.plan)
     return (h_new, c_new) if mode == "lstm" else h_new
+
+
+def _accumulate_targets(op, r: GpuRnnReserve, into, dtype):
+    """accumulate_into's arrays (GPU arrays shaped as the weights, in the forward's list or dict form) as
+    (caller's object, device view) per weight (None for absent biases), or None without it."""
+    if into is None:
+        return None
+    present = [i for i, w in enumerate(r.weights) if w is not None]
+    if isinstance(into, dict) and r.as_dict:
+        if set(into) != set(r.names):
+            raise ValueError(f"{op}: accumulate_into must have exactly the keys {list(r.names)}")
+        entries = [(f"accumulate_into[{k!r}]", into[k]) for k in r.names]
+    elif isinstance(into, (list, tuple)):
+        if len(into) != len(present):
+            raise ValueError(f"{op}: accumulate_into must hold {len(present)} entries (the weight gradients this "
+                             f"call returns), got {len(into)}")
+        entries = [(f"accumulate_into[{i}]", e) for i, e in enumerate(into)]
+    else:
+        raise TypeError(f"{op}: accumulate_into must be a list or tuple of arrays like the weight gradients this "
+                        f"call returns, got {type(into).__name__}")
+    out = [None] * len(r.weights)
+    for i, (label, e) in zip(present, entries):
+        if device_of(e) != "cuda":
+            raise TypeError(f"{op}: {label} is on the host but the forward ran on the GPU; pass GPU arrays")
+        d = _cuda.adopt(op, label, e)
+        shape = tuple(r.weights[i].shape)
+        if _cuda.dtype_name(d) != dtype:
+            raise TypeError(f"{op}: {label} has dtype {d.dtype} but the gradients are {dtype}")
+        if tuple(d.shape) != shape:
+            raise ValueError(f"{op}: {label} must have shape {shape}, got {tuple(d.shape)}")
+        out[i] = (e, d)
+    return out

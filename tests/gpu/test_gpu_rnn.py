@@ -193,3 +193,20 @@ def test_training_without_incoming_state_gradients_and_unbatched():
     want = ref.rnn_sequence_backward_ref("lstm", x[:, None, :], None, None, ws, gy[:, None, :])
     assert tuple(gx.shape) == (4, 3) and close(host(gx), want[0][:, 0], np.float64)
     assert close(host(gh0), want[1][:, 0], np.float64) and close(host(gw[1]), want[3][1], np.float64)
+
+
+def test_backward_accumulates_into_the_given_gradients():
+    rng = np.random.default_rng(12)
+    x = rand(rng, (3, 2, 4), np.float64)
+    ws = _weights(rng, "gru", 4, 5, 1, 1, True, np.float64)
+    _, _, reserve = dnnkit.gru(dev(x), None, [dev(w) for w in ws], train=True)
+    gy = rand(rng, (3, 2, 5), np.float64)
+    start = [rand(rng, w.shape, np.float64) for w in ws]
+    into = [dev(a) for a in start]
+    _, _, gw = dnnkit.gru_backward(dev(gy), None, reserve, accumulate_into=into)
+    want = ref.rnn_sequence_backward_ref("gru", x, None, None, ws, gy)[3]
+    assert all(g is t for g, t in zip(gw, into))
+    for g, s0, w in zip(gw, start, want):
+        assert close(host(g), s0 + w, np.float64)
+    with pytest.raises(ValueError, match="gru_backward: accumulate_into must hold 4 entries"):
+        dnnkit.gru_backward(dev(gy), None, reserve, accumulate_into=into[:2])

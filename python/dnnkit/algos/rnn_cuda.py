@@ -148,11 +148,11 @@ class GpuStepsBackward(Algorithm):
         return elems * p.itemsize
 
     def run(self, p, x, h0, c0, weights, ys, saves, dy, dh_n, dc_n, *, dx, dh0, dc0, dweights, batch_first=False,
-            stream=None, gemm_plan):
+            stream=None, gemm_plan, accumulate=False):
         """x, h0, c0, weights, ys, saves: the training forward's (GpuSteps.run); dy (the top output's layout),
         dh_n, dc_n: the incoming gradients or None (zeros); dx (x's shape), dh0, dc0 (L*D, B, H) and
         dweights (4 a layer-direction: dW_ih, dW_hh, db_ih, db_hh, the biases' None without biases):
-        device arrays written."""
+        device arrays written (accumulate: the weights' gradients added to them)."""
         from dnnkit.kernels import rnn_backward as kb
 
         from .gemm_cuda import column_sums
@@ -229,13 +229,14 @@ class GpuStepsBackward(Algorithm):
                     launch(copy, dc, dc0[k], B, H)
                 gemm_plan(GemmProblem(T * B, feats, G * H, dtype=dt, device="cuda")).run(
                     dgx, w_ih, out=dinp2, beta=0.0 if d == 0 else 1.0, stream=stream)
+                beta = 1.0 if accumulate else 0.0
                 gemm_plan(GemmProblem(G * H, feats, T * B, trans_a=True, dtype=dt, device="cuda")).run(
-                    dgx.T, x2, out=dw_ih, stream=stream)
+                    dgx.T, x2, out=dw_ih, beta=beta, stream=stream)
                 gemm_plan(GemmProblem(G * H, H, T * B, trans_a=True, dtype=dt, device="cuda")).run(
-                    dgh.T, hprev, out=dw_hh, stream=stream)
+                    dgh.T, hprev, out=dw_hh, beta=beta, stream=stream)
                 if db_ih is not None:
-                    column_sums(dgx, db_ih, False, stream)
-                    column_sums(dgh, db_hh, False, stream)
+                    column_sums(dgx, db_ih, accumulate, stream)
+                    column_sums(dgh, db_hh, accumulate, stream)
             dy = dinp
         return dx
 
