@@ -83,6 +83,8 @@ def eltwise_variants() -> list[Variant]:
                            (a2, a2, a2, i64, i64), eltwise.ELTWISE_THREADS, False, False))
         out.append(Variant(f"column_sums_{dtype}_acc", eltwise.column_sums(dtype, True), (a2, a1, i64, i64),
                            eltwise.SUM_COLUMNS * eltwise.SUM_ROWS, False, False))
+        out.append(Variant(f"multiply_{dtype}", eltwise.multiply(dtype), (a1, a1, a1, i64), eltwise.ELTWISE_THREADS,
+                           False, False))
     return out
 
 

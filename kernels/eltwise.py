@@ -1,6 +1,6 @@
 """Element-wise and reduction kernels of the fully-connected layers' backward pass.
 
-activation_forward: y = act(z); activation_backward: grad_z = grad_y * act'(z) from z or the output y (epilogue.activation_grad), one
+multiply: out = x * y (dropout's masks); activation_forward: y = act(z); activation_backward: grad_z = grad_y * act'(z) from z or the output y (epilogue.activation_grad), one
 thread an element, grid-stride.
 column_sums: out[j] (+)= sum_i x[i, j], summed in float64 and rounded once, as the CPU does: a block
 takes 32 columns; its 8 warps' lanes each sum a strided share of the rows of one column (reads coalesced
@@ -90,3 +90,18 @@ def activation_forward(dtype: str, act: int):
 
     act_fwd.__name__ = act_fwd.__qualname__ = f"activation_forward_{dtype}_act{act}"
     return kernel(act_fwd, launch_bounds=(ELTWISE_THREADS,))
+
+
+@functools.lru_cache(maxsize=None)
+def multiply(dtype: str):
+    """kernel(x, y, out, n): out = x * y over n elements of 1-D arrays (dropout's masks). Launch: any grid of
+    ELTWISE_THREADS-thread blocks (grid-stride)."""
+    def mul(x, y, out, n):
+        e = int32(cuda.blockIdx.x) * int32(ELTWISE_THREADS) + int32(cuda.threadIdx.x)
+        step = int32(cuda.gridDim.x) * int32(ELTWISE_THREADS)
+        while e < int32(n):
+            out[e] = x[e] * y[e]
+            e += step
+
+    mul.__name__ = mul.__qualname__ = f"multiply_{dtype}"
+    return kernel(mul, launch_bounds=(ELTWISE_THREADS,))

@@ -64,3 +64,12 @@ def _proj_size(op, mode, proj_size) -> int:
     if proj_size and mode != "lstm":
         raise ValueError(f"{op}: proj_size is only for LSTMs")
     return int(proj_size)
+
+
+def _generator(op, generator) -> np.random.Generator:
+    if isinstance(generator, np.random.Generator):
+        return generator
+    if generator is None or (isinstance(generator, (int, np.integer)) and not isinstance(generator, bool)):
+        return np.random.default_rng(generator)
+    raise TypeError(f"{op}: generator must be None, an int seed or a numpy.random.Generator, "
+                    f"got {type(generator).__name__}")

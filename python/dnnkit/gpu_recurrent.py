@@ -5,8 +5,9 @@ not, with torch.nn.LSTM's weights.
 Arguments are checked as on the CPU, viewed as Numba device arrays without a copy, and run by the plan
 dispatch makes for the RnnProblem on the GPU (algos/rnn_cuda.py). train=True keeps every layer's output
 and the gate activations in a GpuRnnReserve, and backward() runs the backward through time from it. LSTM
-projections, dropout between layers and recompute run on the CPU only so far; asked of GPU arrays, they
-are an error that says so.
+projections and recompute run on the CPU only so far; asked of GPU arrays, they are an error that says
+so. Dropout between layers draws its masks on the host from the same generator, in the same order, as the
+CPU does, so one seed gives one set of masks on either.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 from . import dispatch
 from .backends import cuda as _cuda, device_of, placement_error
 from ._checks import _flag
-from ._rnn_args import _dropout, _layers, _proj_size, _weight_label, _weights
+from ._rnn_args import _dropout, _generator, _layers, _proj_size, _weight_label, _weights
 from .gpu_ops import _plan, _same_dtype
 from .algos.rnn_cuda import SAVED
 from .problem import RnnProblem
@@ -40,9 +41,7 @@ def sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_firs
     D = 2 if _flag(op, "bidirectional", bidirectional) else 1
     batch_first = _flag(op, "batch_first", batch_first)
     train = _flag(op, "train", train)
-    if train and L > 1 and _dropout(op, dropout) > 0.0:
-        raise NotImplementedError(f"{op}: dropout between layers on GPU arrays has no GPU kernel yet; pass NumPy "
-                                  f"arrays to train with dropout on the CPU")
+    p_drop = _dropout(op, dropout) if train and L > 1 else 0.0
     if train and recompute:
         raise NotImplementedError(f"{op}: recompute=True on GPU arrays: the GPU's training forward keeps its "
                                   f"gate activations; pass recompute=False")
@@ -109,20 +108,25 @@ def sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_firs
         dout = dout.reshape((T, 1, D * H))
         dh_n = dh_n.reshape((L * D, 1, H))
         dc_n = None if dc_n is None else dc_n.reshape((L * D, 1, H))
-    ys = saves = None
+    ys = saves = masks = host_masks = dropped = None
+    bf = batch_first and not unbatched
     if train:
         ys = [_cuda.scratch(dout.shape, dtype, s) for _ in range(L - 1)] + [dout]
         saved = SAVED[mode]
         saves = [_cuda.scratch((T, B, saved * H), dtype, s) for _ in range(L * D)] if saved else [None] * (L * D)
-    bf = batch_first and not unbatched
+        if p_drop > 0.0:
+            host_masks = _masks(_generator(op, generator), p_drop, L, (T, B, D * H), np.dtype(dtype))
+            masks = [_cuda.upload(np.ascontiguousarray(m.transpose(1, 0, 2)) if bf else m, s) for m in host_masks]
+            dropped = [_cuda.scratch(dout.shape, dtype, s) for _ in range(L - 1)]
     plan.run(x3, states.get("h0"), states.get("c0"), flat, out=dout, h_n=dh_n, c_n=dc_n, batch_first=bf, stream=s,
-             gemm_plan=dispatch.plan, ys=ys, saves=saves)
+             gemm_plan=dispatch.plan, ys=ys, saves=saves, masks=masks, dropped=dropped)
     state = (h_n, c_n) if mode == "lstm" else h_n
     if not train:
         return out, state
     reserve = GpuRnnReserve(op=op, mode=mode, problem=p, x=x3, h0=states.get("h0"), c0=states.get("c0"),
                             weights=flat, names=names, as_dict=as_dict, has_bias=has_bias, ys=ys, saves=saves,
-                            batch_first=bf, unbatched=unbatched, like=x, stream=s)
+                            batch_first=bf, unbatched=unbatched, like=x, stream=s, masks=masks, dropped=dropped,
+                            host_masks=host_masks)
     return out, state, reserve
 
 
@@ -135,8 +139,15 @@ class GpuRnnReserve:
         self.__dict__.update(kw)
 
     @property
+    def dropout_masks(self) -> list:
+        """The keep masks (scaled by 1/(1-p)) applied to the output of every layer but the last, (T, B, D*H)
+        NumPy arrays drawn as the CPU draws them from the same generator; [] without dropout."""
+        return list(self.host_masks or [])
+
+    @property
     def nbytes(self) -> int:
-        arrays = list(self.ys[:-1]) + [a for a in self.saves if a is not None]
+        arrays = list(self.ys[:-1]) + [a for a in self.saves if a is not None] + list(self.masks or []) + \
+            list(self.dropped or [])
         return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in arrays)
 
     def __repr__(self) -> str:
@@ -198,7 +209,7 @@ def backward(op, r: GpuRnnReserve, grad_output, grad_h_n, grad_c_n, accumulate_i
         dws.append(d)
     plan.run(r.x, r.h0, r.c0, r.weights, r.ys, r.saves, grads.get("grad_output"), grads.get("grad_h_n"),
              grads.get("grad_c_n"), dx=dgx, dh0=dgh0, dc0=dgc0, dweights=dws, batch_first=r.batch_first, stream=s,
-             gemm_plan=dispatch.plan, accumulate=into is not None)
+             gemm_plan=dispatch.plan, accumulate=into is not None, masks=r.masks, dropped=r.dropped)
     weights = dict(zip(r.names, out_w)) if r.as_dict else out_w
     return (gx, gh0, gc0, weights) if r.mode == "lstm" else (gx, gh0, weights)
 
@@ -302,3 +313,17 @@ def _accumulate_targets(op, r: GpuRnnReserve, into, dtype):
             raise ValueError(f"{op}: {label} must have shape {shape}, got {tuple(d.shape)}")
         out[i] = (e, d)
     return out
+
+
+def _masks(rng, p: float, L: int, shape, dtype) -> list:
+    """Dropout's keep masks for the outputs of layers 0 .. L-2, scaled by 1/(1-p) (zeros for p = 1), drawn
+    from rng in the CPU's order and layout (time-major), so that one seed gives the same masks on both."""
+    masks = []
+    for _ in range(L - 1):
+        if p < 1.0:
+            m = (rng.random(shape, dtype=dtype) >= p).astype(dtype)
+            m *= dtype.type(1.0 / (1.0 - p))
+        else:
+            m = np.zeros(shape, dtype)
+        masks.append(m)
+    return masks

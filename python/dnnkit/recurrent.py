@@ -51,7 +51,7 @@ import numpy as np
 from .algos.rnn_cpu import reserve_elems as _reserve_elems
 from ._config import get_workspace_limit
 from .backends import DeviceArray, device_of, placement_error
-from ._rnn_args import _dropout, _layers, _proj_size, _weight_label, _weights
+from ._rnn_args import _dropout, _generator, _layers, _proj_size, _weight_label, _weights
 from ._checks import _DTYPE_NAMES, _FLOAT_DTYPES, _array, _empty, _flag
 from .api import _accumulate_target, _plan
 from .plans import Memo
@@ -170,15 +170,6 @@ def _state(op, name, h, shape, dtype):
     if a.shape != shape:
         raise ValueError(f"{op}: {name} must have shape {shape}, got {a.shape}")
     return np.ascontiguousarray(a)
-
-
-def _generator(op, generator) -> np.random.Generator:
-    if isinstance(generator, np.random.Generator):
-        return generator
-    if generator is None or (isinstance(generator, (int, np.integer)) and not isinstance(generator, bool)):
-        return np.random.default_rng(generator)
-    raise TypeError(f"{op}: generator must be None, an int seed or a numpy.random.Generator, "
-                    f"got {type(generator).__name__}")
 
 
 # ---------------------------------------------------------------------------------------------- sequences

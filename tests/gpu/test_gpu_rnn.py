@@ -88,8 +88,8 @@ def test_what_runs_on_the_cpu_only_says_so():
     rng = np.random.default_rng(1)
     x = dev(rand(rng, (3, 2, 4)))
     ws = [dev(w) for w in _weights(rng, "lstm", 4, 5, 1, 1, True, np.float32)]
-    with pytest.raises(NotImplementedError, match="lstm: dropout between layers on GPU arrays"):
-        dnnkit.lstm(x, None, None, ws * 2, num_layers=2, train=True, dropout=0.5)
+    with pytest.raises(NotImplementedError, match="lstm: recompute=True on GPU arrays"):
+        dnnkit.lstm(x, None, None, ws, train=True, recompute=True)
     host_ws = _weights(rng, "lstm", 4, 5, 1, 1, True, np.float32)
     with pytest.raises(TypeError, match=r"lstm: arrays on different devices"):
         dnnkit.lstm(x, None, None, [ws[0], host_ws[1], ws[2], ws[3]])
@@ -210,3 +210,31 @@ def test_backward_accumulates_into_the_given_gradients():
         assert close(host(g), s0 + w, np.float64)
     with pytest.raises(ValueError, match="gru_backward: accumulate_into must hold 4 entries"):
         dnnkit.gru_backward(dev(gy), None, reserve, accumulate_into=into[:2])
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_dropout_between_layers(batch_first):
+    """Dropout's masks are the CPU's for the same seed; forward and backward go through them."""
+    rng = np.random.default_rng(13)
+    T, B, I, H, L = 3, 2, 4, 5, 3
+    x = rand(rng, (T, B, I), np.float64)
+    ws = _weights(rng, "lstm", I, H, L, 1, True, np.float64)
+    xin = np.ascontiguousarray(x.transpose(1, 0, 2)) if batch_first else x
+    kw = dict(num_layers=L, train=True, dropout=0.4, generator=7, batch_first=batch_first)
+    out, _, reserve = dnnkit.lstm(dev(xin), None, None, [dev(w) for w in ws], **kw)
+    _, _, host_reserve = dnnkit.lstm(xin, None, None, ws, **kw)
+    masks = reserve.dropout_masks
+    assert len(masks) == L - 1
+    for a, b in zip(masks, host_reserve.dropout_masks):
+        assert np.array_equal(a, b)
+    want_out = ref.rnn_sequence_ref("lstm", x, None, None, ws, num_layers=L, dropout_masks=masks)[0]
+    got = host(out)
+    assert close(got.transpose(1, 0, 2) if batch_first else got, want_out, np.float64)
+    gy = rand(rng, (T, B, H), np.float64)
+    gyin = np.ascontiguousarray(gy.transpose(1, 0, 2)) if batch_first else gy
+    gx, _, _, gw = dnnkit.lstm_backward(dev(gyin), None, None, reserve)
+    want = ref.rnn_sequence_backward_ref("lstm", x, None, None, ws, gy, num_layers=L, dropout_masks=masks)
+    gxh = host(gx)
+    assert close(gxh.transpose(1, 0, 2) if batch_first else gxh, want[0], np.float64)
+    for g, w in zip(gw, want[3]):
+        assert close(host(g), w, np.float64)

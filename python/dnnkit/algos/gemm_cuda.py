@@ -219,6 +219,17 @@ def activation_backward(gy, v, gz, act: str, v_is_z: bool, stream) -> None:
     _cuda.launch(k, _eltwise_blocks(m, n, eltwise.ELTWISE_THREADS), eltwise.ELTWISE_THREADS, stream, gy, v, gz, m, n)
 
 
+def multiply(x, y, out, stream) -> None:
+    """out = x * y, element by element, over C-contiguous device arrays of one shape (dropout's masks)."""
+    _, _, eltwise = _kernels()
+    n = 1
+    for d in x.shape:
+        n *= int(d)
+    k = eltwise.multiply(_cuda.dtype_name(x))
+    _cuda.launch(k, _eltwise_blocks(1, n, eltwise.ELTWISE_THREADS), eltwise.ELTWISE_THREADS, stream,
+                 x.reshape(n), y.reshape(n), out.reshape(n), n)
+
+
 def column_sums(x, out, accumulate: bool, stream) -> None:
     """out[j] (+)= sum_i x[i, j] over an m x n device array, summed in float64."""
     _jit, _, eltwise = _kernels()

@@ -14,6 +14,7 @@ import numpy as np
 from ..backends import cuda as _cuda
 from ..problem import RNN_MODES, GemmProblem
 from .base import Algorithm
+from .gemm_cuda import multiply
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 SAVED = {"lstm": 5, "gru": 4, "rnn_tanh": 0, "rnn_relu": 0}  # per unit a step: LSTM i, f, g, o, c; GRU r, z, n, hn
@@ -57,13 +58,15 @@ class GpuSteps(Algorithm):
         return elems * p.itemsize
 
     def run(self, p, x, h0, c0, weights, *, out, h_n, c_n=None, batch_first=False, stream=None, gemm_plan, ys=None,
-            saves=None):
+            saves=None, masks=None, dropped=None):
         """x (T, B, I), or (B, T, I) with batch_first, a C-contiguous device array; h0, c0 (L*D, B, H) or
         None (zeros); weights the flat list, 4 a layer-direction (w_ih, w_hh, b_ih or None, b_hh or None);
         out (T, B, D*H) (batch_first: (B, T, D*H)), h_n and c_n (L*D, B, H): device arrays written.
         gemm_plan(GemmProblem) -> Plan: how the products run (the caller's dispatch.plan).
         Training: ys, every layer's output (out the last), kept; saves, per layer-direction (T, B, S*H)
-        arrays that receive what the backward reads (SAVED: S per mode; none for an RNN)."""
+        arrays that receive what the backward reads (SAVED: S per mode; none for an RNN); masks (dropout:
+        one per layer but the last, in the outputs' layout) and dropped, arrays that receive each such
+        layer's output times its mask, which the next layer reads."""
         _jit, kr = _kernels()
         G, H, T, B, D, L = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dirs, p.layers
         if B == 0:
@@ -121,6 +124,9 @@ class GpuSteps(Algorithm):
                     h_prev = h_out
                 launch(kr.copy(dt), h_prev, h_n[k], B, H)
             inp = y
+            if masks is not None and layer < L - 1:
+                multiply(y, masks[layer], dropped[layer], stream)
+                inp = dropped[layer]
         return out
 
 
@@ -148,7 +154,7 @@ class GpuStepsBackward(Algorithm):
         return elems * p.itemsize
 
     def run(self, p, x, h0, c0, weights, ys, saves, dy, dh_n, dc_n, *, dx, dh0, dc0, dweights, batch_first=False,
-            stream=None, gemm_plan, accumulate=False):
+            stream=None, gemm_plan, accumulate=False, masks=None, dropped=None):
         """x, h0, c0, weights, ys, saves: the training forward's (GpuSteps.run); dy (the top output's layout),
         dh_n, dc_n: the incoming gradients or None (zeros); dx (x's shape), dh0, dc0 (L*D, B, H) and
         dweights (4 a layer-direction: dW_ih, dW_hh, db_ih, db_hh, the biases' None without biases):
@@ -189,7 +195,7 @@ class GpuStepsBackward(Algorithm):
             fill_zero(dy.reshape(T * B, D * H))
         copy = kr.copy(dt)
         for layer in reversed(range(L)):
-            inp = x if layer == 0 else ys[layer - 1]
+            inp = x if layer == 0 else (dropped[layer - 1] if masks is not None else ys[layer - 1])
             feats = inp.shape[2]
             x2 = inp.reshape(T * B, feats)
             dinp = dx if layer == 0 else _cuda.scratch(inp.shape, dt, stream)
@@ -237,6 +243,8 @@ class GpuStepsBackward(Algorithm):
                 if db_ih is not None:
                     column_sums(dgx, db_ih, accumulate, stream)
                     column_sums(dgh, db_hh, accumulate, stream)
+            if masks is not None and layer > 0:
+                multiply(dinp, masks[layer - 1], dinp, stream)  # through the dropout below this layer
             dy = dinp
         return dx
 

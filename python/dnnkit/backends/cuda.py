@@ -179,6 +179,12 @@ def empty(op: str, like, shape, dtype: str, stream):
         raise
 
 
+def upload(host, stream):
+    """A Numba device array holding a copy of the NumPy array host."""
+    cuda = _cuda()
+    return cuda.to_device(host) if simulator() else cuda.to_device(host, stream=stream)
+
+
 def scratch(shape, dtype: str, stream):
     """Workspace memory for a kernel, a Numba device array, released when dropped."""
     return _cuda().device_array(tuple(shape), dtype=dtype, stream=stream)
