@@ -1,0 +1,101 @@
+"""GPU interop without a GPU: which stream a call runs on (stream=, else the caller's CuPy or PyTorch
+current stream, else the default), what kind of array a result is (the input's library), and the errors
+for streams and arrays that are not. Numba's driver, CuPy and PyTorch are stood in for by fakes."""
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from dnnkit.backends import cuda as backend
+
+
+class FakeStream:
+    def __init__(self, handle):
+        self.handle = handle
+
+
+class FakeNumbaCuda:
+    """What backends/cuda.py asks of numba.cuda for streams and allocation."""
+
+    def default_stream(self):
+        return FakeStream(0)
+
+    def external_stream(self, ptr):
+        return FakeStream(ptr)
+
+    def as_cuda_array(self, obj):
+        return ("view of", obj)
+
+    def device_array(self, shape, dtype, stream=None):
+        return ("numba array", shape, dtype)
+
+
+def _array_of(module: str):
+    cls = type("Arr", (), {"__module__": module, "__cuda_array_interface__": {}, "device": "cuda:1"})
+    return cls()
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    monkeypatch.setattr(backend, "_cuda", lambda: FakeNumbaCuda())
+    monkeypatch.setattr(backend, "simulator", lambda: False)
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=1234))
+    cupy.empty = lambda shape, dtype: ("cupy array", shape, dtype)
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(current_stream=lambda: types.SimpleNamespace(cuda_stream=5678))
+    torch.float32 = "torch.float32"
+    torch.empty = lambda shape, dtype, device: ("torch array", shape, dtype, device)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+
+
+def test_the_callers_current_stream(fakes):
+    assert backend.stream_for("gemm", None, _array_of("cupy._core.core")).handle == 1234
+    assert backend.stream_for("gemm", None, _array_of("torch")).handle == 5678
+    assert backend.stream_for("gemm", None, _array_of("numba.cuda.cudadrv.devicearray")).handle == 0
+    assert backend.stream_for("gemm", None, None, _array_of("torch")).handle == 5678
+
+
+def test_an_explicit_stream(fakes):
+    assert backend.stream_for("gemm", 0, _array_of("torch")).handle == 0
+    assert backend.stream_for("gemm", 42, _array_of("torch")).handle == 42
+    assert backend.stream_for("gemm", types.SimpleNamespace(ptr=7), None).handle == 7           # a CuPy stream
+    assert backend.stream_for("gemm", types.SimpleNamespace(cuda_stream=9), None).handle == 9   # a torch stream
+    numba_stream = type("Stream", (), {"__module__": "numba.cuda.cudadrv.driver", "handle": 3})()
+    assert backend.stream_for("gemm", numba_stream, None) is numba_stream
+    with pytest.raises(TypeError, match="linear: stream must be a Numba, CuPy or PyTorch stream or an int handle, "
+                                        "got str"):
+        backend.stream_for("linear", "fast", None)
+
+
+def test_results_are_arrays_of_the_inputs_library(fakes):
+    s = FakeStream(0)
+    out, view = backend.empty("gemm", _array_of("cupy._core.core"), (2, 3), "float32", s)
+    assert out == ("cupy array", (2, 3), "float32") and view == ("view of", out)
+    out, view = backend.empty("gemm", _array_of("torch"), (2, 3), "float32", s)
+    assert out == ("torch array", (2, 3), "torch.float32", "cuda:1")
+    out, view = backend.empty("gemm", _array_of("numba.cuda"), (4,), "float64", s)
+    assert out == view == ("numba array", (4,), "float64")
+
+
+def test_adopt_checks_dtype_and_rank(monkeypatch):
+    monkeypatch.setattr(backend, "status", lambda: {"available": True, "reason": None, "devices": [], "driver": "1"})
+
+    class Dev:
+        def __init__(self, dtype, ndim):
+            self.dtype, self.ndim, self.shape = np.dtype(dtype), ndim, (2,) * ndim
+
+    monkeypatch.setattr(backend, "_cuda", lambda: types.SimpleNamespace(as_cuda_array=lambda obj: obj.dev))
+    arr = _array_of("cupy")
+    arr.dev = Dev(np.int32, 2)
+    with pytest.raises(TypeError, match="gemm: a must have dtype float32 or float64, got int32"):
+        backend.adopt("gemm", "a", arr, ndim=2)
+    arr.dev = Dev(np.float32, 3)
+    with pytest.raises(ValueError, match=r"gemm: a must be 2-D, got shape \(2, 2, 2\)"):
+        backend.adopt("gemm", "a", arr, ndim=2)
+    with pytest.raises(TypeError, match="gemm: b must be an array on the GPU like the others, got list"):
+        backend.adopt("gemm", "b", [1.0])
