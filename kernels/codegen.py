@@ -103,6 +103,7 @@ def rnn_variants() -> list[Variant]:
         out.append(Variant(f"rnn_tanh_step_{dtype}", rnn.rnn_step(dtype, False), (v2, v2, i64, i64), step, False,
                            False))
         out.append(Variant(f"copy_{dtype}", rnn.copy(dtype), (v2, v2, i64, i64), step, False, False))
+        out.append(Variant(f"add_{dtype}", rnn.add(dtype), (v2, v2, v2, i64, i64), step, False, False))
         out.append(Variant(f"lstm_step_backward_{dtype}", rnn_backward.lstm_step_backward(dtype),
                            (v2, v2, v2, v2, v2, v2, i64, i64), step, False, False))
         out.append(Variant(f"gru_step_backward_{dtype}", rnn_backward.gru_step_backward(dtype),

@@ -123,6 +123,19 @@ def copy(dtype: str):
 
 
 @functools.lru_cache(maxsize=None)
+def add(dtype: str):
+    """kernel(x, y, out, R, C): out[:R, :C] = x + y, any strides (a step's incoming gradients summed)."""
+    def add_(x, y, out, R, C):
+        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
+        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        if b < int32(R) and j < int32(C):
+            out[b, j] = x[b, j] + y[b, j]
+
+    add_.__name__ = add_.__qualname__ = f"add_{dtype}"
+    return kernel(add_, launch_bounds=(STEP_X * STEP_Y,))
+
+
+@functools.lru_cache(maxsize=None)
 def fill(dtype: str):
     """kernel(x, value, R, C): x[:R, :C] = value. Launch as the steps (R rows, C columns)."""
     def fill_(x, value, R, C):

@@ -4,10 +4,10 @@ not, with torch.nn.LSTM's weights.
 
 Arguments are checked as on the CPU, viewed as Numba device arrays without a copy, and run by the plan
 dispatch makes for the RnnProblem on the GPU (algos/rnn_cuda.py). train=True keeps every layer's output
-and the gate activations in a GpuRnnReserve, and backward() runs the backward through time from it. LSTM
-projections and recompute run on the CPU only so far; asked of GPU arrays, they are an error that says
-so. Dropout between layers draws its masks on the host from the same generator, in the same order, as the
-CPU does, so one seed gives one set of masks on either.
+and the gate activations in a GpuRnnReserve, and backward() runs the backward through time from it.
+Dropout between layers draws its masks on the host from the same generator, in the same order, as the
+CPU does, so one seed gives one set of masks on either. recompute runs on the CPU only so far; asked of
+GPU arrays, it is an error that says so.
 """
 from __future__ import annotations
 
@@ -68,54 +68,62 @@ def sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_firs
     _same_dtype(op, input=dx, **{_weight_label(names, as_dict, i): w for i, w in enumerate(ws)})
     G = _GATES[mode]
     per = (4 if has_bias else 2) + (1 if P else 0)
-    w_hh0 = tuple(ws[1].shape)
-    if len(w_hh0) != 2 or w_hh0[0] != G * w_hh0[1] or w_hh0[1] < 1:
-        raise ValueError(f"{op}: {_weight_label(names, as_dict, 1)} must be 2-D of shape ({G}*hidden_size, "
-                         f"hidden_size) with hidden_size >= 1, got shape {w_hh0}")
-    H = w_hh0[1]
-    flat = []
+    if P:
+        # H from weight_hr_l0 (P, H); torch.nn.LSTM requires 0 < proj_size < hidden_size.
+        w_hr0 = tuple(ws[per - 1].shape)
+        if len(w_hr0) != 2 or w_hr0[0] != P or w_hr0[1] <= P:
+            raise ValueError(f"{op}: {_weight_label(names, as_dict, per - 1)} must be 2-D of shape (proj_size, "
+                             f"hidden_size) = ({P}, hidden_size) with hidden_size > proj_size, got shape {w_hr0}")
+        H, S = w_hr0[1], P
+    else:
+        w_hh0 = tuple(ws[1].shape)
+        if len(w_hh0) != 2 or w_hh0[0] != G * w_hh0[1] or w_hh0[1] < 1:
+            raise ValueError(f"{op}: {_weight_label(names, as_dict, 1)} must be 2-D of shape ({G}*hidden_size, "
+                             f"hidden_size) with hidden_size >= 1, got shape {w_hh0}")
+        H = S = w_hh0[1]
+    flat = []  # 4 a layer-direction (w_ih, w_hh, b_ih, b_hh; None for absent biases), w_hr fifth with P
     for k in range(L * D):
-        in_k = I if k < D else D * H
-        expect = [(G * H, in_k), (G * H, H)] + ([(G * H,), (G * H,)] if has_bias else [])
+        in_k = I if k < D else D * S
+        expect = [(G * H, in_k), (G * H, S)] + ([(G * H,), (G * H,)] if has_bias else []) + ([(S, H)] if P else [])
         group = ws[k * per:(k + 1) * per]
         for j, want in enumerate(expect):
             if tuple(group[j].shape) != want:
                 raise ValueError(f"{op}: {_weight_label(names, as_dict, k * per + j)} must have shape {want}, got "
                                  f"{tuple(group[j].shape)}")
-        flat += group[:2] + (group[2:4] if has_bias else [None, None])
+        flat += group[:2] + (group[2:4] if has_bias else [None, None]) + ([group[-1]] if P else [])
     lead = (L * D,) if unbatched else (L * D, B)
     states = {}
-    for name, h in (("h0", h0), ("c0", c0 if mode == "lstm" else None)):
+    for name, h, width in (("h0", h0, S), ("c0", c0 if mode == "lstm" else None, H)):
         if h is not None:
             dh = _cuda.adopt(op, name, h)
             if _cuda.dtype_name(dh) != dtype:
                 raise TypeError(f"{op}: {name} has dtype {dh.dtype} but input has {dtype}; all arrays must share "
                                 f"one dtype")
-            if tuple(dh.shape) != lead + (H,):
-                raise ValueError(f"{op}: {name} must have shape {lead + (H,)}, got {tuple(dh.shape)}")
-            states[name] = dh.reshape((L * D, 1, H)) if unbatched else dh
+            if tuple(dh.shape) != lead + (width,):
+                raise ValueError(f"{op}: {name} must have shape {lead + (width,)}, got {tuple(dh.shape)}")
+            states[name] = dh.reshape((L * D, 1, width)) if unbatched else dh
     p = RnnProblem(mode, T, B, I, H, layers=L, dirs=D, bias=has_bias, direction="fwd", dtype=dtype, device="cuda",
                    proj=P)
     plan = _plan(op, p, algo)
     s = _cuda.stream_for(op, stream, x)
-    out_shape = (T, D * H) if unbatched else ((B, T, D * H) if batch_first else (T, B, D * H))
+    out_shape = (T, D * S) if unbatched else ((B, T, D * S) if batch_first else (T, B, D * S))
     out, dout = _cuda.empty(op, x, out_shape, dtype, s)
-    h_n, dh_n = _cuda.empty(op, x, lead + (H,), dtype, s)
+    h_n, dh_n = _cuda.empty(op, x, lead + (S,), dtype, s)
     c_n = dc_n = None
     if mode == "lstm":
         c_n, dc_n = _cuda.empty(op, x, lead + (H,), dtype, s)
     if unbatched:
-        dout = dout.reshape((T, 1, D * H))
-        dh_n = dh_n.reshape((L * D, 1, H))
+        dout = dout.reshape((T, 1, D * S))
+        dh_n = dh_n.reshape((L * D, 1, S))
         dc_n = None if dc_n is None else dc_n.reshape((L * D, 1, H))
     ys = saves = masks = host_masks = dropped = None
     bf = batch_first and not unbatched
     if train:
         ys = [_cuda.scratch(dout.shape, dtype, s) for _ in range(L - 1)] + [dout]
-        saved = SAVED[mode]
+        saved = SAVED[mode] + (1 if P else 0)  # with a projection also m = o tanh(c), what W_hr multiplies
         saves = [_cuda.scratch((T, B, saved * H), dtype, s) for _ in range(L * D)] if saved else [None] * (L * D)
         if p_drop > 0.0:
-            host_masks = _masks(_generator(op, generator), p_drop, L, (T, B, D * H), np.dtype(dtype))
+            host_masks = _masks(_generator(op, generator), p_drop, L, (T, B, D * S), np.dtype(dtype))
             masks = [_cuda.upload(np.ascontiguousarray(m.transpose(1, 0, 2)) if bf else m, s) for m in host_masks]
             dropped = [_cuda.scratch(dout.shape, dtype, s) for _ in range(L - 1)]
     plan.run(x3, states.get("h0"), states.get("c0"), flat, out=dout, h_n=dh_n, c_n=dc_n, batch_first=bf, stream=s,
@@ -161,13 +169,14 @@ def backward(op, r: GpuRnnReserve, grad_output, grad_h_n, grad_c_n, accumulate_i
     grad_weights), arrays of the input's kind, the weights' gradients in the forward's list or dict."""
     p = r.problem
     T, B, H, L, D = p.seq, p.batch, p.hidden, p.layers, p.dirs
+    S = p.proj or H
     dtype = p.dtype
     if r.unbatched:
-        out_shape, lead = (T, D * H), (L * D,)
+        out_shape, lead = (T, D * S), (L * D,)
     else:
-        out_shape, lead = ((B, T, D * H) if r.batch_first else (T, B, D * H)), (L * D, B)
+        out_shape, lead = ((B, T, D * S) if r.batch_first else (T, B, D * S)), (L * D, B)
     grads = {}
-    for name, g, shape in (("grad_output", grad_output, out_shape), ("grad_h_n", grad_h_n, lead + (H,)),
+    for name, g, shape in (("grad_output", grad_output, out_shape), ("grad_h_n", grad_h_n, lead + (S,)),
                            ("grad_c_n", grad_c_n if r.mode == "lstm" else None, lead + (H,))):
         if g is None:
             continue
@@ -181,19 +190,21 @@ def backward(op, r: GpuRnnReserve, grad_output, grad_h_n, grad_c_n, accumulate_i
             raise ValueError(f"{op}: {name} must have shape {shape}, got {tuple(d.shape)}")
         if not _contiguous(d):
             raise ValueError(f"{op}: {name} must be C-contiguous on the GPU")
-        grads[name] = d.reshape((T, 1, D * H) if name == "grad_output" else (L * D, 1, H)) if r.unbatched else d
+        if r.unbatched:
+            d = d.reshape((T, 1, D * S) if name == "grad_output" else (L * D, 1, shape[-1]))
+        grads[name] = d
     plan = _plan(op, RnnProblem(r.mode, T, B, p.input, H, layers=L, dirs=D, bias=p.bias, direction="bwd",
-                                dtype=dtype, device="cuda"), algo)
+                                dtype=dtype, device="cuda", proj=p.proj), algo)
     s = _cuda.stream_for(op, stream, r.like) if stream is not None else r.stream
     x_shape = tuple(r.x.shape)
     gx, dgx = _cuda.empty(op, r.like, (T, x_shape[2]) if r.unbatched else x_shape, dtype, s)
-    gh0, dgh0 = _cuda.empty(op, r.like, lead + (H,), dtype, s)
+    gh0, dgh0 = _cuda.empty(op, r.like, lead + (S,), dtype, s)
     gc0 = dgc0 = None
     if r.mode == "lstm":
         gc0, dgc0 = _cuda.empty(op, r.like, lead + (H,), dtype, s)
     if r.unbatched:
         dgx = dgx.reshape(x_shape)
-        dgh0 = dgh0.reshape((L * D, 1, H))
+        dgh0 = dgh0.reshape((L * D, 1, S))
         dgc0 = None if dgc0 is None else dgc0.reshape((L * D, 1, H))
     into = _accumulate_targets(op, r, accumulate_into, dtype)
     out_w, dws = [], []

@@ -308,8 +308,8 @@ def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=F
     dnnkit.explain("lstm_l2t50mb16slc512sic512") for which can run a shape, and why not). Training with
     dropout between layers, or with recompute, runs the layers one call each: no wavefront there.
     GPU arrays (CuPy, PyTorch CUDA tensors, Numba) run on the GPU (algo "gpu_steps"; train=True and
-    lstm_backward too, without dropout, recompute or projections), on `stream` or the caller's current
-    stream; results are arrays of the input's kind."""
+    lstm_backward too, but not recompute), on `stream` or the caller's current stream; results are arrays
+    of the input's kind."""
     return _sequence("lstm", "lstm", x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
                      generator, recompute, proj_size, algo, stream)
 

@@ -238,3 +238,37 @@ def test_dropout_between_layers(batch_first):
     assert close(gxh.transpose(1, 0, 2) if batch_first else gxh, want[0], np.float64)
     for g, w in zip(gw, want[3]):
         assert close(host(g), w, np.float64)
+
+
+@pytest.mark.parametrize("L, D, batch_first", [(1, 1, False), (2, 2, True)])
+def test_lstm_projections(L, D, batch_first):
+    """proj_size P: h = W_hr (o tanh(c)) is P wide; forward, training forward and backward."""
+    rng = np.random.default_rng(21)
+    T, B, I, H, P = 3, 2, 4, 6, 3
+    x = rand(rng, (T, B, I), np.float64)
+    ws = []
+    for layer in range(L):
+        for _ in range(D):
+            fan = I if layer == 0 else D * P
+            ws += [rand(rng, (4 * H, fan), np.float64) * 0.5, rand(rng, (4 * H, P), np.float64) * 0.5,
+                   rand(rng, (4 * H,), np.float64), rand(rng, (4 * H,), np.float64),
+                   rand(rng, (P, H), np.float64) * 0.5]
+    h0, c0 = rand(rng, (L * D, B, P), np.float64), rand(rng, (L * D, B, H), np.float64)
+    want = ref.rnn_sequence_ref("lstm", x, h0, c0, ws, num_layers=L, bidirectional=D == 2)
+    bf = (lambda a: np.ascontiguousarray(a.transpose(1, 0, 2))) if batch_first else (lambda a: a)
+    kw = dict(num_layers=L, bidirectional=D == 2, batch_first=batch_first, proj_size=P)
+    out, (h_n, c_n) = dnnkit.lstm(dev(bf(x)), dev(h0), dev(c0), [dev(w) for w in ws], **kw)
+    got = host(out)
+    assert close(got.transpose(1, 0, 2) if batch_first else got, want[0], np.float64)
+    assert close(host(h_n), want[1], np.float64) and close(host(c_n), want[2], np.float64)
+    out, _, reserve = dnnkit.lstm(dev(bf(x)), dev(h0), dev(c0), [dev(w) for w in ws], train=True, **kw)
+    gy, gh, gc = rand(rng, (T, B, D * P), np.float64), rand(rng, (L * D, B, P), np.float64), \
+        rand(rng, (L * D, B, H), np.float64)
+    gx, gh0, gc0, gw = dnnkit.lstm_backward(dev(bf(gy)), dev(gh), dev(gc), reserve)
+    bwant = ref.rnn_sequence_backward_ref("lstm", x, h0, c0, ws, gy, gh, gc, num_layers=L, bidirectional=D == 2)
+    gxh = host(gx)
+    assert close(gxh.transpose(1, 0, 2) if batch_first else gxh, bwant[0], np.float64)
+    assert close(host(gh0), bwant[1], np.float64) and close(host(gc0), bwant[2], np.float64)
+    assert len(gw) == len(ws)
+    for g, w in zip(gw, bwant[3]):
+        assert close(host(g), w, np.float64)

@@ -41,8 +41,6 @@ class GpuSteps(Algorithm):
             return f"runs on the GPU, the problem is on {p.device}"
         if p.dtype not in ("float32", "float64"):
             return f"dtype {p.dtype} is not float32 or float64"
-        if p.proj:
-            return "LSTM projections (proj_size) have no GPU kernel yet"
         width = max(p.input, p.dirs * p.hidden)
         if p.seq * p.batch * max(_GATES[p.mode] * p.hidden, width) > _INT32:
             return "a projection of 2^31 elements or more (the kernels' index arithmetic is int32)"
@@ -59,16 +57,18 @@ class GpuSteps(Algorithm):
 
     def run(self, p, x, h0, c0, weights, *, out, h_n, c_n=None, batch_first=False, stream=None, gemm_plan, ys=None,
             saves=None, masks=None, dropped=None):
-        """x (T, B, I), or (B, T, I) with batch_first, a C-contiguous device array; h0, c0 (L*D, B, H) or
-        None (zeros); weights the flat list, 4 a layer-direction (w_ih, w_hh, b_ih or None, b_hh or None);
-        out (T, B, D*H) (batch_first: (B, T, D*H)), h_n and c_n (L*D, B, H): device arrays written.
+        """x (T, B, I), or (B, T, I) with batch_first, a C-contiguous device array; h0 (L*D, B, S), c0
+        (L*D, B, H) or None (zeros), S = H, or P with a projection; weights the flat list, 4 a
+        layer-direction (w_ih, w_hh, b_ih or None, b_hh or None; w_hr fifth with a projection); out
+        (T, B, D*S) (batch_first: (B, T, D*S)), h_n (L*D, B, S) and c_n (L*D, B, H): device arrays written.
         gemm_plan(GemmProblem) -> Plan: how the products run (the caller's dispatch.plan).
-        Training: ys, every layer's output (out the last), kept; saves, per layer-direction (T, B, S*H)
-        arrays that receive what the backward reads (SAVED: S per mode; none for an RNN); masks (dropout:
-        one per layer but the last, in the outputs' layout) and dropped, arrays that receive each such
-        layer's output times its mask, which the next layer reads."""
+        Training: ys, every layer's output (out the last), kept; saves, per layer-direction (T, B, n*H)
+        arrays that receive what the backward reads (n = SAVED[mode], one more with a projection: m);
+        masks (dropout: one per layer but the last, in the outputs' layout) and dropped, arrays that
+        receive each such layer's output times its mask, which the next layer reads."""
         _jit, kr = _kernels()
-        G, H, T, B, D, L = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dirs, p.layers
+        G, H, T, B, D, L, P = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dirs, p.layers, p.proj
+        S, per = P or H, 5 if P else 4
         if B == 0:
             return out
         dt = p.dtype
@@ -82,6 +82,7 @@ class GpuSteps(Algorithm):
         gx = _cuda.scratch((T * B, G * H), dt, stream)
         gx3 = gx.reshape((B, T, G * H) if batch_first else (T, B, G * H))
         gh = _cuda.scratch((B, G * H), dt, stream) if p.mode == "gru" else None
+        m = _cuda.scratch((B, H), dt, stream) if P and saves is None else None  # o tanh(c), before W_hr
         zeros = None
         if h0 is None or (p.mode == "lstm" and c0 is None):
             zeros = _cuda.scratch((B, H), dt, stream)
@@ -95,14 +96,15 @@ class GpuSteps(Algorithm):
             y = ys[layer] if ys is not None else out if layer == L - 1 else between[layer % 2]
             feats = inp.shape[2]
             x2 = inp.reshape(T * B, feats)
-            has_bias = weights[4 * layer * D + 2] is not None
+            has_bias = weights[per * layer * D + 2] is not None
             proj = gemm_plan(GemmProblem(T * B, G * H, feats, trans_b=True, bias=has_bias, dtype=dt, device="cuda"))
-            rec = gemm_plan(GemmProblem(B, G * H, H, trans_b=True, bias=has_bias, dtype=dt, device="cuda"))
+            rec = gemm_plan(GemmProblem(B, G * H, S, trans_b=True, bias=has_bias, dtype=dt, device="cuda"))
+            out_proj = gemm_plan(GemmProblem(B, S, H, trans_b=True, dtype=dt, device="cuda")) if P else None
             for d in range(D):
                 k = layer * D + d
-                w_ih, w_hh, b_ih, b_hh = weights[4 * k:4 * k + 4]
+                w_ih, w_hh, b_ih, b_hh = weights[per * k:per * k + 4]
                 proj.run(x2, w_ih.T, out=gx, bias=b_ih, stream=stream)
-                h_prev = zeros if h0 is None else h0[k]
+                h_prev = (zeros[:, :S] if P else zeros) if h0 is None else h0[k]
                 c = None
                 if p.mode == "lstm":
                     c = c_n[k]
@@ -110,19 +112,23 @@ class GpuSteps(Algorithm):
                 for s in range(T):
                     ti = s if d == 0 else T - 1 - s
                     g = gx3[:, ti, :] if batch_first else gx3[ti]
-                    h_out = y[:, ti, d * H:(d + 1) * H] if batch_first else y[ti, :, d * H:(d + 1) * H]
+                    h_out = y[:, ti, d * S:(d + 1) * S] if batch_first else y[ti, :, d * S:(d + 1) * S]
                     save = saves[k][ti] if train and p.mode != "rnn_tanh" and p.mode != "rnn_relu" else g
                     if p.mode == "gru":
                         rec.run(h_prev, w_hh.T, out=gh, bias=b_hh, stream=stream)
                         launch(step, g, gh, h_prev, h_out, save, B, H)
                     else:
                         rec.run(h_prev, w_hh.T, out=g, beta=1.0, bias=b_hh, stream=stream)
-                        if p.mode == "lstm":
+                        if p.mode == "lstm" and P:
+                            m_t = save[:, 5 * H:6 * H] if train else m
+                            launch(step, g, c, m_t, save, B, H)
+                            out_proj.run(m_t, weights[per * k + 4].T, out=h_out, stream=stream)
+                        elif p.mode == "lstm":
                             launch(step, g, c, h_out, save, B, H)
                         else:
                             launch(step, g, h_out, B, H)
                     h_prev = h_out
-                launch(kr.copy(dt), h_prev, h_n[k], B, H)
+                launch(kr.copy(dt), h_prev, h_n[k], B, S)
             inp = y
             if masks is not None and layer < L - 1:
                 multiply(y, masks[layer], dropped[layer], stream)
@@ -156,15 +162,18 @@ class GpuStepsBackward(Algorithm):
     def run(self, p, x, h0, c0, weights, ys, saves, dy, dh_n, dc_n, *, dx, dh0, dc0, dweights, batch_first=False,
             stream=None, gemm_plan, accumulate=False, masks=None, dropped=None):
         """x, h0, c0, weights, ys, saves: the training forward's (GpuSteps.run); dy (the top output's layout),
-        dh_n, dc_n: the incoming gradients or None (zeros); dx (x's shape), dh0, dc0 (L*D, B, H) and
-        dweights (4 a layer-direction: dW_ih, dW_hh, db_ih, db_hh, the biases' None without biases):
-        device arrays written (accumulate: the weights' gradients added to them)."""
+        dh_n, dc_n: the incoming gradients or None (zeros); dx (x's shape), dh0 (L*D, B, S), dc0 (L*D, B,
+        H) and dweights (as weights: dW_ih, dW_hh, db_ih, db_hh, the biases' None without biases, dW_hr
+        with a projection): device arrays written (accumulate: the weights' gradients added to them).
+        With a projection (h = W_hr m, m = o tanh(c)) each step also takes dm = dh W_hr, and
+        dW_hr = dh^T m over the sequence."""
         from dnnkit.kernels import rnn_backward as kb
 
         from .gemm_cuda import column_sums
 
         _jit, kr = _kernels()
-        G, H, T, B, D, L = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dirs, p.layers
+        G, H, T, B, D, L, P = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dirs, p.layers, p.proj
+        S, per = P or H, 5 if P else 4
         dt = p.dtype
         grid = (_jit.cdiv(H, kr.STEP_X), _jit.cdiv(B, kr.STEP_Y))
         block = (kr.STEP_X, kr.STEP_Y)
@@ -186,13 +195,17 @@ class GpuStepsBackward(Algorithm):
         dgx = _cuda.scratch((T * B, G * H), dt, stream)
         dgh = _cuda.scratch((T * B, G * H), dt, stream) if p.mode == "gru" else dgx
         dgx3, dgh3 = dgx.reshape(seq3 + (G * H,)), dgh.reshape(seq3 + (G * H,))
-        hprev = _cuda.scratch((T * B, H), dt, stream)
-        hprev3 = hprev.reshape(seq3 + (H,))
-        dh_next = _cuda.scratch((B, H), dt, stream)
+        hprev = _cuda.scratch((T * B, S), dt, stream)
+        hprev3 = hprev.reshape(seq3 + (S,))
+        dh_next = _cuda.scratch((B, S), dt, stream)
         dc = _cuda.scratch((B, H), dt, stream) if p.mode == "lstm" else None
+        if P:  # the gradients reaching h (dh_t, P wide) and the m_t they multiply, over the sequence; dm
+            dhp, mall, dm = (_cuda.scratch((T * B, P), dt, stream), _cuda.scratch((T * B, H), dt, stream),
+                             _cuda.scratch((B, H), dt, stream))
+            dhp3, mall3 = dhp.reshape(seq3 + (P,)), mall.reshape(seq3 + (H,))
         if dy is None:
             dy = _cuda.scratch(ys[-1].shape, dt, stream)
-            fill_zero(dy.reshape(T * B, D * H))
+            fill_zero(dy.reshape(T * B, D * S))
         copy = kr.copy(dt)
         for layer in reversed(range(L)):
             inp = x if layer == 0 else (dropped[layer - 1] if masks is not None else ys[layer - 1])
@@ -201,24 +214,34 @@ class GpuStepsBackward(Algorithm):
             dinp = dx if layer == 0 else _cuda.scratch(inp.shape, dt, stream)
             dinp2 = dinp.reshape(T * B, feats)
             y = ys[layer]
-            rec = gemm_plan(GemmProblem(B, H, G * H, dtype=dt, device="cuda"))
+            rec = gemm_plan(GemmProblem(B, S, G * H, dtype=dt, device="cuda"))
+            back_proj = gemm_plan(GemmProblem(B, H, P, dtype=dt, device="cuda")) if P else None
             for d in range(D):
                 k = layer * D + d
-                w_ih, w_hh = weights[4 * k], weights[4 * k + 1]
-                dw_ih, dw_hh, db_ih, db_hh = dweights[4 * k:4 * k + 4]
-                launch(copy, zeros if dh_n is None else dh_n[k], dh_next, B, H)
+                w_ih, w_hh = weights[per * k], weights[per * k + 1]
+                dw_ih, dw_hh, db_ih, db_hh = dweights[per * k:per * k + 4]
+                launch(copy, (zeros[:, :S] if P else zeros) if dh_n is None else dh_n[k], dh_next, B, S)
                 if dc is not None:
                     launch(copy, zeros if dc_n is None else dc_n[k], dc, B, H)
                 order = list(range(T)) if d == 0 else list(range(T - 1, -1, -1))
-                units = slice(d * H, (d + 1) * H)
+                units = slice(d * S, (d + 1) * S)
                 for idx in reversed(range(T)):
                     t = order[idx]
                     tp = order[idx - 1] if idx > 0 else None
                     dy_t = step_view(dy, t)[:, units]
-                    h_prev = (zeros if h0 is None else h0[k]) if tp is None else step_view(y, tp)[:, units]
-                    launch(copy, h_prev, step_view(hprev3, t), B, H)
+                    h_prev = ((zeros[:, :S] if P else zeros) if h0 is None else h0[k]) if tp is None else \
+                        step_view(y, tp)[:, units]
+                    launch(copy, h_prev, step_view(hprev3, t), B, S)
                     dg_t = step_view(dgx3, t)
-                    if p.mode == "lstm":
+                    if P:  # h = W_hr m: dh_t into the sequence's buffer, dm = dh_t W_hr, then m's gates
+                        dhp_t = step_view(dhp3, t)
+                        launch(kr.add(dt), dy_t, dh_next, dhp_t, B, P)
+                        launch(copy, saves[k][t][:, 5 * H:6 * H], step_view(mall3, t), B, H)
+                        back_proj.run(dhp_t, weights[per * k + 4], out=dm, stream=stream)
+                        c_prev = (zeros if c0 is None else c0[k]) if tp is None else saves[k][tp][:, 4 * H:5 * H]
+                        launch(kb.lstm_step_backward(dt), dm, zeros, dc, saves[k][t], c_prev, dg_t, B, H)
+                        rec.run(dg_t, w_hh, out=dh_next, stream=stream)
+                    elif p.mode == "lstm":
                         c_prev = (zeros if c0 is None else c0[k]) if tp is None else saves[k][tp][:, 4 * H:5 * H]
                         launch(kb.lstm_step_backward(dt), dy_t, dh_next, dc, saves[k][t], c_prev, dg_t, B, H)
                         rec.run(dg_t, w_hh, out=dh_next, stream=stream)
@@ -230,7 +253,7 @@ class GpuStepsBackward(Algorithm):
                         launch(kb.rnn_step_backward(dt, p.mode == "rnn_relu"), dy_t, dh_next,
                                step_view(y, t)[:, units], dg_t, B, H)
                         rec.run(dg_t, w_hh, out=dh_next, stream=stream)
-                launch(copy, dh_next, dh0[k], B, H)
+                launch(copy, dh_next, dh0[k], B, S)
                 if dc is not None:
                     launch(copy, dc, dc0[k], B, H)
                 gemm_plan(GemmProblem(T * B, feats, G * H, dtype=dt, device="cuda")).run(
@@ -238,8 +261,11 @@ class GpuStepsBackward(Algorithm):
                 beta = 1.0 if accumulate else 0.0
                 gemm_plan(GemmProblem(G * H, feats, T * B, trans_a=True, dtype=dt, device="cuda")).run(
                     dgx.T, x2, out=dw_ih, beta=beta, stream=stream)
-                gemm_plan(GemmProblem(G * H, H, T * B, trans_a=True, dtype=dt, device="cuda")).run(
+                gemm_plan(GemmProblem(G * H, S, T * B, trans_a=True, dtype=dt, device="cuda")).run(
                     dgh.T, hprev, out=dw_hh, beta=beta, stream=stream)
+                if P:
+                    gemm_plan(GemmProblem(P, H, T * B, trans_a=True, dtype=dt, device="cuda")).run(
+                        dhp.T, mall, out=dweights[per * k + 4], beta=beta, stream=stream)
                 if db_ih is not None:
                     column_sums(dgx, db_ih, accumulate, stream)
                     column_sums(dgh, db_hh, accumulate, stream)
