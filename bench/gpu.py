@@ -34,7 +34,7 @@ RNN_SHAPES = [  # mode, hidden, batch, steps
     ("lstm", 512, 64, 50), ("lstm", 1024, 1, 25), ("lstm", 1024, 32, 50), ("lstm", 2048, 128, 25),
     ("lstm", 512, 1, 100), ("gru", 512, 64, 50), ("gru", 1024, 1, 25), ("gru", 2048, 16, 25)]
 QUICK = {"gemm": 5, "rnn": 4}
-H100_FP32_PEAK = 67e12  # dense FP32 FLOP/s, H100 SXM (non-tensor); the fraction of peak column uses it
+H100_FP32_PEAK = 67e12  # dense FP32 FLOP/s of an H100 SXM: the fraction of the peak where the GPU's own is unknown
 
 
 def sh(cmd, log=None, check=False) -> int:
@@ -124,12 +124,17 @@ def bench(out: str, quick: bool, reps: int) -> list:
     torch.backends.cudnn.allow_tf32 = False
     dev = "cuda"
     rows = []
+    from dnnkit.backends import cuda as cuda_backend
+
+    ceil = cuda_backend.ceilings() or {"fp32_flops": H100_FP32_PEAK, "tf32_flops": 495e12}
+    print("ceilings:", ceil)
 
     def row(kind, shape, flops, t_dk, t_base, baseline, algo=""):
         rows.append({"kind": kind, "shape": shape, "dnnkit_ms": round(t_dk * 1e3, 4), "baseline": baseline,
                      "baseline_ms": round(t_base * 1e3, 4), "ratio": round(t_base / t_dk, 3),
                      "dnnkit_tflops": round(flops / t_dk / 1e12, 2), "baseline_tflops": round(flops / t_base / 1e12, 2),
-                     "dnnkit_peak_frac": round(flops / t_dk / H100_FP32_PEAK, 3), "algo": algo})
+                     "dnnkit_peak_frac": round(flops / t_dk / ceil["tf32_flops" if "tf32" in kind else "fp32_flops"], 3),
+                     "algo": algo})
         print(rows[-1], flush=True)
 
     gemms = GEMM_SHAPES[:QUICK["gemm"]] if quick else GEMM_SHAPES

@@ -99,3 +99,17 @@ def test_adopt_checks_dtype_and_rank(monkeypatch):
         backend.adopt("gemm", "a", arr, ndim=2)
     with pytest.raises(TypeError, match="gemm: b must be an array on the GPU like the others, got list"):
         backend.adopt("gemm", "b", [1.0])
+
+
+def test_nominal_ceilings_from_the_devices_attributes(monkeypatch):
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "memory_bytes": 80 << 30, "sm_count": 132,
+            "clock_khz": 1980000, "memory_clock_khz": 2619000, "memory_bus_bits": 5120}
+    monkeypatch.setattr(backend, "status", lambda: {"available": True, "reason": None, "devices": [h100],
+                                                    "driver": "13.0"})
+    c = backend.ceilings()
+    assert abs(c["fp32_flops"] / 1e12 - 66.9) < 0.1        # 2 x 128 lanes x 132 SMs x 1.98 GHz
+    assert abs(c["tf32_flops"] / 1e12 - 535.3) < 0.1
+    assert abs(c["bytes_per_s"] / 1e12 - 3.35) < 0.01      # HBM3: 2 x 2.619 GHz x 640 bytes
+    monkeypatch.setattr(backend, "status", lambda: {"available": False, "reason": "none", "devices": [],
+                                                    "driver": None})
+    assert backend.ceilings() is None

@@ -53,6 +53,10 @@ def _cmd_info(args) -> int:
                 for i, d in enumerate(b.get("devices", ())):
                     print(f"{'  gpu ' + str(i):<18} {d['name']}, compute capability {d['compute_capability']}, "
                           f"{d['sm_count']} SMs, {d['memory_bytes'] / 2**30:.0f} GiB")
+                    c = dnnkit.backends.cuda.ceilings(i)
+                    if c:
+                        print(f"{'  gpu ' + str(i) + ' peak':<18} FP32 {c['fp32_flops'] / 1e12:.1f} TFLOP/s, TF32 "
+                              f"{c['tf32_flops'] / 1e12:.0f} TFLOP/s, DRAM {c['bytes_per_s'] / 1e12:.2f} TB/s (nominal)")
         elif key == "ukernels":
             for dtype, u in value.items():
                 print(f"{'ukernel ' + dtype:<18} {u['ukernel']}  MC={u['MC']} KC={u['KC']} NC={u['NC']}  "

@@ -45,13 +45,44 @@ def status() -> dict:
                 dev = cuda.get_current_device()
                 name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
                 free, total = cuda.current_context().get_memory_info()
-                devices.append({"name": name, "compute_capability": "%d.%d" % dev.compute_capability,
-                                "memory_bytes": int(total), "sm_count": int(dev.MULTIPROCESSOR_COUNT)})
+                info = {"name": name, "compute_capability": "%d.%d" % dev.compute_capability,
+                        "memory_bytes": int(total), "sm_count": int(dev.MULTIPROCESSOR_COUNT)}
+                try:
+                    info.update(clock_khz=int(dev.CLOCK_RATE), memory_clock_khz=int(dev.MEMORY_CLOCK_RATE),
+                                memory_bus_bits=int(dev.GLOBAL_MEMORY_BUS_WIDTH))
+                except Exception:  # noqa: BLE001 - the simulator's device has no such attributes
+                    pass
+                devices.append(info)
         ver = cuda.cudadrv.driver.driver.get_version()
         return {"available": True, "reason": None, "devices": devices, "driver": ".".join(map(str, ver))}
     except Exception as e:  # noqa: BLE001 - a driver that fails to initialise: the GPU path is unavailable
         return {"available": False, "reason": f"the CUDA driver failed ({type(e).__name__}: {e})", "devices": [],
                 "driver": None}
+
+
+# Per SM and clock, by compute capability: float32 FMA lanes, and dense TF32 tensor-core FLOP (published
+# figures: A100 156 TFLOP/s TF32 on 108 SMs at 1.41 GHz; H100 SXM 495 on 132 at 1.83 GHz; the sm_86/89
+# parts a quarter of sm_90's a clock).
+_FP32_LANES = {"8.0": 64, "8.6": 128, "8.7": 128, "8.9": 128, "9.0": 128}
+_TF32_PER_CLOCK = {"8.0": 1024, "8.6": 512, "8.7": 512, "8.9": 512, "9.0": 2048}
+
+
+def ceilings(device: int = 0) -> dict | None:
+    """The GPU's nominal ceilings from its attributes: {"fp32_flops", "tf32_flops", "bytes_per_s"} (peak
+    FMA rate at the boost clock, dense TF32 tensor-core rate, DRAM bandwidth: memory clock x bus width x
+    2 for double data rate); None without a GPU or for an architecture not in the table. What the
+    benchmarks' fraction of the peak divides by."""
+    s = status()
+    if not s["available"] or len(s["devices"]) <= device or "clock_khz" not in s["devices"][device]:
+        return None
+    d = s["devices"][device]
+    cc = d["compute_capability"]
+    if cc not in _FP32_LANES:
+        return None
+    clock = d["clock_khz"] * 1e3
+    return {"fp32_flops": 2.0 * _FP32_LANES[cc] * d["sm_count"] * clock,
+            "tf32_flops": float(_TF32_PER_CLOCK[cc]) * d["sm_count"] * clock,
+            "bytes_per_s": 2.0 * d["memory_clock_khz"] * 1e3 * d["memory_bus_bits"] / 8}
 
 
 def fingerprint() -> str:
