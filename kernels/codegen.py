@@ -57,11 +57,11 @@ def gemm_variants(layouts=(("n", "t"),)) -> list[Variant]:
             for ta, tb in layouts:
                 k = gemm.gemm_kernel(tile, dtype, ta == "t", tb == "t", False, True, 0)
                 out.append(Variant(gemm.kernel_name(tile, dtype, ta == "t", tb == "t", False, True), k, sig,
-                                   tile.threads, wide, True, gemm.launch_bounds(tile, dtype)))
+                                   tile.threads, wide, True, launch_bounds=gemm.launch_bounds(tile, dtype)))
             if tile_name == "64x64" and dtype == "float32":
                 k = gemm_tf32.gemm_tf32_kernel(False, True, True, 0)
                 out.append(Variant(gemm_tf32.kernel_name(False, True, True), k, sig, gemm_tf32.TILE.threads, False,
-                                   False, True))
+                                   False, tensor_cores=True))
             if tile_name == "64x64":
                 sig3 = (_arr(dtype, 2), _arr(dtype, 2), _arr(dtype, 3), _arr(dtype, 1)) + sig[4:]
                 k = gemm.gemm_kernel(tile, dtype, False, True, True)

@@ -271,3 +271,39 @@ def test_eight_tuners_on_overlapping_problems(tmp_path):
     keys = [r[0] for r in conn.execute("SELECT problem FROM results")]
     conn.close()
     assert sorted(keys) == sorted(cache.problem_key(GemmProblem(8, 16 + j, 8)) for j in range(6))
+
+
+def test_a_child_forked_while_another_thread_holds_the_store_can_use_it(tmp_path, monkeypatch):
+    """The store's lock and connection do not cross a fork: a child forked while another thread of the parent
+    is inside the store (holding its lock) looks results up instead of waiting forever."""
+    import threading
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    monkeypatch.setenv("DNNKIT_CACHE_DIR", str(tmp_path))
+    store = cache.default_store()
+    store.put(_result())
+    inside, release = threading.Event(), threading.Event()
+
+    def hold():
+        with store._lock:
+            inside.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    inside.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: a lookup within 20 s, or SIGALRM ends it
+            signal.alarm(20)
+            try:
+                found = cache.default_store().get(P)
+                os._exit(0 if found is not None and found.best.algorithm == "direct" else 1)
+            except BaseException:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        t.join()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

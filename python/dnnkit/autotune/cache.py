@@ -455,6 +455,27 @@ _stores: dict[str, Store] = {}
 _stores_lock = threading.Lock()
 
 
+# Connections a forked child inherited: never used there (SQLite connections must not cross a fork), and
+# never closed there either (closing could touch the parent's file state); kept so no finalizer runs.
+_inherited_connections: list = []
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread of the parent held a store's lock would wait on it forever: the
+    child starts with fresh locks, and opens its own connections."""
+    global _stores_lock
+    _stores_lock = threading.Lock()
+    for store in _stores.values():
+        store._lock = threading.RLock()
+        if store._conn is not None:
+            _inherited_connections.append(store._conn)
+            store._conn = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def default_store() -> Store:
     """The store at cache_path() (DNNKIT_CACHE_DIR is read at each call)."""
     path = str(cache_path())
