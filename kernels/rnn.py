@@ -21,6 +21,13 @@ STEP_X = 32   # hidden units a block: a warp's loads of a gate row are contiguou
 STEP_Y = 8    # batch rows a block
 
 
+@device
+def unit():
+    """(batch row, hidden unit) of this thread: the grid's y covers the rows, x the units."""
+    return (int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y),
+            int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x))
+
+
 @functools.lru_cache(maxsize=None)
 def _sigmoid(dtype: str):
     one = DTYPES[dtype](1.0)
@@ -40,8 +47,7 @@ def lstm_step(dtype: str, train: bool = False):
     sig = _sigmoid(dtype)
 
     def lstm(gates, c, h_out, save, B, H):
-        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
-        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        b, j = unit()
         h32 = int32(H)
         if b < int32(B) and j < h32:
             i = sig(gates[b, j])
@@ -71,8 +77,7 @@ def gru_step(dtype: str, train: bool = False):
     one = DTYPES[dtype](1.0)
 
     def gru(gx, gh, h_prev, h_out, save, B, H):
-        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
-        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        b, j = unit()
         h32 = int32(H)
         if b < int32(B) and j < h32:
             r = sig(gx[b, j] + gh[b, j])
@@ -96,8 +101,7 @@ def rnn_step(dtype: str, relu: bool):
     zero = DTYPES[dtype](0.0)
 
     def rnn(pre, h_out, B, H):
-        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
-        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        b, j = unit()
         if b < int32(B) and j < int32(H):
             v = pre[b, j]
             if relu:
@@ -113,8 +117,7 @@ def rnn_step(dtype: str, relu: bool):
 def copy(dtype: str):
     """kernel(src, dst, R, C): dst[:R, :C] = src[:R, :C], either of any strides (a step's h into h_n)."""
     def copy_(src, dst, R, C):
-        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
-        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        b, j = unit()
         if b < int32(R) and j < int32(C):
             dst[b, j] = src[b, j]
 
@@ -126,8 +129,7 @@ def copy(dtype: str):
 def add(dtype: str):
     """kernel(x, y, out, R, C): out[:R, :C] = x + y, any strides (a step's incoming gradients summed)."""
     def add_(x, y, out, R, C):
-        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
-        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        b, j = unit()
         if b < int32(R) and j < int32(C):
             out[b, j] = x[b, j] + y[b, j]
 
@@ -139,8 +141,7 @@ def add(dtype: str):
 def fill(dtype: str):
     """kernel(x, value, R, C): x[:R, :C] = value. Launch as the steps (R rows, C columns)."""
     def fill_(x, value, R, C):
-        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
-        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        b, j = unit()
         if b < int32(R) and j < int32(C):
             x[b, j] = value
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import functools
 
-from ._jit import DTYPES, cuda, int32, kernel, math
-from .rnn import STEP_X, STEP_Y
+from ._jit import DTYPES, int32, kernel, math
+from .rnn import STEP_X, STEP_Y, unit
 
 
 @functools.lru_cache(maxsize=None)
@@ -24,8 +24,7 @@ def lstm_step_backward(dtype: str):
     one = DTYPES[dtype](1.0)
 
     def lstm_bwd(dy, dh_next, dc, save, c_prev, dg, B, H):
-        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
-        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        b, j = unit()
         h32 = int32(H)
         if b < int32(B) and j < h32:
             dh = dy[b, j] + dh_next[b, j]
@@ -53,8 +52,7 @@ def gru_step_backward(dtype: str):
     one = DTYPES[dtype](1.0)
 
     def gru_bwd(dy, dh_next, save, h_prev, dgx, dgh, dh_out, B, H):
-        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
-        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        b, j = unit()
         h32 = int32(H)
         if b < int32(B) and j < h32:
             dh = dy[b, j] + dh_next[b, j]
@@ -84,8 +82,7 @@ def rnn_step_backward(dtype: str, relu: bool):
     zero, one = DTYPES[dtype](0.0), DTYPES[dtype](1.0)
 
     def rnn_bwd(dy, dh_next, h, dg, B, H):
-        b = int32(cuda.blockIdx.y) * int32(STEP_Y) + int32(cuda.threadIdx.y)
-        j = int32(cuda.blockIdx.x) * int32(STEP_X) + int32(cuda.threadIdx.x)
+        b, j = unit()
         if b < int32(B) and j < int32(H):
             dh = dy[b, j] + dh_next[b, j]
             v = h[b, j]

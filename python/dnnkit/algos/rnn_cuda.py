@@ -27,6 +27,18 @@ def _kernels():
     return _jit, rnn
 
 
+def _step_launcher(p, stream):
+    """(launch(kernel, *args), block) for the element-wise step kernels of p: a thread a (row, unit)."""
+    _jit, kr = _kernels()
+    grid = (_jit.cdiv(p.hidden, kr.STEP_X), _jit.cdiv(p.batch, kr.STEP_Y))
+    block = (kr.STEP_X, kr.STEP_Y)
+
+    def launch(k, *args):
+        _cuda.launch(k, grid, block, stream, *args)
+
+    return launch, block
+
+
 class GpuSteps(Algorithm):
     name = "gpu_steps"
     backend = "cuda"
@@ -72,11 +84,7 @@ class GpuSteps(Algorithm):
         if B == 0:
             return out
         dt = p.dtype
-        grid = (_jit.cdiv(H, kr.STEP_X), _jit.cdiv(B, kr.STEP_Y))
-        block = (kr.STEP_X, kr.STEP_Y)
-
-        def launch(k, *args):
-            _cuda.launch(k, grid, block, stream, *args)
+        launch, _ = _step_launcher(p, stream)
 
         t = np.dtype(dt).type
         gx = _cuda.scratch((T * B, G * H), dt, stream)
@@ -175,11 +183,7 @@ class GpuStepsBackward(Algorithm):
         G, H, T, B, D, L, P = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dirs, p.layers, p.proj
         S, per = P or H, 5 if P else 4
         dt = p.dtype
-        grid = (_jit.cdiv(H, kr.STEP_X), _jit.cdiv(B, kr.STEP_Y))
-        block = (kr.STEP_X, kr.STEP_Y)
-
-        def launch(k, *args):
-            _cuda.launch(k, grid, block, stream, *args)
+        launch, block = _step_launcher(p, stream)
 
         def fill_zero(a2):
             r, c = a2.shape
