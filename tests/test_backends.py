@@ -236,3 +236,15 @@ def test_no_import_cycles():
 
     cycles = [c for c in (cycle_from(m) for m in graph) if c]
     assert not cycles, " ; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_cpu_path_imports_no_gpu_library():
+    """import dnnkit and host calls leave numba and CuPy unimported: the GPU path loads them when asked."""
+    code = ("import sys, numpy as np, dnnkit\n"
+            "a = np.ones((3, 4), np.float32)\n"
+            "dnnkit.gemm(a, a.T); dnnkit.linear(a, a)\n"
+            "dnnkit.lstm(np.ones((2, 1, 3), np.float32), None, None, [np.ones((8, 3), np.float32), "
+            "np.ones((8, 2), np.float32)])\n"
+            "print(sorted(m for m in ('numba', 'cupy', 'torch') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
