@@ -11,7 +11,7 @@ import math
 
 from .algos import gemm_cuda as _fc
 from .backends import cuda as _cuda, device_of
-from ._checks import _activation, _flag, _scalar
+from ._checks import _DTYPE_NAMES, _activation, _flag, _same_dtype as _checks_same_dtype, _scalar
 from .dispatch import plan as _dispatch_plan
 from .problem import GemmProblem
 
@@ -43,13 +43,8 @@ def _check_out(op: str, name: str, d, shape, dtype: str) -> None:
 
 
 def _same_dtype(op: str, **arrays) -> str:
-    named = [(k, v) for k, v in arrays.items() if v is not None]
-    dtype = _cuda.dtype_name(named[0][1])
-    for k, v in named[1:]:
-        if _cuda.dtype_name(v) != dtype:
-            raise TypeError(f"{op}: {k} has dtype {v.dtype} but {named[0][0]} has {dtype}; all arrays must share "
-                            f"one dtype")
-    return dtype
+    """_checks._same_dtype (its errors, naming the arrays) for device arrays: the shared dtype's name."""
+    return _DTYPE_NAMES[_checks_same_dtype(op, **arrays)]
 
 
 def _rows(op: str, name: str, d, cols: int):
@@ -98,18 +93,13 @@ def gemm(a, b, c, alpha, beta, trans_a, trans_b, algo, stream):
     if c is None:
         c, dc = _cuda.empty("gemm", a, (p.m, p.n), p.dtype, s)
         if alpha == 0.0 or p.k == 0:
-            _fill_zero(dc, p, s)
+            _scale(dc, p, 0.0, s)
             return c
     elif alpha == 0.0:
         _scale(dc, p, beta, s)
         return c
     plan.run(A, B, out=dc, alpha=alpha, beta=beta, stream=s)
     return c
-
-
-def _fill_zero(d, p, s):
-    """d := 0 (an m x n device array), as a GEMM with alpha = 0 and beta = 0 writes it."""
-    _scale(d, p, 0.0, s)
 
 
 def _scale(d, p, beta, s):
