@@ -243,7 +243,8 @@ def test_autotune_tunes_rnn_lines_beside_the_rest(tmp_path):
     records = {x["algorithm"]: x for x in out["problems"][0]["records"]}
     assert {"fused", "fused_units", "fused_rows", "fused_wavefront"} <= set(records)
     assert records["fused_units"]["status"] == "ok" and records["fused_units"]["error"] < 1e-5
-    assert out["summary"]["heuristic_compared"] == 0  # neither has a formula: nothing to score
+    assert out["summary"]["heuristic_compared"] == 2  # both have formulas: the heuristic's pick is scored
+    assert all(x["predicted_s"] > 0 for x in out["problems"][0]["records"] if x["status"] == "ok")
 
 
 def test_autotune_options_that_would_be_ignored(tmp_path):

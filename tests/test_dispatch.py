@@ -66,7 +66,7 @@ def test_explain_shows_predictions_for_supported_candidates():
     assert "predicted" in str(lines)
 
 
-def test_gemm_keeps_registry_order_without_predictions(restore_tuning):
+def test_gemm_follows_its_rules_in_heuristic_mode(restore_tuning):
     dnnkit.set_tuning("heuristic")
     small = GemmProblem(4, 256, 256, trans_b=True)
     big = GemmProblem(512, 256, 256, trans_b=True)

@@ -40,11 +40,41 @@ class Algorithm:
         """Extra memory run() needs for p, known before running."""
         return 0
 
+    def cost(self, p, c: "Ceilings") -> float | None:
+        """Predicted seconds for p (which it supports) on a device with ceilings c: the operations over the
+        peak and the bytes its passes move over the bandwidth, each at this algorithm's efficiency; None
+        where it has no formula (dispatch then keeps the registry's order). The cost model
+        (autotune/cost_model.py) scales it by a factor fitted to this device's measurements."""
+        return None
+
     def run(self, p, *arrays, out=None, **params):
         raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"<Algorithm {self.op}/{self.backend}/{self.name}>"
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """What a cost() formula scales by: the device's float32 peak (FLOP/s, every thread or SM), its
+    bandwidth for streaming copies (bytes/s per thread on the CPU, the whole DRAM's on the GPU), the threads
+    a CPU call runs on, and the tensor cores' TF32 rate (0: none). float64 runs at half the float32 rate on
+    every device dnnkit targets (AVX2/AVX-512 vectors hold half as many; an H100's FP64 units are half its
+    FP32 ones)."""
+
+    peak_flops: float
+    bytes_per_s: float
+    threads: int = 1
+    tf32_flops: float = 0.0
+
+    def peak(self, p) -> float:
+        """The peak for p's dtype."""
+        return self.peak_flops if p.itemsize == 4 else self.peak_flops / 2
+
+    @property
+    def bandwidth(self) -> float:
+        """Streaming bandwidth of all the threads of a call."""
+        return self.bytes_per_s * self.threads
 
 
 NONFINITE = {

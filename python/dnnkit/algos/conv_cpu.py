@@ -36,12 +36,32 @@ import dataclasses
 
 import numpy as np
 
+import math
+
 from ..backends.cpu import ext as _cpu
 from .._config import get_num_threads, get_workspace_limit
 from .base import Algorithm, cpu_float_reason
+from .gemm_cpu import gemm_efficiency, gemm_mc, micro_rows
 
 # Bound on the im2col column buffer when the user sets no tighter workspace limit.
 DEFAULT_COL_BYTES = 64 << 20
+
+# The cost formulas' constants, fitted to bench/conv.py's ResNet-50 layers (docs/algorithms.md, "The cost
+# model"). Winograd's transforms in the time of this many float32 FLOPs at the peak (they are vector
+# arithmetic on the same units, so they scale with the peak and the ISA's width as the products do):
+TRANSFORM_FLOPS = 192.0   # one input or output transform element
+FILTER_FLOPS = 480.0      # one element of U, transformed, stored and read back
+FILTER_FEW_FLOPS = 96.0   # the same in the few-tiles schedule (U^T built in L2, never stored)
+WINOGRAD_GEMM_EFFICIENCY = 0.7  # the transform-domain products on the micro-kernel, operands in L2
+WINOGRAD_FEW_TILES = 32         # csrc/conv/winograd.cpp: at most this many tiles, the transposed schedule
+WINOGRAD_BWD_DEPTH = 256        # csrc/conv/winograd.cpp kBwdDepth: tiles per chunk of the backward filter
+
+
+def _dims(p):
+    """(n, c, k, g, c/g, k/g, output pixels, direct-convolution FLOPs) of a convolution."""
+    n, c, k, g = p.mb, p.ic, p.oc, p.g
+    pq = p.oh * p.ow
+    return n, c, k, g, c // g, k // g, pq, 2.0 * n * k * pq * (c // g) * p.kh * p.kw
 
 
 def workspace_bound() -> int:
@@ -101,9 +121,35 @@ class Im2colGemmFwd(_Im2col):
     name, op, kernel, direction = "im2col_gemm", "conv2d_fwd", "im2col_gemm", "fwd"
     batch_images = True
 
+    def cost(self, p, c) -> float:
+        n, ch, k, g, cg, kg, pq, direct = _dims(p)
+        pointwise = (p.kh, p.kw, p.sh, p.sw, p.ph, p.pw) == (1, 1, 1, 1, 0, 0)
+        # Small planes go side by side in one GEMM, which runs about as fast as one image's would (the
+        # threads then split its rows, not its columns).
+        t = direct / (c.peak(p) * gemm_efficiency(kg, pq, cg * p.kh * p.kw))
+        # The GEMM packs its B operand (the columns, or the input planes of a 1x1 layer) once per block
+        # of MC output channels, and building the columns is one more copy.
+        copy = 2 * n * ch * p.kh * p.kw * pq * p.itemsize / c.bandwidth
+        t += copy * (math.ceil(kg / gemm_mc(p.itemsize)) + (0 if pointwise else 1))
+        if pq < 512 and n > 1:  # images side by side: the GEMM's output is copied back to NCHW
+            t += 2 * n * k * pq * p.itemsize / c.bandwidth
+        return t
+
+
+def _gemm_backward_cost(p, c) -> float:
+    """Backward data (W^T dy into columns, then col2im) or filter (dy times the columns) as one GEMM and a
+    pass over the columns."""
+    n, ch, k, g, cg, kg, pq, direct = _dims(p)
+    crs = cg * p.kh * p.kw
+    m, cols, inner = (crs, pq, kg) if p.direction == "bwd_data" else (kg, crs, pq)
+    return direct / (c.peak(p) * gemm_efficiency(m, cols, inner)) + 2 * n * ch * p.kh * p.kw * pq * p.itemsize / c.bandwidth
+
 
 class GemmCol2imBwdData(_Im2col):
     name, op, kernel, direction = "gemm_col2im", "conv2d_bwd_data", "gemm_col2im", "bwd_data"
+
+    def cost(self, p, c) -> float:
+        return _gemm_backward_cost(p, c)
 
     def batch(self, p) -> bool:
         """A 1x1 stride-1 layer's small planes go side by side in one GEMM, as in the forward pass."""
@@ -127,6 +173,9 @@ class Im2colGemmBwdFilter(_Im2col):
         bound = workspace_bound() // nt - p.oc * (p.ic // p.g) * p.kh * p.kw * p.itemsize
         return int(_cpu.im2col_chunk(shape_tuple(p), max(bound, 0) // p.itemsize, False))
 
+    def cost(self, p, c) -> float:
+        return _gemm_backward_cost(p, c)
+
 
 class ImplicitGemmFwd(_CpuConv):
     name = kernel = "implicit_gemm"
@@ -135,6 +184,20 @@ class ImplicitGemmFwd(_CpuConv):
 
     def chunk(self, p) -> int:
         return get_num_threads()  # the workspace holds one padded image-group per thread
+
+    def cost(self, p, c) -> float:
+        """One GEMM per (image, group), a thread each while there are enough: its B panels packed from the
+        image (the columns read and written once), the image first copied zero-padded when the layer
+        pads, the filters (A) packed once for all products. A thread runs whole products, so a narrow
+        plane costs less than in one GEMM split across the threads."""
+        n, ch, k, g, cg, kg, pq, direct = _dims(p)
+        eff = gemm_efficiency(kg, max(pq, 384), cg * p.kh * p.kw) * min(1.0, pq / 384) ** 0.25
+        t = direct / (c.peak(p) * eff)
+        t += 2 * n * ch * p.kh * p.kw * pq * p.itemsize / c.bandwidth
+        t += 2 * k * cg * p.kh * p.kw * p.itemsize / c.bandwidth
+        if p.ph or p.pw:
+            t += 3 * n * ch * (p.ih + 2 * p.ph) * (p.iw + 2 * p.pw) * p.itemsize / c.bandwidth
+        return t
 
 
 class _Winograd(_CpuConv):
@@ -158,6 +221,22 @@ class _Winograd(_CpuConv):
     def chunk(self, p) -> int:
         bound = workspace_bound()
         return int(_cpu.winograd_tile_chunk(shape_tuple(p), self.m, bound // p.itemsize))
+
+    def cost(self, p, c) -> float:
+        """Chunks of 64 tiles as the micro-kernel's columns (the last one padded), or, at most 32 tiles (and
+        no more than K/g), the tiles as exact rows and the channels padded to 64; alpha^2 products, the
+        input and output transforms of every tile, the filter transforms."""
+        n, ch, k, g, cg, kg, pq, direct = _dims(p)
+        a2 = (self.m + 2) ** 2
+        tiles = n * math.ceil(p.oh / self.m) * math.ceil(p.ow / self.m)
+        few = tiles <= WINOGRAD_FEW_TILES and tiles <= kg
+        mr = micro_rows(p.itemsize)
+        rows, cols = (math.ceil(tiles / mr) * mr, math.ceil(kg / 64) * 64) if few else (kg, math.ceil(tiles / 64) * 64)
+        peak = c.peak(p)
+        t = 2 * a2 * rows * cols * cg * g / (peak * WINOGRAD_GEMM_EFFICIENCY)
+        t += (cg + kg) * g * tiles * a2 * TRANSFORM_FLOPS / peak
+        t += k * cg * a2 * (FILTER_FEW_FLOPS if few else FILTER_FLOPS) / peak
+        return t
 
 
 class _F2x2:
@@ -204,6 +283,10 @@ class _WinogradBwdData(_Winograd):
     def chunk(self, p) -> int:
         return super().chunk(as_forward(p))
 
+    def cost(self, p, c) -> float:
+        """The forward pass on dy, its filter transforms reading the filters turned."""
+        return super().cost(as_forward(p), c)
+
 
 class WinogradF2x2BwdData(_F2x2, _WinogradBwdData):
     pass
@@ -218,6 +301,22 @@ class _WinogradBwdFilter(_Winograd):
 
     def chunk(self, p) -> int:
         return 1  # the kernel cuts its chunks of tiles itself
+
+    def cost(self, p, c) -> float:
+        """The transposed algorithm: per point a GEMM over the tiles (WINOGRAD_BWD_DEPTH at a time)
+        accumulated in M (alpha^2 x K/g x C/g a group), written by every chunk, read by every chunk after
+        the first and by the final transform; two transforms a tile as the forward pass has, each followed
+        by a transpose into the panels (about twice the forward's cost)."""
+        n, ch, k, g, cg, kg, pq, direct = _dims(p)
+        a2 = (self.m + 2) ** 2
+        tiles = n * math.ceil(p.oh / self.m) * math.ceil(p.ow / self.m)
+        mr = micro_rows(p.itemsize)
+        peak = c.peak(p)
+        t = 2 * a2 * math.ceil(kg / mr) * mr * cg * tiles * g / (peak * WINOGRAD_GEMM_EFFICIENCY)
+        t += 2 * (cg + kg) * g * tiles * a2 * TRANSFORM_FLOPS / peak
+        chunks = math.ceil(tiles / WINOGRAD_BWD_DEPTH)
+        t += a2 * kg * cg * g * p.itemsize * 2 * chunks / c.bandwidth
+        return t
 
 
 class WinogradF2x2BwdFilter(_F2x2, _WinogradBwdFilter):
@@ -244,6 +343,12 @@ class DepthwiseFwd(_CpuConv):
 
     def chunk(self, p) -> int:
         return get_num_threads()  # the workspace holds one padded plane per thread
+
+    def cost(self, p, c) -> float:
+        """Memory-bound: the padded input plane copied, then read, and the output written once."""
+        n, ch, k, g, cg, kg, pq, direct = _dims(p)
+        moved = (3 * n * ch * p.ih * p.iw + n * k * pq) * p.itemsize
+        return moved / c.bandwidth + direct / (c.peak(p) * 0.1)
 
 
 class FftFwd(_CpuConv):
@@ -283,6 +388,19 @@ class FftFwd(_CpuConv):
         """The transformed filters, (F, 2*C/g, K) real."""
         _, _, nf = self._sizes(p)
         return nf * 2 * (p.ic // p.g) * p.oc * p.itemsize
+
+    def cost(self, p, c) -> float:
+        """The filters' DFT written as F x 2C/g x K reals (a fresh array: bound by first-touch writes), per
+        frequency one real GEMM of 2n x 2C/g x K reading that once, and scipy's transforms of the padded
+        inputs and outputs."""
+        n, ch, k, g, cg, kg, pq, direct = _dims(p)
+        hf, wf, freqs = self._sizes(p)
+        w_bytes = freqs * 2 * cg * k * p.itemsize
+        peak = c.peak(p)
+        filters = 12 * w_bytes / c.bandwidth
+        reduce = 8 * n * k * cg * freqs / (peak * 0.07) + w_bytes / c.bandwidth
+        transforms = n * (ch + k) * hf * wf * 5 * math.log2(max(hf * wf, 2)) / (peak * 0.02)
+        return filters + reduce + transforms
 
     def workspace_bytes(self, p) -> int:
         """Memory the transforms allocate (scipy.fft returns new arrays, so none is handed in)."""
@@ -326,14 +444,23 @@ class FftFwd(_CpuConv):
 class DirectFwd(_Direct):
     name, op, direction = "direct", "conv2d_fwd", "fwd"
 
+    def cost(self, p, c) -> float:
+        """The kernel's 8-channel x 32-column register block is full only with 8 or more output channels a
+        group and 32 or more output columns."""
+        n, ch, k, g, cg, kg, pq, direct = _dims(p)
+        eff = 0.13 * min(1.0, kg / 8) * min(1.0, p.ow / 32) ** 0.7
+        return direct / (c.peak(p) * eff)
+
 
 class DirectBwdData(_Direct):
     name, op, direction = "direct", "conv2d_bwd_data", "bwd_data"
 
+    def cost(self, p, c) -> float:
+        return _dims(p)[-1] / (c.peak(p) * 0.06)
 
-class DirectBwdFilter(_Direct):
+
+class DirectBwdFilter(DirectBwdData):
     name, op, direction = "direct", "conv2d_bwd_filter", "bwd_filter"
-
 
 
 # The registry's convolution algorithms, per direction in order of preference (algos/__init__.py

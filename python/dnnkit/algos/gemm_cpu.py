@@ -8,6 +8,9 @@ gemm_wt_direct: a batch of rows (a tile's worth, 64 on AVX-512) times a transpos
 C^T = W A^T by a micro-kernel that reads W where it lies; only the small A is packed."""
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
 
 from ..backends.cpu import ext as _cpu
@@ -41,6 +44,63 @@ def _run_rows(kernel, p, a, b, out, alpha, beta, bias):
     return out
 
 
+# ----------------------------------------------------------------------------------------- cost model
+# The blocked GEMM's share of the peak, fitted to bench/conv.py's ResNet-50 products (docs/algorithms.md,
+# "The cost model"): lower for narrow N, short K and few rows.
+_GEMM_EFFICIENCY = 0.62
+# The row-contiguous kernels (gemm_small_m, gemm_wt_direct, the streamed products) are bound by reading
+# the large operand once; their arithmetic runs at this share of the peak.
+_STREAM_EFFICIENCY = 0.5
+_WT_DIRECT_EFFICIENCY = 0.62  # B never packed: at full tiles the blocked GEMM's best share
+
+
+@functools.lru_cache(maxsize=None)
+def _ukernel(isa: str, itemsize: int) -> tuple:
+    """(MR, NR, MC) of the ISA's micro-kernel (csrc/gemm/blocking.h)."""
+    info = _cpu.ukernel_info(isa, itemsize)
+    return info[1], info[2], info[3]
+
+
+def micro_rows(itemsize: int = 4) -> int:
+    """MR of the active ISA's GEMM micro-kernel for this element size."""
+    return _ukernel(_cpu.active_isa(), itemsize)[0]
+
+
+def gemm_mc(itemsize: int = 4) -> int:
+    """MC of the active ISA's blocking: rows of A per packed block (B is packed once per block)."""
+    return _ukernel(_cpu.active_isa(), itemsize)[2]
+
+
+def transposes(m: int, n: int) -> bool:
+    """csrc/gemm/gemm.cpp's transposing_helps: few, badly filled columns and many more rows."""
+    nr = _ukernel(_cpu.active_isa(), 4)[1]
+    if n >= 4 * nr or m <= 2 * n:
+        return False
+    return m / (math.ceil(m / nr) * nr) > n / (math.ceil(n / nr) * nr) + 0.1
+
+
+def gemm_efficiency(m: int, n: int, k: int, may_transpose: bool = True) -> float:
+    """Fraction of the peak the blocked GEMM reaches on an m x n x k product (solved as C^T = B^T A^T
+    where that fills the micro-kernel better and may_transpose)."""
+    if min(m, n, k) <= 0:
+        return 1.0
+    if may_transpose and transposes(m, n):
+        return 0.75 * gemm_efficiency(n, m, k, False)  # C written through its strides
+    rows_used = min(1.0, m / micro_rows())  # fewer rows than MR stream B for less work
+    return (_GEMM_EFFICIENCY * min(1.0, n / 384) ** 0.5 * min(1.0, k / 256) ** 0.35 * min(1.0, m / 64) ** 0.3
+            * rows_used)
+
+
+def _flops(p) -> float:
+    return 2.0 * p.m * p.n * p.k
+
+
+def _streamed(p, c, efficiency: float) -> float:
+    """A product bound by one pass over its operands and C (read when beta may be nonzero, written)."""
+    moved = (p.m * p.k + p.k * p.n + 2 * p.m * p.n) * p.itemsize
+    return max(moved / c.bandwidth, _flops(p) / (c.peak(p) * efficiency))
+
+
 class BlockedGemm(Algorithm):
     name = "blocked_gemm"
     op = "gemm"
@@ -49,6 +109,11 @@ class BlockedGemm(Algorithm):
 
     def supports(self, p) -> str | None:
         return cpu_float_reason(p)
+
+    def rule(self, p) -> str | None:
+        """Every product the row-contiguous kernels' rules do not take (the rules partition the products:
+        the cost model never overrides a measured rule)."""
+        return _taken_before(p, len(_RULED_ORDER))
 
     def workspace_bytes(self, p) -> int:
         return int(_cpu.gemm_workspace_bytes(p.m, p.n, p.k, p.itemsize, get_num_threads()))
@@ -59,6 +124,16 @@ class BlockedGemm(Algorithm):
         _cpu.gemm(a, b, out, alpha, beta, bias, ACTIVATION_CODES[p.activation], 0)
         return out
 
+    def cost(self, p, c) -> float:
+        """The best of the paths the kernel chooses among: the streamed product where it takes the shape,
+        else the Goto/BLIS product (on the operands exchanged where that fills the micro-kernel better)."""
+        if _cpu.gemm_stream_takes(p.m, p.n, p.k) and not p.trans_b:
+            return _streamed(p, c, _STREAM_EFFICIENCY)
+        return _flops(p) / (c.peak(p) * gemm_efficiency(p.m, p.n, p.k))
+
+
+_PATH_RULE = "a path blocked_gemm takes where its own rule would; the tuner times it, algo= names it"
+
 
 class GotoGemm(BlockedGemm):
     """The Goto/BLIS path of blocked_gemm alone, the operands as given: no streamed product, no AMX tiles,
@@ -66,9 +141,15 @@ class GotoGemm(BlockedGemm):
 
     name = "gemm_goto"
 
+    def rule(self, p) -> str | None:
+        return _PATH_RULE
+
     def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
         _cpu.gemm(a, b, out, alpha, beta, bias, ACTIVATION_CODES[p.activation], 0, 1)
         return out
+
+    def cost(self, p, c) -> float:
+        return _flops(p) / (c.peak(p) * gemm_efficiency(p.m, p.n, p.k, may_transpose=False))
 
 
 class StreamGemm(BlockedGemm):
@@ -91,9 +172,15 @@ class StreamGemm(BlockedGemm):
                     f"depth of 512 or more, or a depth of at most 8 over 16 or more rows")
         return None
 
+    def rule(self, p) -> str | None:
+        return _PATH_RULE
+
     def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
         _cpu.gemm(a, b, out, alpha, beta, bias, ACTIVATION_CODES[p.activation], 0, 2)
         return out
+
+    def cost(self, p, c) -> float:
+        return _streamed(p, c, _STREAM_EFFICIENCY)
 
 
 class SmallMGemm(Algorithm):
@@ -113,7 +200,7 @@ class SmallMGemm(Algorithm):
         if p.m > self.MAX_M:
             return f"m = {p.m} is over {self.MAX_M}; the blocked GEMM is faster there"
         if (p.m >= self.DIRECT_FROM and _cpu.gemm_wt_direct_width(p.itemsize, p.m) <= 16
-                and WtDirectGemm().supports(p) is None and WtDirectGemm().rule(p) is None):
+                and WtDirectGemm().supports(p) is None and WtDirectGemm().own_rule(p) is None):
             return f"m = {p.m} is {self.DIRECT_FROM} or more and gemm_wt_direct runs this depth; it is faster there"
         return None
 
@@ -121,6 +208,10 @@ class SmallMGemm(Algorithm):
         """As BlockedGemm.run. a must be row-contiguous and b the transpose of a row-contiguous matrix;
         other layouts are copied (a is small; b is copied only when it is not a transposed weight)."""
         return _run_rows(_cpu.gemm_small_m, p, a, b, out, alpha, beta, bias)
+
+    def cost(self, p, c) -> float:
+        """Dot products of A's rows with B's columns: B read once, no packing."""
+        return _streamed(p, c, _STREAM_EFFICIENCY)
 
 
 class WtDirectGemm(Algorithm):
@@ -142,6 +233,10 @@ class WtDirectGemm(Algorithm):
         return None
 
     def rule(self, p) -> str | None:
+        return _taken_before(p, 1) or self.own_rule(p)
+
+    def own_rule(self, p) -> str | None:
+        """The rule on its own (rule() also leaves gemm_small_m what its rule takes)."""
         width = _cpu.gemm_wt_direct_width(p.itemsize, p.m)  # the tile for this batch (the narrowest that holds it)
         min_k = _cpu.gemm_wt_direct_min_depth(p.itemsize)  # AVX-512 192, AVX2 320 (the extension's measurements)
         if p.k < min_k:
@@ -158,6 +253,24 @@ class WtDirectGemm(Algorithm):
     def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
         """As SmallMGemm.run, on the strided-A kernel."""
         return _run_rows(_cpu.gemm_wt_direct, p, a, b, out, alpha, beta, bias)
+
+    def cost(self, p, c) -> float:
+        """B read once where it lies, the batch in tiles of the kernel's width (the empty rows computed)."""
+        width = max(1, _cpu.gemm_wt_direct_width(p.itemsize, p.m))
+        fill = p.m / (math.ceil(p.m / width) * width) if p.m else 1.0
+        return _streamed(p, c, _WT_DIRECT_EFFICIENCY * fill)
+
+
+# The rules' order: each takes a product that no earlier one takes (blocked_gemm all the rest).
+_RULED_ORDER = [SmallMGemm(), WtDirectGemm()]
+
+
+def _taken_before(p, count: int) -> str | None:
+    """Which of the first `count` algorithms of _RULED_ORDER runs p and whose rule takes it, as a reason."""
+    for other in _RULED_ORDER[:count]:
+        if other.supports(p) is None and other.rule(p) is None:
+            return f"{other.name}'s rule takes this product"
+    return None
 
 
 # The registry's GEMM algorithms, in order of preference (algos/__init__.py registers them).

@@ -56,6 +56,25 @@ def _tiles(m: int, n: int, tile) -> int:
     return -(-m // tile.bm) * -(-n // tile.bn)
 
 
+# ----------------------------------------------------------------------------------------- cost model
+# A kernel launched from Python costs this much host time before the GPU starts it.
+LAUNCH_S = 10e-6
+# Per tile kernel: the share of an SM's peak its loop reaches with the SM full of its blocks (the main
+# loop's FMA share, bench/RESULTS.md "GPU kernels: what they compile to", less the latency its
+# occupancy leaves exposed).
+TILE_EFFICIENCY = {"128x128": 0.7, "64x64": 0.45, "32x32": 0.25, "tf32": 0.45}
+
+
+def tile_cost(p, c, bm: int, bn: int, depth: int, blocks: int, peak: float, efficiency: float) -> float:
+    """Seconds for `blocks` blocks of bm x bn tiles over `depth` on an SM-wide peak: the busiest SM runs
+    ceil(blocks / SMs) of them one after another (the wave quantization), each at the tile's efficiency;
+    no faster than the operands and C through DRAM once."""
+    sms = sm_count()
+    compute = -(-blocks // sms) * 2.0 * bm * bn * depth / (peak / sms * efficiency)
+    dram = (p.m * p.k + p.k * p.n + 2 * p.m * p.n) * p.itemsize / c.bytes_per_s
+    return max(compute, dram)
+
+
 class TiledGemm(Algorithm):
     op = "gemm"
     backend = "cuda"
@@ -80,6 +99,9 @@ class TiledGemm(Algorithm):
         return None
 
     def rule(self, p) -> str | None:
+        return _taken_before(p, self) or self.own_rule(p)
+
+    def own_rule(self, p) -> str | None:
         sms = sm_count()
         if self.tile_name == "128x128" and -(-p.m // 128) * -(-p.n // 128) < sms:
             return f"fewer 128x128 tiles of C than the GPU's {sms} SMs; a smaller tile keeps them all busy"
@@ -102,6 +124,10 @@ class TiledGemm(Algorithm):
         _cuda.launch(k, grid, tile.threads, stream, sa, sb, out, out[0] if bias is None else bias,
                      p.m, p.n, p.k, t(alpha), t(beta), p.k)
         return out
+
+    def cost(self, p, c) -> float:
+        blocks = -(-p.m // self.bm) * -(-p.n // self.bn)
+        return LAUNCH_S + tile_cost(p, c, self.bm, self.bn, p.k, blocks, c.peak(p), TILE_EFFICIENCY[self.tile_name])
 
 
 class SplitKGemm(Algorithm):
@@ -132,6 +158,9 @@ class SplitKGemm(Algorithm):
         return None
 
     def rule(self, p) -> str | None:
+        return _taken_before(p, self) or self.own_rule(p)
+
+    def own_rule(self, p) -> str | None:
         if -(-p.m // 64) * -(-p.n // 64) * 2 > sm_count():
             return "the 64x64 tiles of C alone fill half the GPU or more"
         if p.k < self.RULE_MIN_K:
@@ -140,6 +169,13 @@ class SplitKGemm(Algorithm):
 
     def workspace_bytes(self, p) -> int:
         return self.splits(p) * p.m * p.n * p.itemsize
+
+    def cost(self, p, c) -> float:
+        """The slices' blocks side by side, then the reduction reading every slice's partial C."""
+        splits = self.splits(p)
+        blocks = -(-p.m // 64) * -(-p.n // 64) * splits
+        slices = tile_cost(p, c, 64, 64, -(-p.k // splits), blocks, c.peak(p), TILE_EFFICIENCY[self.TILE])
+        return 2 * LAUNCH_S + slices + (splits + 2) * p.m * p.n * p.itemsize / c.bytes_per_s
 
     def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None, stream=None):
         _jit, gemm, _ = _kernels()
@@ -186,6 +222,9 @@ class Tf32Gemm(Algorithm):
             return f"m = {p.m} needs more than {_GRID_Y} row blocks of 64"
         return None
 
+    def own_rule(self, p) -> str | None:
+        return None  # where allowed, every float32 product
+
     def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None, stream=None):
         from dnnkit.kernels import _jit, gemm_tf32
 
@@ -197,6 +236,12 @@ class Tf32Gemm(Algorithm):
         _cuda.launch(k, (_jit.cdiv(p.n, 64), _jit.cdiv(p.m, 64)), gemm_tf32.TILE.threads, stream, sa, sb, out,
                      out[0] if bias is None else bias, p.m, p.n, p.k, np.float32(alpha), np.float32(beta), p.k)
         return out
+
+    def cost(self, p, c) -> float | None:
+        if not c.tf32_flops:
+            return None
+        blocks = -(-p.m // 64) * -(-p.n // 64)
+        return LAUNCH_S + tile_cost(p, c, 64, 64, p.k, blocks, c.tf32_flops, TILE_EFFICIENCY["tf32"])
 
 
 def _eltwise_blocks(m: int, n: int, threads: int) -> int:
@@ -236,6 +281,23 @@ def column_sums(x, out, accumulate: bool, stream) -> None:
     m, n = x.shape
     k = eltwise.column_sums(_cuda.dtype_name(x), bool(accumulate))
     _cuda.launch(k, _jit.cdiv(n, eltwise.SUM_COLUMNS), (eltwise.SUM_COLUMNS, eltwise.SUM_ROWS), stream, x, out, m, n)
+
+
+def _taken_before(p, algo) -> str | None:
+    """Which of the tile kernels that need no workspace, before algo in the rules' order, runs p and whose
+    rule takes it, as a reason: their rules partition the products, so the cost model never overrides
+    them (split-K, which needs workspace a limit may deny, stands beside the 32x32 tile where its rule
+    takes a product)."""
+    from .._config import get_allow_tf32
+
+    for other in ALGORITHMS:
+        if other.name == algo.name:
+            break
+        if other.workspace_bytes(p) or other.name == SplitKGemm.name:
+            continue
+        if other.supports(p) is None and (get_allow_tf32() or not other.tf32) and other.own_rule(p) is None:
+            return f"{other.name}'s rule takes this product"
+    return None
 
 
 # In the order the rules are tried: TF32 where allowed, then the largest tile that fills the GPU, then

@@ -16,10 +16,13 @@ fused_wavefront: a stack's layers pipelined, one thread a layer, in chunks of st
 """
 from __future__ import annotations
 
+import math
+
 from .._config import get_num_threads
 from ..backends.cpu import ext as _cpu
 from ..problem import RNN_MODES
 from .base import Algorithm, cpu_float_reason
+from .gemm_cpu import gemm_efficiency
 
 _CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
 SCHEDULES = {"fused": 0, "fused_units": 1, "fused_rows": 2, "fused_wavefront": 3}  # RnnSchedule
@@ -29,6 +32,55 @@ ROW_SPLIT_MIN_ROWS = 4  # csrc/rnn/rnn.cpp kRowSplitMinRows: batch rows each thr
 def shape_tuple(p, schedule: int = 0) -> tuple:
     """The kernels' shape: (cell code, T, B, I, H, L, D, P, schedule)."""
     return (_CELL_CODES[p.mode], p.seq, p.batch, p.input, p.hidden, p.layers, p.dirs, p.proj, schedule)
+
+
+# ----------------------------------------------------------------------------------------- cost model
+# Reads of a weight resident in a core's L2 (or the shared L3) run at this many times the streaming copy
+# bandwidth (docs/algorithms.md, "The cost model"); the gate pass costs this many float32 FLOPs at the
+# peak per gate element (exp, tanh and the products); a step's barrier among a direction's threads.
+_L2_READ_FACTOR = 4.0
+_L3_READ_FACTOR = 2.0
+_GATE_FLOPS = 40.0
+_BARRIER_S = 1e-6
+
+
+def _read_bandwidth(nbytes: float, c) -> float:
+    """Bytes a second one thread reads a weight of nbytes at, from the cache level that holds it."""
+    if nbytes <= _cpu.l2_cache_bytes():
+        return c.bytes_per_s * _L2_READ_FACTOR
+    if nbytes <= _cpu.l3_cache_bytes():
+        return c.bytes_per_s * _L3_READ_FACTOR
+    return c.bytes_per_s
+
+
+def _layer_inputs(p) -> list:
+    """The input width of each layer."""
+    return [p.input] + [p.dirs * p.state] * (p.layers - 1)
+
+
+def _step_time(p, c, rows: int, cols_share: float, threads: int) -> float:
+    """One step of one direction on `threads` threads, each `rows` batch rows by `cols_share` of the gate
+    columns (and of the projection's): the recurrent product (bound by its arithmetic or by reading its
+    share of W_hh and W_hr) and the gate pass."""
+    gh, s, item = p.gates * p.hidden, p.state, p.itemsize
+    per_thread_peak = c.peak(p) / max(c.threads, 1)
+    flops = 2.0 * rows * gh * cols_share * s + (2.0 * rows * s * cols_share * p.hidden if p.proj else 0.0)
+    weight = (gh * s + (s * p.hidden if p.proj else 0)) * cols_share * item
+    eff = gemm_efficiency(max(rows, 1), max(int(gh * cols_share), 1), s)
+    compute = flops / (per_thread_peak * eff)
+    memory = weight / _read_bandwidth(weight, c)
+    gates = rows * gh * cols_share * _GATE_FLOPS / per_thread_peak
+    return max(compute, memory) + gates
+
+
+def _whole_sequence_gemms(p, c, count_per_layer) -> float:
+    """The products over all steps at once: per layer and direction, count_per_layer(input width) GEMMs
+    given as (m, n, k) triples."""
+    t = 0.0
+    for width in _layer_inputs(p):
+        for m, n, k in count_per_layer(width):
+            t += p.dirs * 2.0 * m * n * k / (c.peak(p) * gemm_efficiency(m, n, k))
+    return t
 
 
 class FusedRnn(Algorithm):
@@ -41,6 +93,11 @@ class FusedRnn(Algorithm):
         self.schedule = SCHEDULES[name]
         if direction == "bwd":
             self.tolerance = 1e-4
+
+    def rule(self, p) -> str | None:
+        if self.schedule != SCHEDULES["fused"]:
+            return "the kernel's rule (fused) schedules the loop where nothing measured decides; tuning times this one"
+        return None
 
     def supports(self, p) -> str | None:
         reason = cpu_float_reason(p)
@@ -63,6 +120,44 @@ class FusedRnn(Algorithm):
         if threads < 2:
             return "needs 2 threads or more"
         return None
+
+    def _schedule_for(self, p) -> int:
+        """The schedule this algorithm runs p with (for fused: the kernel's rule)."""
+        if self.schedule != SCHEDULES["fused"]:
+            return self.schedule
+        shape = shape_tuple(p)
+        if self.direction == "fwd" and _cpu.rnn_uses_wavefront(shape, p.itemsize):
+            return SCHEDULES["fused_wavefront"]
+        if _cpu.rnn_splits_rows(shape, p.itemsize):
+            return SCHEDULES["fused_rows"]
+        return SCHEDULES["fused_units"]
+
+    def cost(self, p, c) -> float:
+        """Per layer the input projection of all steps as one GEMM, then per step the recurrent product and
+        the gate pass, split among the threads as the schedule splits them (units: a share of the gate
+        columns each, a barrier a step; rows: a share of the batch rows each, all of W_hh; wavefront: a
+        layer each, the layers pipelined); the two directions of a layer on their own threads. Backward:
+        the step loop once more (dh = dgates W_hh^T), and dx and the weight gradients as whole-sequence
+        GEMMs."""
+        schedule = self._schedule_for(p)
+        threads = max(c.threads, 1)
+        tb, gh, s = p.seq * p.batch, p.gates * p.hidden, p.state
+        group = max(1, threads // p.dirs)  # threads a direction
+        side_by_side = math.ceil(p.dirs / max(1, min(threads, p.dirs)))  # directions one after another
+        if schedule == SCHEDULES["fused_wavefront"]:
+            one = _step_time(p, c, p.batch, 1.0, 1)
+            stages = min(p.layers, threads)
+            loop = one * p.layers * (p.seq + stages - 1) / stages
+        elif schedule == SCHEDULES["fused_rows"] and group > 1:
+            loop = p.layers * p.seq * side_by_side * _step_time(p, c, math.ceil(p.batch / group), 1.0, group)
+        else:
+            step = _step_time(p, c, p.batch, 1.0 / group, group) + (_BARRIER_S if group > 1 else 0.0)
+            loop = p.layers * p.seq * side_by_side * step
+        inputs = _whole_sequence_gemms(p, c, lambda width: [(tb, gh, width)])
+        if self.direction == "fwd":
+            return loop + inputs
+        grads = _whole_sequence_gemms(p, c, lambda width: [(tb, width, gh), (gh, width, tb), (gh, s, tb)])
+        return 2 * loop + grads
 
     def workspace_bytes(self, p) -> int:
         gh, tb, d, s = p.gates * p.hidden, p.seq * p.batch, p.dirs, p.state

@@ -14,7 +14,7 @@ import numpy as np
 from ..backends import cuda as _cuda
 from ..problem import RNN_MODES, GemmProblem
 from .base import Algorithm
-from .gemm_cuda import multiply
+from .gemm_cuda import LAUNCH_S, multiply
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 SAVED = {"lstm": 5, "gru": 4, "rnn_tanh": 0, "rnn_relu": 0}  # per unit a step: LSTM i, f, g, o, c; GRU r, z, n, hn
@@ -25,6 +25,34 @@ def _kernels():
     from dnnkit.kernels import _jit, rnn
 
     return _jit, rnn
+
+
+def _gemm_s(c, m: int, n: int, k: int, dtype: str) -> float:
+    """The predicted seconds of the fastest float GPU GEMM algorithm (no TF32) on an m x n x k product."""
+    from .gemm_cuda import ALGORITHMS as gemms
+
+    g = GemmProblem(m, n, k, trans_b=True, dtype=dtype, device="cuda")
+    times = [a.cost(g, c) for a in gemms if not a.tf32 and a.supports(g) is None]
+    return min(t for t in times if t is not None)
+
+
+def _sequence_cost(p, c, backward: bool) -> float:
+    """Per layer and direction: the input projection as one GEMM, then per step the recurrent GEMM (and
+    the projection's), and the gate kernel, each a launch; backward runs the loop's GEMM and kernel once
+    more and dx, dW_ih and dW_hh as whole-sequence GEMMs."""
+    G, H, T, B = _GATES[p.mode], p.hidden, p.seq, p.batch
+    S = p.proj or H
+    gates = LAUNCH_S + 4 * B * G * H * p.itemsize / c.bytes_per_s
+    step = _gemm_s(c, B, G * H, S, p.dtype) + gates + (_gemm_s(c, B, S, H, p.dtype) if p.proj else 0.0)
+    total = 0.0
+    for layer in range(p.layers):
+        feats = p.input if layer == 0 else p.dirs * S
+        once = _gemm_s(c, T * B, G * H, feats, p.dtype)
+        if backward:
+            once += (_gemm_s(c, T * B, feats, G * H, p.dtype) + _gemm_s(c, G * H, feats, T * B, p.dtype)
+                     + _gemm_s(c, G * H, S, T * B, p.dtype))
+        total += p.dirs * (once + T * step * (2 if backward else 1))
+    return total
 
 
 def _step_launcher(p, stream):
@@ -57,6 +85,9 @@ class GpuSteps(Algorithm):
         if p.seq * p.batch * max(_GATES[p.mode] * p.hidden, width) > _INT32:
             return "a projection of 2^31 elements or more (the kernels' index arithmetic is int32)"
         return None
+
+    def cost(self, p, c) -> float:
+        return _sequence_cost(p, c, backward=False)
 
     def workspace_bytes(self, p) -> int:
         """The projections of one layer-direction (T*B x G*H), a GRU's recurrent part (B x 3H), the state
@@ -161,6 +192,9 @@ class GpuStepsBackward(Algorithm):
 
     def supports(self, p) -> str | None:
         return GpuSteps(self.mode).supports(p)
+
+    def cost(self, p, c) -> float:
+        return _sequence_cost(p, c, backward=True)
 
     def workspace_bytes(self, p) -> int:
         G, H, T, B, D = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dirs

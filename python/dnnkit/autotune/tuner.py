@@ -4,7 +4,9 @@ find(p) is the autotuner's core and what `measure` mode and `dnnkit autotune` ru
   1. every registered algorithm for p's (op, backend) is a candidate; one that does not support p, or
      needs more workspace than the limit, gets a record saying why and is not run;
   2. with pruning on (the default), a candidate the cost model predicts at more than `prune` times the
-     best prediction is not timed either ("pruned"); the model's error on ResNet-50 is far inside 4x;
+     best prediction, and at more than PRUNE_MIN_S, is not timed either ("pruned"); the model's error on
+     ResNet-50 is far inside 4x, and a candidate predicted faster than PRUNE_MIN_S costs less to time
+     than the model's fixed costs (calls, launches), which its formulas leave out, may be wrong by;
   3. inputs are random (uniform in [-1, 1), never zeros), the same for every candidate. The oracle is
      reference.py's float64 NumPy formula on them, independent of every dnnkit kernel;
   4. each candidate runs once as a warm-up, its output is compared with the oracle (relative L2), and
@@ -38,6 +40,7 @@ from .records import STATUSES, TuneRecord, TuneResult, format_bytes
 
 DEFAULT_BUDGET_S = 1.0   # timing budget per problem, shared by its candidates
 DEFAULT_PRUNE = 4.0      # candidates predicted slower than this times the best prediction are not timed
+PRUNE_MIN_S = 10e-6      # ... unless predicted faster than this
 MIN_REPS = 3
 MAX_REPS = 50
 ROUNDS = 3              # candidates are timed in this many alternating rounds
@@ -168,7 +171,7 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
         cut = prune * min(predictions)
         kept = []
         for a, r in runnable:
-            if r.predicted_s is not None and r.predicted_s > cut:
+            if r.predicted_s is not None and r.predicted_s > max(cut, PRUNE_MIN_S):
                 r.status = "pruned"
                 r.reason = f"predicted {r.predicted_s * 1e3:.2f} ms, over {prune:g}x the best prediction"
                 records.append(r)

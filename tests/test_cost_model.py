@@ -1,0 +1,143 @@
+"""Each algorithm's cost() formula (next to its code): every registered algorithm, CPU and GPU, states
+one; the formulas scale with the ceilings; where an operator's rules partition its problems (the GEMMs,
+the RNN schedules), untuned dispatch follows the rules whatever the model or its fitted corrections say."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+import dnnkit
+from dnnkit import algos
+from dnnkit.algos import gemm_cpu, gemm_cuda
+from dnnkit.algos.base import Ceilings
+from dnnkit.autotune import cost_model
+from dnnkit.dispatch import candidates, choose
+from dnnkit.problem import ConvProblem, GemmProblem, RnnProblem
+
+CPU = Ceilings(peak_flops=200e9, bytes_per_s=10e9, threads=2)
+GPU = Ceilings(peak_flops=60e12, bytes_per_s=3e12, threads=1, tf32_flops=400e12)
+
+GEMMS = [(1, 1000, 2048), (4, 256, 512), (13, 512, 1024), (48, 1024, 1024), (512, 512, 512), (3, 5, 7),
+         (3136, 64, 576), (1, 4096, 4096), (64, 64, 8192)]
+CONVS = ["mb8ic64ih56oc64oh56kh3ph1", "mb1ic256ih14oc256oh14kh3ph1", "mb8ic256ih56oc64oh56kh1ph0",
+         "mb2ic32ih28oc32oh28kh5ph2", "g32mb2ic32ih28oc32oh28kh3ph1", "mb2ic16ih9oc8oh4kh3sh2ph0"]
+
+
+def _rnns(device="cpu"):
+    for mode, direction in itertools.product(("lstm", "gru", "rnn_tanh", "rnn_relu"), ("fwd", "bwd")):
+        yield RnnProblem(mode, 25, 16, 256, 512, layers=2, dirs=2, direction=direction, device=device)
+        yield RnnProblem(mode, 50, 8, 128, 128, layers=3, direction=direction, device=device)
+    yield RnnProblem("lstm", 10, 4, 64, 128, proj=32, direction="fwd", device=device)
+
+
+def _problems(device):
+    for m, n, k in GEMMS:
+        for tb in (False, True):
+            yield GemmProblem(m, n, k, trans_b=tb, device=device)
+    yield GemmProblem(64, 64, 256, dtype="float64", device=device)
+    if device == "cpu":
+        for d in CONVS:
+            for direction in ("fwd", "bwd_data", "bwd_filter"):
+                yield ConvProblem.parse(d, direction=direction)
+    yield from _rnns(device)
+
+
+@pytest.mark.parametrize("device, ceilings", [("cpu", CPU), ("cuda", GPU)])
+def test_every_algorithm_states_a_cost(device, ceilings):
+    """Every registered algorithm, on every problem of its operator it supports, predicts a finite positive
+    time; and every algorithm is reached by some problem here."""
+    reached = set()
+    for p in _problems(device):
+        for a in algos.algorithms(p.op, device):
+            if a.supports(p) is None:
+                t = a.cost(p, ceilings)
+                assert t is not None and math.isfinite(t) and t > 0, (a, p.descriptor(), t)
+                reached.add((a.op, a.name))
+    registered = {(a.op, a.name) for a in algos.all_algorithms() if a.backend == device}
+    assert registered == reached
+
+
+@pytest.mark.parametrize("device, ceilings", [("cpu", CPU), ("cuda", GPU)])
+def test_costs_scale_with_the_ceilings(device, ceilings):
+    """A device twice as fast in arithmetic and bandwidth runs everything faster, in half the time but for
+    the fixed costs (a GPU launch, a barrier among threads)."""
+    double = Ceilings(ceilings.peak_flops * 2, ceilings.bytes_per_s * 2, ceilings.threads, ceilings.tf32_flops * 2)
+    for p in _problems(device):
+        for a in algos.algorithms(p.op, device):
+            if a.supports(p) is None:
+                t1, t2 = a.cost(p, ceilings), a.cost(p, double)
+                assert t1 / 2 * (1 - 1e-9) <= t2 < t1, (a, p.descriptor())
+
+
+def test_the_gpu_formulas_see_the_waves_and_the_split_depth(monkeypatch):
+    monkeypatch.setattr(gemm_cuda, "sm_count", lambda: 132)
+    big = algos.get("gemm", "cuda", "gemm_tiled_128x128")
+    full = GemmProblem(12 * 128, 11 * 128, 4096, device="cuda")  # 132 tiles: one wave
+    over = GemmProblem(12 * 128, 11 * 128 + 1, 4096, device="cuda")  # 144 tiles: a second wave for 12
+    launch = gemm_cuda.LAUNCH_S
+    assert big.cost(over, GPU) - launch == pytest.approx(2 * (big.cost(full, GPU) - launch), rel=1e-6)
+    narrow = GemmProblem(64, 64, 1 << 16, device="cuda")
+    assert (algos.get("gemm", "cuda", "gemm_splitk").cost(narrow, GPU)
+            < algos.get("gemm", "cuda", "gemm_tiled_64x64").cost(narrow, GPU) / 10)
+    assert algos.get("gemm", "cuda", "gemm_tf32").cost(full, GPU) < big.cost(full, GPU)
+    assert algos.get("gemm", "cuda", "gemm_tf32").cost(full, Ceilings(60e12, 3e12)) is None  # no tensor cores
+
+
+def _ruled(p):
+    return [a.name for a, reason, _ in candidates(p) if reason is None and a.rule(p) is None]
+
+
+GRID = list(itertools.product([1, 2, 4, 8, 10, 12, 13, 16, 17, 20, 24, 32, 48, 64, 128, 3136],
+                              [16, 256, 1000, 4096], [8, 256, 576, 2048], [False, True]))
+
+
+@pytest.mark.parametrize("width", ["this ISA", 16])
+def test_the_cpu_gemm_rules_partition_the_products(width, monkeypatch):
+    """Exactly one CPU GEMM algorithm's rule takes each product (also with AVX-512's 16-row strided-A tile,
+    where gemm_small_m's rule asks gemm_wt_direct's)."""
+    if width != "this ISA":
+        monkeypatch.setattr(gemm_cpu._cpu, "gemm_wt_direct_width", lambda itemsize, rows: width)
+        monkeypatch.setattr(gemm_cpu._cpu, "gemm_wt_direct_fits", lambda itemsize, rows: rows % width >= 0.6 * width or rows % width == 0)
+    for m, n, k, tb in GRID:
+        assert len(_ruled(GemmProblem(m, n, k, trans_b=tb))) == 1, (m, n, k, tb)
+
+
+def test_the_gpu_gemm_rules_partition_the_products(monkeypatch):
+    """Exactly one GPU tile kernel's rule takes each product, or it and split-K (which a workspace limit
+    may deny); with TF32 allowed, gemm_tf32 every float32 one."""
+    monkeypatch.setattr(gemm_cuda, "sm_count", lambda: 132)
+    for (m, n, k, tb), tf32 in itertools.product(GRID, (False, True)):
+        dnnkit.set_allow_tf32(tf32)
+        try:
+            ruled = _ruled(GemmProblem(m, n, k, trans_b=tb, device="cuda"))
+        finally:
+            dnnkit.set_allow_tf32(False)
+        assert ruled == ["gemm_tf32"] if tf32 else len([r for r in ruled if r != "gemm_splitk"]) == 1, (m, n, k, ruled)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_rules_decide_whatever_the_fitted_corrections_say(device, monkeypatch):
+    """Corrections fitted to a cache that make the ruled algorithm look 64x slower than the rest change no
+    untuned choice where one rule takes the problem; explain() still shows the predictions."""
+    monkeypatch.setattr(gemm_cuda, "sm_count", lambda: 132)
+    if device == "cuda":
+        monkeypatch.setattr(cost_model, "device_ceilings", lambda p: GPU)
+    problems = [GemmProblem(m, n, k, trans_b=tb, device=device) for m, n, k, tb in GRID[::7]]
+    problems += list(_rnns(device))
+    problems = [p for p in problems if len(_ruled(p)) == 1]  # (not split-K beside the 32x32 tile)
+    assert len(problems) > 20
+    dnnkit.set_tuning("off")
+    try:
+        expected = [choose(p).name for p in problems]
+    finally:
+        dnnkit.set_tuning("heuristic")
+    for p, name in zip(problems, expected):
+        factors = {(p.op, a.name): (8.0 if a.name == name else 1 / 8) for a in algos.algorithms(p.op, device)}
+        monkeypatch.setattr(cost_model, "_calibration", lambda: {"ceilings": None, "factors": factors})
+        dnnkit.dispatch._plans.clear()
+        assert choose(p).name == name, p.descriptor()
+        rows = dnnkit.explain(p)
+        assert all(r.predicted_s is not None for r in rows if r.supported), p.descriptor()
+    dnnkit.dispatch._plans.clear()
