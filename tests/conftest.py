@@ -90,8 +90,8 @@ def _restore_settings():
 
 @pytest.fixture
 def nan_rnn_outputs(monkeypatch):
-    """Every array dnnkit.recurrent allocates starts as NaN: an element the kernels never write fails."""
-    from dnnkit import recurrent
+    """Every array dnnkit.ops.recurrent allocates starts as NaN: an element the kernels never write fails."""
+    from dnnkit.ops import recurrent
 
     def empty_nan(op, shape, dtype):
         return np.full(shape, np.nan, dtype=dtype)

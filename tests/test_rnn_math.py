@@ -119,7 +119,7 @@ def test_repeated_cell_calls_take_the_remembered_path():
     """A cell stepped in a loop reuses its first call's checks and dispatch: every step still matches the
     reference, a transposed (non-contiguous) weight or a wrong shape in the same loop is handled as on a
     first call, and the remembered decisions stay keyed by signature."""
-    from dnnkit import recurrent
+    from dnnkit.ops import recurrent
     rng = np.random.default_rng(11)
     H, I, B = 6, 4, 3
     w_ih, w_hh = rng.standard_normal((4 * H, I)).astype(np.float32), rng.standard_normal((4 * H, H)).astype(np.float32)

@@ -10,16 +10,13 @@ from ._config import (
     empty_cache, get_allow_tf32, get_amx, get_nan_semantics, get_num_threads, get_tuning, get_workspace_limit,
     set_allow_tf32, set_amx, set_nan_semantics, set_num_threads, set_tuning, set_workspace_limit,
 )
-from .api import (
-    conv2d, conv2d_backward_bias, conv2d_backward_data, conv2d_backward_filter, explain, gemm, linear,
-    linear_backward,
+from .ops import (
+    RnnReserve, conv2d, conv2d_backward_bias, conv2d_backward_data, conv2d_backward_filter, explain, gemm, gru,
+    gru_backward, gru_cell, gru_cell_backward, linear, linear_backward, lstm, lstm_backward, lstm_cell,
+    lstm_cell_backward, rnn, rnn_backward, rnn_cell_backward, rnn_relu_cell, rnn_tanh_cell,
 )
 from .packed import PackedWeight, pack_weight
 from .problem import ConvProblem, GemmProblem, RnnProblem
-from .recurrent import (
-    RnnReserve, gru, gru_backward, gru_cell, gru_cell_backward, lstm, lstm_backward, lstm_cell, lstm_cell_backward,
-    rnn, rnn_backward, rnn_cell_backward, rnn_relu_cell, rnn_tanh_cell,
-)
 from . import algos, backends, machine
 
 

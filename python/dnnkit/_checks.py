@@ -1,4 +1,4 @@
-"""Argument checks shared by the public functions (api.py, recurrent.py, packed.py): each error names the
+"""Argument checks shared by the public functions (ops/, packed.py): each error names the
 operator and the argument. Host arrays pass through without a copy; a device array raises DeviceArray,
 which the public function turns into backends.placement_error with all of its arguments in view."""
 from __future__ import annotations

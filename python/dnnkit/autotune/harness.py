@@ -83,7 +83,7 @@ class Harness:
 
 
 class _ArrayOut(Harness):
-    """An operator with one output array and a workspace the caller allocates (as api.py does, and counted
+    """An operator with one output array and a workspace the caller allocates (as ops/convolution.py does, and counted
     in the time: it is part of what a call costs)."""
 
     def output_shape(self, p) -> tuple:

@@ -2,7 +2,7 @@
 
 A backend owns its arrays (recognising them, allocating them), its scratch memory, synchronization, the
 timer the tuner uses, the fingerprint a tuning record is keyed by, and the ceilings (peak FLOP/s,
-bandwidth) the cost model scales by. The operators above (api.py, recurrent.py, dispatch, the tuner) ask
+bandwidth) the cost model scales by. The operators above (ops/, dispatch, the tuner) ask
 the backend; only backends/ and algos/ reach the kernel modules.
 
 The backend of a call is the backend of its arrays: NumPy arrays (and anything NumPy converts, host

@@ -274,6 +274,6 @@ def synchronize(stream=None) -> None:
 
 def no_kernels(op: str) -> Exception:
     """The error for op called with GPU arrays when dnnkit has no GPU algorithm for it (the operators that
-    have one take their GPU arrays to gpu_ops and never ask)."""
+    have one take their GPU arrays to ops/gpu_dense.py and never ask)."""
     return NotImplementedError(f"{op}: GPU arrays given, and dnnkit has no GPU kernels for this operator yet; "
                                f"pass NumPy arrays to run it on the CPU")

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import dispatch
-from .backends import cuda as _cuda, device_of, placement_error
-from ._checks import _flag
+from .. import dispatch
+from ..backends import cuda as _cuda, device_of, placement_error
+from .._checks import _flag
+from ..algos.rnn_cuda import SAVED
+from ..problem import RnnProblem
 from ._rnn_args import _dropout, _generator, _layers, _proj_size, _weight_label, _weights
-from .gpu_ops import _plan, _same_dtype
-from .algos.rnn_cuda import SAVED
-from .problem import RnnProblem
+from .gpu_dense import _plan, _same_dtype
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 

@@ -48,16 +48,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .algos.rnn_cpu import reserve_elems as _reserve_elems
-from ._config import get_workspace_limit
-from .backends import DeviceArray, device_of, placement_error
+from ..algos.rnn_cpu import reserve_elems as _reserve_elems
+from .._config import get_workspace_limit
+from ..backends import DeviceArray, device_of, placement_error
+from .._checks import _DTYPE_NAMES, _FLOAT_DTYPES, _array, _empty, _flag
+from ..plans import Memo
+from ..dispatch import dispatch_state
+from ..packed import PackedWeight, unpacked
+from ..problem import RnnProblem
+from ._common import _accumulate_target, _plan
 from ._rnn_args import _dropout, _generator, _layers, _proj_size, _weight_label, _weights
-from ._checks import _DTYPE_NAMES, _FLOAT_DTYPES, _array, _empty, _flag
-from .api import _accumulate_target, _plan
-from .plans import Memo
-from .dispatch import dispatch_state
-from .packed import PackedWeight, unpacked
-from .problem import RnnProblem
 
 _CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}

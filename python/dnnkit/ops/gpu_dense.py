@@ -1,4 +1,4 @@
-"""The GPU path of the public functions (api.py): the same calls given GPU arrays.
+"""The GPU path of gemm, linear and linear_backward (dense.py): the same calls given GPU arrays.
 
 Arguments are checked as on the CPU (errors name the operator and the argument), viewed as Numba device
 arrays without a copy (backends/cuda.py), and run by the plan dispatch makes for the problem with
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 
-from .algos import gemm_cuda as _fc
-from .backends import cuda as _cuda, device_of
-from ._checks import _DTYPE_NAMES, _activation, _flag, _same_dtype as _checks_same_dtype, _scalar
-from .dispatch import plan as _dispatch_plan
-from .problem import GemmProblem
+from ..algos import gemm_cuda as _fc
+from ..backends import cuda as _cuda, device_of
+from .._checks import _DTYPE_NAMES, _activation, _flag, _same_dtype as _checks_same_dtype, _scalar
+from ..dispatch import plan as _dispatch_plan
+from ..problem import GemmProblem
 
 
 def _on_gpu(op: str, **arrays) -> None:

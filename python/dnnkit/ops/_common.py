@@ -1,0 +1,54 @@
+"""What the operators share: problems kept per call signature, plans with the public function's name in
+their errors, the hand-off of GPU arrays to the GPU path, and the checks of accumulate_into targets."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends import device_of, placement_error
+from ..dispatch import plan as _dispatch_plan
+from ..plans import Memo
+
+
+# Problems are immutable and built from a handful of ints, flags and names: keep one object per key so
+# that a repeated call builds no dataclass and hashes to a cached dispatch decision.
+_problems = Memo()
+
+def _plan(op: str, p, algo, workspace_limit=None):
+    """dispatch.plan, its errors naming the public function op (linear's problems are GEMM problems)."""
+    try:
+        return _dispatch_plan(p, algo, workspace_limit)
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        if op == p.op or not msg.startswith(f"{p.op}: "):
+            raise
+        raise type(e)(f"{op}: {msg[len(p.op) + 2:]}") from None
+
+
+def _gpu(op: str, **arrays):
+    """The GPU path of the public functions (gpu_dense), for a call whose arrays are on the GPU; raises
+    placement_error when they are mixed with host arrays in a way its checks would not name."""
+    from . import gpu_dense
+
+    where = {device_of(v) for v in arrays.values() if not isinstance(v, (list, tuple, dict))} - {None}
+    if "cuda" not in where:
+        raise placement_error(op, **arrays)
+    return gpu_dense
+
+
+def _host_stream(op: str, stream) -> None:
+    if stream is not None:
+        raise TypeError(f"{op}: stream is for GPU arrays; the arrays given are on the host")
+
+
+def _accumulate_target(op, name, a, shape, dtype) -> np.ndarray:
+    """An array a backward adds a gradient of `shape` and `dtype` into (accumulate_into), checked."""
+    shape = tuple(shape)
+    if type(a) is not np.ndarray:
+        raise TypeError(f"{op}: {name} must be a NumPy array of the gradient's shape {shape}, got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise TypeError(f"{op}: {name} has dtype {a.dtype} but the gradients are {dtype}")
+    if a.shape != shape:
+        raise ValueError(f"{op}: {name} must have shape {shape}, got {a.shape}")
+    if not (a.flags.c_contiguous and a.flags.writeable):
+        raise ValueError(f"{op}: {name} must be C-contiguous and writable (it is added to in place)")
+    return a

@@ -1,0 +1,106 @@
+"""explain(): the candidate algorithms for a call, a Problem or a descriptor, and why each can or cannot
+run it."""
+from __future__ import annotations
+
+from ..backends import DeviceArray, cpu as _cpu
+from ..dispatch import explain_problem
+from ..packed import PackedWeight
+from ..problem import RNN_MODES, ConvProblem, GemmProblem, RnnProblem, parse_descriptor
+from . import convolution as _conv, dense as _linear
+from ._common import _gpu
+
+
+# ---------------------------------------------------------------------------------------------- explain
+def _parse_descriptor(text: str, **kwargs):
+    """A GEMM descriptor (m..n..k.., a strict grammar, tried first) or a benchdnn convolution descriptor;
+    kwargs are ConvProblem.parse's (direction=, dtype=, ...), and force the convolution grammar."""
+    if kwargs and not text.strip().startswith(RNN_MODES):
+        return ConvProblem.parse(text, **kwargs)
+    try:
+        return parse_descriptor(text, **kwargs)
+    except ValueError as e:
+        raise ValueError(f"explain: {e}") from None
+
+
+class Explanation(list):
+    """explain()'s answer: a list of Candidate, printed as a table after the problem and where its products
+    run (`isa`: the kernels' instruction set, and whether a float32 product goes to AMX tiles)."""
+
+    def __init__(self, problem, candidates):
+        super().__init__(candidates)
+        self.problem = problem
+        self.isa = _isa_note(problem)
+
+    def __str__(self) -> str:
+        lines = [f"{self.problem.op} {self.problem.descriptor()}", f"  on {self.isa}"]
+        lines += [str(c) for c in self]
+        return "\n".join(lines)
+
+
+def _isa_note(p) -> str:
+    """The kernels' instruction set for p, and whether its float32 products run on AMX tiles; for a GPU
+    problem, the GPU (or why there is none)."""
+    if getattr(p, "device", "cpu") == "cuda":
+        from ..backends import cuda
+
+        s = cuda.status()
+        if cuda.simulator():
+            return "the CUDA simulator (Numba-CUDA kernels run on the CPU)"
+        if not s["available"]:
+            return f"no usable GPU here: {s['reason']}"
+        d = s["devices"][0]
+        return f"{d['name']} (compute capability {d['compute_capability']}, {d['sm_count']} SMs), Numba-CUDA kernels"
+    isa = _cpu.active_isa()
+    if not _cpu.amx_enabled() or isa != "avx512" or getattr(p, "dtype", "float32") != "float32":
+        return f"{isa} FMA kernels"
+    if isinstance(p, GemmProblem):
+        if _cpu.amx_takes_shape(p.m, p.n, p.k):
+            return (f"AMX tiles: the blocked GEMM runs this {p.m} x {p.n} x {p.k} product on them (float32 split into "
+                    f"bfloat16 parts) where every operand value splits, else on the {isa} FMA kernels")
+        return f"{isa} FMA kernels (this product's shape is too small for the AMX tiles)"
+    return (f"{isa} FMA kernels, and AMX tiles for the float32 products inside of 192 or more rows and columns "
+            f"and a depth of 64 or more, where every operand value splits")
+
+
+def _either(op, prepare, args, **arrays):
+    """The problem of a call: dense.py's _<op>_prepare(*args) on host arrays, gpu_dense.<op>_prepare on GPU
+    arrays."""
+    try:
+        return getattr(_linear, f"_{prepare}")(*args)[0]
+    except DeviceArray:
+        return getattr(_gpu(op, **arrays), prepare)(*args)[0]
+
+
+_PREPARE = {
+    "gemm": lambda a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False: _either(
+        "gemm", "gemm_prepare", (a, b, c, alpha, beta, trans_a, trans_b), a=a, b=b, c=c),
+    "linear": lambda input, weight, bias=None, *, activation=None: _either(
+        "linear", "linear_prepare", (input, weight, bias, activation), input=input, weight=weight, bias=bias),
+    "conv2d": lambda input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1: _conv._conv2d_prepare(
+        input, weight, bias, stride, padding, dilation, groups)[0],
+    "conv2d_backward_data": lambda input_shape, weight, grad_output, stride=1, padding=0, dilation=1, groups=1: (
+        _conv._conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation, groups)[0]),
+    "conv2d_backward_filter": lambda input, weight_shape, grad_output, stride=1, padding=0, dilation=1, groups=1: (
+        _conv._conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding, dilation, groups)[0]),
+}
+
+
+def explain(what, *args, algo="auto", workspace_limit=None, **kwargs) -> Explanation:
+    """The candidate algorithms for a call and why each can or cannot run it.
+
+    what: an operator name with the call's arguments (explain("gemm", a, b, trans_b=True)), a Problem,
+    or a problem descriptor string: GEMM ("m64n4096k4096tb_f32"), RNN ("lstm_l1t50mb16slc512sic512") or
+    benchdnn convolution ("mb8ic64ih56oc64oh56kh3ph1", with direction=/dtype= as keywords).
+    """
+    if isinstance(what, (GemmProblem, ConvProblem, RnnProblem)):
+        p = what
+    elif isinstance(what, str) and what in _PREPARE:
+        if any(isinstance(v, PackedWeight) for v in (*args, *kwargs.values())):
+            raise ValueError(f"explain: a packed weight (dnnkit.pack_weight) runs its own kernel, gemm_prepacked, "
+                             f"not a registry algorithm; explain {what} with the array it was packed from")
+        p = _PREPARE[what](*args, **kwargs)
+    elif isinstance(what, str):
+        p = _parse_descriptor(what, **kwargs)
+    else:
+        raise TypeError(f"explain: what must be an operator name, a Problem or a descriptor, got {type(what).__name__}")
+    return Explanation(p, explain_problem(p, algo, workspace_limit))

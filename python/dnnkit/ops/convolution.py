@@ -1,0 +1,243 @@
+"""The convolutions on the host: conv2d, conv2d_backward_data, conv2d_backward_filter and
+conv2d_backward_bias (torch.nn.functional.conv2d's semantics and its gradients)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..algos import conv_cpu as _conv_kernels
+from .._checks import _DTYPE_NAMES, _array, _empty, _same_dtype
+from ..backends import DeviceArray, cpu as _cpu, device_of, placement_error
+from ..problem import ConvProblem, _conv_pair
+from ._common import _plan, _problems
+
+
+# ------------------------------------------------------------------------------------------ convolution
+def _shape4(op: str, name: str, shape) -> tuple:
+    try:
+        t = tuple(int(v) for v in shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: {name} must be a sequence of 4 ints, got {shape!r}") from None
+    if len(t) != 4 or any(v < 0 for v in t) or any(int(v) != v for v in shape):
+        raise ValueError(f"{op}: {name} must be 4 non-negative ints (N, C, H, W or K, C/groups, R, S), got {shape!r}")
+    return t
+
+
+def _typed(v):
+    """v as part of a cache key that tells 1 from True and 1 from 1.0 (lists become tuples)."""
+    if isinstance(v, (list, tuple)):
+        return tuple((type(e), e) for e in v)
+    return (type(v), v)
+
+
+def _conv_problem(op, direction, x_shape, w_shape, stride, padding, dilation, groups, dtype, bias=False):
+    """The ConvProblem of a call; one object per distinct call signature (building and validating one
+    costs tens of microseconds, a dictionary hit well under one)."""
+    try:
+        key = (op, direction, x_shape, w_shape, _typed(stride), _typed(padding), _typed(dilation), _typed(groups),
+               dtype, bias)
+        p = _problems.get(key)
+    except TypeError:  # an unhashable argument: no caching, from_arrays reports what is wrong with it
+        key, p = None, None
+    if p is None:
+        p = ConvProblem.from_arrays(x_shape, w_shape, stride, padding, dilation, groups, direction=direction,
+                                    dtype=_DTYPE_NAMES[dtype], bias=bias, op=op)
+        if key is not None:
+            _problems.put(key, p)
+    return p
+
+
+_SCRATCH_MIN_BYTES = 128 << 10  # csrc/common.h kRecycleBytes: the block cache's smallest block
+
+
+def _workspace(plan, dtype):
+    """The workspace array a plan's run needs (None for none)."""
+    nbytes, p = plan.workspace_bytes, plan.problem
+    if nbytes == 0:
+        return None
+    if nbytes < _SCRATCH_MIN_BYTES:
+        return _empty(p.op, (nbytes // dtype.itemsize,), dtype)
+    # Larger workspaces come from the kernels' block cache: a fresh mapping would take a page fault and a
+    # zeroed page per 4 KiB on every call (a fifth of Winograd's backward filter on ResNet-50's res5, a
+    # tenth of its 1x1 layers at batch 8).
+    try:
+        return _cpu.scratch(nbytes).view(dtype)
+    except MemoryError:
+        raise MemoryError(f"{p.op}: cannot allocate a workspace of {nbytes} bytes") from None
+
+
+_WORKSPACE_ALIGN = 64  # bytes: a caller's workspace is used from its first 64-byte boundary
+
+
+def _caller_workspace(op: str, workspace):
+    """The caller's workspace= as flat bytes (None for none), or a TypeError/ValueError naming op."""
+    if workspace is None:
+        return None
+    if device_of(workspace) == "cuda":
+        raise DeviceArray(f"{op}: workspace is an array on a CUDA device")
+    if not isinstance(workspace, np.ndarray):
+        raise TypeError(f"{op}: workspace must be a NumPy array (any dtype), got {type(workspace).__name__}")
+    if not workspace.flags.c_contiguous or not workspace.flags.writeable:
+        raise ValueError(f"{op}: workspace must be a C-contiguous, writable array")
+    return workspace.reshape(-1).view(np.uint8)
+
+
+def _conv_plan(op: str, p, algo, ws):
+    """The plan for p; with a caller's workspace ws, one whose workspace fits in it (its limit)."""
+    return _plan(op, p, algo, None if ws is None else max(0, ws.nbytes - (_WORKSPACE_ALIGN - 1)))
+
+
+def _conv_workspace(op: str, plan, dtype, ws):
+    """The workspace for the run: the library's (ws None), or the first aligned bytes of the caller's."""
+    if ws is None:
+        return _workspace(plan, dtype)
+    need, algorithm = plan.workspace_bytes, plan.algorithm
+    if need == 0:
+        return None
+    off = -ws.ctypes.data % _WORKSPACE_ALIGN
+    if ws.nbytes < off + need:
+        raise ValueError(f"{op}: workspace holds {ws.nbytes} bytes; {algorithm.name} needs {need} from a "
+                         f"{_WORKSPACE_ALIGN}-byte boundary ({need + _WORKSPACE_ALIGN - 1} bytes always suffice)")
+    return ws[off:off + need - need % dtype.itemsize].view(dtype)
+
+
+def _odd_same(weight_shape, stride, padding, dilation):
+    """For padding='same' at stride 1 where dilation * (kernel - 1) is odd along a dimension (torch then pads
+    one more on the bottom/right): ((rows, cols) to pad on the bottom/right by hand, the symmetric padding
+    for the rest). None otherwise, and wherever the arguments are not valid (the usual checks report them)."""
+    if not (isinstance(padding, str) and padding == "same") or len(weight_shape) != 4:
+        return None
+    try:
+        (sh, sw), (dh, dw) = _conv_pair("conv2d", "stride", stride, 1), _conv_pair("conv2d", "dilation", dilation, 1)
+    except (TypeError, ValueError):
+        return None
+    th, tw = dh * (weight_shape[2] - 1), dw * (weight_shape[3] - 1)
+    if (sh, sw) != (1, 1) or min(th, tw) < 0 or (th % 2 == 0 and tw % 2 == 0):
+        return None
+    return (th % 2, tw % 2), (th // 2, tw // 2)
+
+
+def _pad_bottom_right(x: np.ndarray, extra) -> np.ndarray:
+    return np.pad(x, ((0, 0), (0, 0), (0, extra[0]), (0, extra[1])))
+
+
+def _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups):
+    op = "conv2d"
+    x = _array(op, "input", input, ndim=4)
+    w = _array(op, "weight", weight, ndim=4)
+    if bias is not None:
+        bias = _array(op, "bias", bias, ndim=1)
+    dtype = x.dtype
+    if w.dtype != dtype or (bias is not None and bias.dtype != dtype):
+        _same_dtype(op, input=x, weight=w, bias=bias)  # raises, naming the arrays
+    p = _conv_problem(op, "fwd", x.shape, w.shape, stride, padding, dilation, groups, dtype, bias is not None)
+    if bias is not None and bias.shape[0] != p.oc:
+        raise ValueError(f"conv2d: bias must have {p.oc} elements (output channels), got {bias.shape[0]}")
+    return p, x, w, bias
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algo="auto", workspace=None):
+    """2-D convolution (cross-correlation), as torch.nn.functional.conv2d: input N x C x H x W, weight
+    K x C/groups x R x S, bias K or None; stride, dilation int or pair; padding int, pair, "same" or "valid".
+    Returns N x K x P x Q.
+
+    workspace: an array the caller owns (any dtype, C-contiguous) for the algorithm's scratch, as cuDNN's
+    workspace: "auto" then picks among the algorithms whose workspace fits in it, and an algorithm named
+    by algo that needs more is an error saying how much (explain() lists each one's). None: dnnkit's own."""
+    odd = _odd_same(np.shape(weight), stride, padding, dilation)
+    if odd is not None and np.ndim(input) == 4 and device_of(input) != "cuda":
+        # The one extra row/column of padding on the bottom/right, by hand; the rest as usual.
+        x = _array("conv2d", "input", input, ndim=4)
+        return conv2d(_pad_bottom_right(x, odd[0]), weight, bias, stride, odd[1], dilation, groups, algo=algo,
+                      workspace=workspace)
+    try:
+        ws = _caller_workspace("conv2d", workspace)
+        p, x, w, bias = _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups)
+    except DeviceArray:
+        raise placement_error("conv2d", input=input, weight=weight, bias=bias, workspace=workspace) from None
+    plan = _conv_plan("conv2d", p, algo, ws)
+    y = _empty("conv2d", (p.mb, p.oc, p.oh, p.ow), x.dtype)
+    plan.run(np.ascontiguousarray(x), np.ascontiguousarray(w), out=y,
+             bias=None if bias is None else np.ascontiguousarray(bias),
+             workspace=_conv_workspace("conv2d", plan, x.dtype, ws))
+    return y
+
+
+def _conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation, groups):
+    op = "conv2d_backward_data"
+    shape = _shape4(op, "input_shape", input_shape)
+    w = _array(op, "weight", weight, ndim=4)
+    dy = _array(op, "grad_output", grad_output, ndim=4)
+    dtype = _same_dtype(op, weight=w, grad_output=dy)
+    p = _conv_problem(op, "bwd_data", shape, w.shape, stride, padding, dilation, groups, dtype)
+    if dy.shape != (p.mb, p.oc, p.oh, p.ow):
+        raise ValueError(f"{op}: grad_output must have shape {(p.mb, p.oc, p.oh, p.ow)}, got {dy.shape}")
+    return p, w, dy
+
+
+def conv2d_backward_data(input_shape, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
+                         algo="auto", workspace=None):
+    """Gradient of conv2d with respect to its input, as torch.nn.grad.conv2d_input (workspace: as conv2d's)."""
+    odd = _odd_same(np.shape(weight), stride, padding, dilation)
+    if odd is not None:
+        n, c, h, w_ = _shape4("conv2d_backward_data", "input_shape", input_shape)
+        dx = conv2d_backward_data((n, c, h + odd[0][0], w_ + odd[0][1]), weight, grad_output, stride, odd[1], dilation,
+                                  groups, algo=algo, workspace=workspace)
+        return np.ascontiguousarray(dx[:, :, :h, :w_])  # the hand-padded row/column's gradient dropped
+    op = "conv2d_backward_data"
+    try:
+        ws = _caller_workspace(op, workspace)
+        p, w, dy = _conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation, groups)
+    except DeviceArray:
+        raise placement_error(op, weight=weight, grad_output=grad_output, workspace=workspace) from None
+    plan = _conv_plan(op, p, algo, ws)
+    dx = _empty(op, (p.mb, p.ic, p.ih, p.iw), w.dtype)
+    plan.run(np.ascontiguousarray(w), np.ascontiguousarray(dy), out=dx,
+             workspace=_conv_workspace(op, plan, w.dtype, ws))
+    return dx
+
+
+def _conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding, dilation, groups):
+    op = "conv2d_backward_filter"
+    x = _array(op, "input", input, ndim=4)
+    shape = _shape4(op, "weight_shape", weight_shape)
+    dy = _array(op, "grad_output", grad_output, ndim=4)
+    dtype = _same_dtype(op, input=x, grad_output=dy)
+    p = _conv_problem(op, "bwd_filter", x.shape, shape, stride, padding, dilation, groups, dtype)
+    if dy.shape != (p.mb, p.oc, p.oh, p.ow):
+        raise ValueError(f"{op}: grad_output must have shape {(p.mb, p.oc, p.oh, p.ow)}, got {dy.shape}")
+    return p, x, dy
+
+
+def conv2d_backward_filter(input, weight_shape, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
+                           algo="auto", workspace=None):
+    """Gradient of conv2d with respect to its weight, as torch.nn.grad.conv2d_weight (workspace: as conv2d's)."""
+    try:
+        shape = tuple(int(v) for v in weight_shape)
+    except (TypeError, ValueError):
+        shape = ()  # the usual checks report it
+    odd = _odd_same(shape, stride, padding, dilation)
+    if odd is not None and np.ndim(input) == 4 and device_of(input) != "cuda":
+        x = _array("conv2d_backward_filter", "input", input, ndim=4)
+        return conv2d_backward_filter(_pad_bottom_right(x, odd[0]), weight_shape, grad_output, stride, odd[1],
+                                      dilation, groups, algo=algo, workspace=workspace)
+    op = "conv2d_backward_filter"
+    try:
+        ws = _caller_workspace(op, workspace)
+        p, x, dy = _conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding, dilation, groups)
+    except DeviceArray:
+        raise placement_error(op, input=input, grad_output=grad_output, workspace=workspace) from None
+    plan = _conv_plan(op, p, algo, ws)
+    dw = _empty(op, (p.oc, p.ic // p.g, p.kh, p.kw), x.dtype)
+    plan.run(np.ascontiguousarray(x), np.ascontiguousarray(dy), out=dw,
+             workspace=_conv_workspace(op, plan, x.dtype, ws))
+    return dw
+
+
+def conv2d_backward_bias(grad_output):
+    """Gradient of conv2d with respect to its bias: grad_output summed over N, H and W."""
+    op = "conv2d_backward_bias"
+    try:
+        dy = np.ascontiguousarray(_array(op, "grad_output", grad_output, ndim=4))
+    except DeviceArray:
+        raise placement_error(op, grad_output=grad_output) from None
+    return _conv_kernels.bias_grad(dy, _empty(op, (dy.shape[1],), dy.dtype))

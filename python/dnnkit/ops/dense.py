@@ -1,0 +1,302 @@
+"""gemm, linear and linear_backward on the host: validate -> build a Problem -> dispatch -> run.
+
+Semantics follow BLAS (gemm) and torch.nn.functional (linear). Errors name the operator and argument.
+GPU arrays go to gpu_dense.py.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..algos import gemm_cpu as _fc_kernels
+from ..algos.gemm_cpu import ACTIVATION_CODES, LINEAR_RUN_KINDS
+from .._checks import _DTYPE_NAMES, _activation, _array, _empty, _flag, _output, _same_dtype, _scalar, _unshared
+from .._config import get_workspace_limit
+from ..backends import DeviceArray, device_of, placement_error
+from ..dispatch import dispatch_state, plan as _dispatch_plan
+from ..packed import PackedWeight
+from ..plans import Memo
+from ..problem import GemmProblem
+from ._common import _accumulate_target, _gpu, _host_stream, _plan, _problems
+
+
+def _gemm_problem(m, n, k, trans_a, trans_b, dtype, bias=False, activation="identity") -> GemmProblem:
+    key = (m, n, k, trans_a, trans_b, dtype, bias, activation)
+    p = _problems.get(key)
+    if p is None:
+        p = _problems.put(key, GemmProblem(m, n, k, trans_a=trans_a, trans_b=trans_b, dtype=_DTYPE_NAMES[dtype],
+                                           bias=bias, activation=activation))
+    return p
+
+
+# ------------------------------------------------------------------------------------------------- gemm
+def _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b):
+    op = "gemm"
+    a = _array(op, "a", a, ndim=2)
+    b = _array(op, "b", b, ndim=2)
+    dtype = a.dtype
+    if b.dtype != dtype:
+        _same_dtype(op, a=a, b=b)  # raises, naming the arrays
+    alpha = _scalar(op, "alpha", alpha)
+    beta = _scalar(op, "beta", beta)
+    A = a.T if _flag(op, "trans_a", trans_a) else a  # M x K
+    B = b.T if _flag(op, "trans_b", trans_b) else b  # K x N
+    if A.shape[1] != B.shape[0]:
+        raise ValueError(
+            f"gemm: inner dimensions differ: op(a) is {A.shape[0]}x{A.shape[1]}, op(b) is {B.shape[0]}x{B.shape[1]}"
+        )
+    m, k = A.shape
+    n = B.shape[1]
+    if c is None:
+        if beta != 0.0:
+            raise ValueError("gemm: beta is nonzero but c is None; pass c to accumulate into")
+    else:
+        _output(op, "c", c, (m, n), dtype)
+    p = _gemm_problem(m, n, k, bool(trans_a), bool(trans_b), dtype)
+    return p, A, B, alpha, beta
+
+
+def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, algo="auto", stream=None):
+    """C := alpha * op(a) @ op(b) + beta * C, with op(x) = x.T when trans_x, as BLAS sgemm/dgemm.
+
+    a, b: 2-D float32 or float64 arrays of one dtype, any strides: NumPy arrays (run on the CPU) or GPU
+    arrays (CuPy, PyTorch CUDA tensors, Numba device arrays; run on the GPU, on `stream` or the caller's
+    current stream). When c is given it is updated in place and returned; when beta == 0 it is not read (it
+    may hold NaN), and when alpha == 0 neither are a and b. Without c a new array is returned, of a's kind.
+    """
+    try:
+        p, A, B, alpha, beta = _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b)
+    except DeviceArray:
+        return _gpu("gemm", a=a, b=b, c=c).gemm(a, b, c, alpha, beta, trans_a, trans_b, algo, stream)
+    _host_stream("gemm", stream)
+    if alpha == 0.0:
+        # As BLAS: a and b are not read (a NaN or Inf in them does not reach C); C = beta * C.
+        if algo != "auto":
+            _dispatch_plan(p, algo)  # a named algorithm is still checked
+        if c is None:
+            c = _empty("gemm", (p.m, p.n), A.dtype)
+            c.fill(0.0)
+        elif beta == 0.0:
+            c.fill(0.0)
+        elif beta != 1.0:
+            c *= beta
+        return c
+    plan = _dispatch_plan(p, algo)
+    if c is None:
+        c = _empty("gemm", (p.m, p.n), A.dtype)
+    else:
+        A, B = _unshared(A, c), _unshared(B, c)
+    plan.run(A, B, out=c, alpha=alpha, beta=beta)
+    return c
+
+
+# ----------------------------------------------------------------------------------------------- linear
+def _linear_prepare(x, weight, bias, activation):
+    op = "linear"
+    x = _array(op, "input", x)
+    if x.ndim < 1:
+        raise ValueError(f"linear: input must have at least 1 dimension, got shape {x.shape}")
+    w = _array(op, "weight", weight, ndim=2)
+    if bias is not None:
+        bias = _array(op, "bias", bias, ndim=1)
+    dtype = x.dtype
+    if w.dtype != dtype or (bias is not None and bias.dtype != dtype):
+        _same_dtype(op, input=x, weight=w, bias=bias)  # raises, naming the arrays
+    out_f, in_f = w.shape
+    if x.shape[-1] != in_f:
+        raise ValueError(
+            f"linear: input has {x.shape[-1]} features (last dimension of shape {x.shape}) but weight "
+            f"{w.shape} expects {in_f}"
+        )
+    if bias is not None and bias.shape[0] != out_f:
+        raise ValueError(f"linear: bias must have {out_f} elements (weight rows), got {bias.shape[0]}")
+    act = _activation(op, activation)
+    lead = x.shape[:-1]
+    m = math.prod(lead)
+    p = _gemm_problem(m, out_f, in_f, False, True, dtype, bias is not None, act)
+    return p, x.reshape(m, in_f), w, bias, lead
+
+
+# Calls already validated and dispatched, by signature: (input shape and dtype, weight's, bias's,
+# activation, algo, dispatch state) -> (problem, algorithm). A repeated call (the batch-1 layer of an
+# inference loop) then skips the checks and the dispatch, a few microseconds of a GEMV's tens.
+# A hit whose algorithm names a kernel of linear_run (algos/gemm_cpu.py) goes straight to it: the output allocated, the
+# kernel run, all in one C++ call.
+_linear_calls = Memo(1024)
+
+
+def _linear_key(input, weight, bias, activation, algo):
+    if not (type(input) is np.ndarray and type(weight) is np.ndarray and (bias is None or type(bias) is np.ndarray)
+            and (activation is None or type(activation) is str) and type(algo) is str):
+        return None
+    return (input.shape, input.dtype, weight.shape, weight.dtype, None if bias is None else (bias.shape, bias.dtype),
+            activation, algo, get_workspace_limit(), dispatch_state())
+
+
+def linear(input, weight, bias=None, *, activation=None, return_preactivation=False, algo="auto", stream=None):
+    """y = act(input @ weight.T + bias), as torch.nn.functional.linear followed by the activation.
+
+    input: (..., in_features); weight: (out_features, in_features), or that weight packed once by
+    dnnkit.pack_weight (its own kernel: no packing of the weight at each call); bias: (out_features,) or None.
+    activation: None, 'relu', 'tanh', 'sigmoid' or 'gelu' (the exact, erf form), fused into the GEMM.
+    return_preactivation: also return z = input @ weight.T + bias (what linear_backward needs for gelu).
+    GPU arrays run on the GPU (see gemm), on `stream` or the caller's current stream.
+    """
+    if isinstance(weight, PackedWeight):
+        return _linear_packed(input, weight, bias, activation, return_preactivation, algo)
+    key = None if return_preactivation is not False else _linear_key(input, weight, bias, activation, algo)
+    hit = None if key is None else _linear_calls.get(key)
+    if hit is not None:
+        plan, kind = hit
+        p = plan.problem
+        if kind is not None:
+            return _fc_kernels.linear_run(input, weight, bias, ACTIVATION_CODES[p.activation], kind)
+        y = _empty("linear", input.shape[:-1] + (p.n,), weight.dtype)
+        plan.run(input.reshape(p.m, p.k), weight.T, out=y.reshape(p.m, p.n), bias=bias)
+        return y
+    try:
+        p, x2, w, bias, lead = _linear_prepare(input, weight, bias, activation)
+    except DeviceArray:
+        return _gpu("linear", input=input, weight=weight, bias=bias).linear(
+            input, weight, bias, activation, return_preactivation, algo, stream)
+    _host_stream("linear", stream)
+    _flag("linear", "return_preactivation", return_preactivation)
+    plan = _plan("linear", p, algo)
+    y = _empty("linear", lead + (p.n,), w.dtype)
+    y2 = y.reshape(p.m, p.n)
+    if not return_preactivation or p.activation == "identity":
+        plan.run(x2, w.T, out=y2, bias=bias)
+        if key is not None:
+            _linear_calls.put(key, (plan, LINEAR_RUN_KINDS.get(type(plan.algorithm))))
+        return (y, y.copy()) if return_preactivation else y
+    z = _empty("linear", y.shape, y.dtype)
+    pz = _gemm_problem(p.m, p.n, p.k, False, True, w.dtype, p.bias)
+    plan.algorithm.run(pz, x2, w.T, out=z.reshape(p.m, p.n), bias=bias)
+    _fc_kernels.activation_forward(z, y, ACTIVATION_CODES[p.activation])
+    return y, z
+
+
+def _linear_packed(x, pw, bias, activation, return_preactivation, algo):
+    """linear on a weight packed by pack_weight: its own kernel (gemm_prepacked), no dispatch."""
+    op = "linear"
+    try:
+        x = _array(op, "input", x)
+        if bias is not None:
+            bias = _array(op, "bias", bias, ndim=1)
+    except DeviceArray:
+        raise placement_error(op, input=x, weight=pw.weight, bias=bias) from None
+    if x.ndim < 1:
+        raise ValueError(f"linear: input must have at least 1 dimension, got shape {x.shape}")
+    if x.dtype != pw.dtype or (bias is not None and bias.dtype != pw.dtype):
+        _same_dtype(op, input=x, weight=pw.weight, bias=bias)  # raises, naming the arrays
+    out_f, in_f = pw.shape
+    if x.shape[-1] != in_f:
+        raise ValueError(f"linear: input has {x.shape[-1]} features (last dimension of shape {x.shape}) but the "
+                         f"packed weight {pw.shape} expects {in_f}")
+    if bias is not None and bias.shape[0] != out_f:
+        raise ValueError(f"linear: bias must have {out_f} elements (weight rows), got {bias.shape[0]}")
+    act = _activation(op, activation)
+    _flag(op, "return_preactivation", return_preactivation)
+    if algo != "auto":
+        raise ValueError(f"linear: a packed weight runs its own kernel; algo must be 'auto', got {algo!r}")
+    if not return_preactivation:
+        return _fc_kernels.linear_prepacked(x, pw, bias, ACTIVATION_CODES[act])
+    z = _fc_kernels.linear_prepacked(x, pw, bias, 0)
+    if act == "identity":
+        return z, z.copy()
+    y = _empty(op, z.shape, z.dtype)
+    _fc_kernels.activation_forward(z, y, ACTIVATION_CODES[act])
+    return y, z
+
+
+def linear_backward(grad_output, input, weight, *, bias=True, activation=None, output=None,
+                    preactivation=None, algo="auto", accumulate_into=None, stream=None):
+    """Gradients of y = act(input @ weight.T + bias): returns (grad_input, grad_weight, grad_bias).
+
+    grad_bias is None when bias is False. With an activation, pass the forward's output (enough for relu,
+    tanh and sigmoid) or its preactivation (needed for gelu; see linear(return_preactivation=True)).
+    accumulate_into: (grad_weight, grad_bias) arrays (grad_bias None without a bias; C-contiguous, of the
+    weight's dtype) to which the gradients are added in place and which are returned, as autograd adds
+    into ``.grad``: a layer applied at many steps sums its gradients without a pass of its own.
+    """
+    op = "linear_backward"
+    if isinstance(weight, PackedWeight):
+        weight = weight.weight
+    try:
+        x = _array(op, "input", input)
+        w = _array(op, "weight", weight, ndim=2)
+        gy = _array(op, "grad_output", grad_output)
+        for arr in (output, preactivation, *(accumulate_into if isinstance(accumulate_into, (list, tuple)) else ())):
+            if device_of(arr) == "cuda":
+                raise DeviceArray(op)
+    except DeviceArray:
+        return _gpu(op, grad_output=grad_output, input=input, weight=weight, output=output,
+                    preactivation=preactivation, accumulate_into=accumulate_into).linear_backward(
+            grad_output, input, weight, bias, activation, output, preactivation, algo, accumulate_into, stream)
+    _host_stream(op, stream)
+    if x.ndim < 1:
+        raise ValueError(f"{op}: input must have at least 1 dimension, got shape {x.shape}")
+    dtype = _same_dtype(op, grad_output=gy, input=x, weight=w)
+    out_f, in_f = w.shape
+    if x.shape[-1] != in_f:
+        raise ValueError(f"{op}: input has {x.shape[-1]} features but weight {w.shape} expects {in_f}")
+    expect = x.shape[:-1] + (out_f,)
+    if gy.shape != expect:
+        raise ValueError(f"{op}: grad_output must have shape {expect}, got {gy.shape}")
+    act = _activation(op, activation)
+    _flag(op, "bias", bias)
+    saved = {}
+    for name, arr in (("output", output), ("preactivation", preactivation)):
+        if arr is not None:
+            arr = _array(op, name, arr)
+            if arr.dtype != dtype:
+                raise TypeError(f"{op}: {name} must have dtype {dtype}, got {arr.dtype}")
+            if arr.shape != expect:
+                raise ValueError(f"{op}: {name} must have shape {expect}, got {arr.shape}")
+            saved[name] = arr
+    into_w, into_b = _linear_accumulate_targets(op, accumulate_into, w.shape, bias, dtype)
+    m = math.prod(x.shape[:-1])
+    x2 = x.reshape(m, in_f)
+    gy2 = gy.reshape(m, out_f)
+    if act == "identity":
+        gz = gy2
+    else:
+        if "preactivation" not in saved and ("output" not in saved or act == "gelu"):
+            need = "preactivation" if act == "gelu" else "output or preactivation"
+            raise ValueError(f"{op}: activation {act!r} needs the forward's {need}")
+        z = saved.get("preactivation")
+        y = saved.get("output")
+        gz = _empty(op, (m, out_f), dtype)
+        _fc_kernels.activation_backward(
+            np.ascontiguousarray(gy2), None if z is None else np.ascontiguousarray(z),
+            None if y is None else np.ascontiguousarray(y), gz, ACTIVATION_CODES[act],
+        )
+    # grad_input (M x K) = gz (M x N) @ weight (N x K)
+    p_dx = _gemm_problem(m, in_f, out_f, False, False, dtype)
+    grad_x = _empty(op, x.shape, dtype)
+    _plan(op, p_dx, algo).run(gz, w, out=grad_x.reshape(m, in_f))
+    # grad_weight (N x K) = gz.T (N x M) @ input (M x K)
+    p_dw = _gemm_problem(out_f, in_f, m, True, False, dtype)
+    grad_w = _empty(op, (out_f, in_f), dtype) if into_w is None else into_w
+    _plan(op, p_dw, algo).run(gz.T, x2, out=grad_w, beta=0.0 if into_w is None else 1.0)
+    grad_b = _fc_kernels.column_sums(np.ascontiguousarray(gz), into_b) if bias else None
+    return grad_x, grad_w, grad_b
+
+
+def _linear_accumulate_targets(op, into, w_shape, bias, dtype):
+    """(grad_weight, grad_bias) targets of linear_backward's accumulate_into, checked; (None, None) without."""
+    if into is None:
+        return None, None
+    if not isinstance(into, (list, tuple)) or len(into) != 2:
+        raise TypeError(f"{op}: accumulate_into must be a pair (grad_weight, grad_bias), got "
+                        f"{type(into).__name__}{'' if not isinstance(into, (list, tuple)) else f' of {len(into)}'}")
+    out = []
+    for name, a, shape in (("accumulate_into[0]", into[0], w_shape), ("accumulate_into[1]", into[1], w_shape[:1])):
+        if name.endswith("[1]") and not bias:
+            if a is not None:
+                raise ValueError(f"{op}: {name} must be None when bias is False")
+            out.append(None)
+            continue
+        out.append(_accumulate_target(op, name, a, shape, dtype))
+    return out[0], out[1]
