@@ -68,6 +68,21 @@ def _activation(op: str, activation) -> str:
     return activation
 
 
+def _linear_backward_shapes(op: str, x_shape, w_shape, gy_shape) -> tuple:
+    """(out_features, in_features, the shape of grad_output and of a saved output) of linear_backward's
+    input, weight and grad_output shapes, on either device; a ValueError naming the argument otherwise."""
+    x_shape, w_shape, gy_shape = tuple(x_shape), tuple(w_shape), tuple(gy_shape)
+    if len(x_shape) < 1:
+        raise ValueError(f"{op}: input must have at least 1 dimension, got shape {x_shape}")
+    out_f, in_f = w_shape
+    if x_shape[-1] != in_f:
+        raise ValueError(f"{op}: input has {x_shape[-1]} features but weight {w_shape} expects {in_f}")
+    expect = x_shape[:-1] + (out_f,)
+    if gy_shape != expect:
+        raise ValueError(f"{op}: grad_output must have shape {expect}, got {gy_shape}")
+    return out_f, in_f, expect
+
+
 def _output(op: str, name: str, out, shape, dtype) -> np.ndarray:
     if device_of(out) == "cuda":
         raise DeviceArray(f"{op}: {name} is an array on a CUDA device")

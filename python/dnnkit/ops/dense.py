@@ -11,7 +11,9 @@ import numpy as np
 
 from ..algos import gemm_cpu as _fc_kernels
 from ..algos.gemm_cpu import ACTIVATION_CODES, LINEAR_RUN_KINDS
-from .._checks import _DTYPE_NAMES, _activation, _array, _empty, _flag, _output, _same_dtype, _scalar, _unshared
+from .._checks import (
+    _DTYPE_NAMES, _activation, _array, _empty, _flag, _linear_backward_shapes, _output, _same_dtype, _scalar, _unshared,
+)
 from .._config import get_workspace_limit
 from ..backends import DeviceArray, device_of, placement_error
 from ..dispatch import dispatch_state, plan as _dispatch_plan
@@ -236,14 +238,9 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
             grad_output, input, weight, bias, activation, output, preactivation, algo, accumulate_into, stream)
     _host_stream(op, stream)
     if x.ndim < 1:
-        raise ValueError(f"{op}: input must have at least 1 dimension, got shape {x.shape}")
+        _linear_backward_shapes(op, x.shape, w.shape, gy.shape)  # raises, naming input
     dtype = _same_dtype(op, grad_output=gy, input=x, weight=w)
-    out_f, in_f = w.shape
-    if x.shape[-1] != in_f:
-        raise ValueError(f"{op}: input has {x.shape[-1]} features but weight {w.shape} expects {in_f}")
-    expect = x.shape[:-1] + (out_f,)
-    if gy.shape != expect:
-        raise ValueError(f"{op}: grad_output must have shape {expect}, got {gy.shape}")
+    out_f, in_f, expect = _linear_backward_shapes(op, x.shape, w.shape, gy.shape)
     act = _activation(op, activation)
     _flag(op, "bias", bias)
     saved = {}

@@ -11,7 +11,9 @@ import math
 
 from ..algos import gemm_cuda as _fc
 from ..backends import cuda as _cuda, device_of
-from .._checks import _DTYPE_NAMES, _activation, _flag, _same_dtype as _checks_same_dtype, _scalar
+from .._checks import (
+    _DTYPE_NAMES, _activation, _flag, _linear_backward_shapes, _same_dtype as _checks_same_dtype, _scalar,
+)
 from ..dispatch import plan as _dispatch_plan
 from ..problem import GemmProblem
 
@@ -167,14 +169,9 @@ def linear_backward(grad_output, input, weight, bias, activation, output, preact
     dw = _cuda.adopt(op, "weight", weight, ndim=2)
     dgy = _cuda.adopt(op, "grad_output", grad_output)
     if dx.ndim < 1:
-        raise ValueError(f"{op}: input must have at least 1 dimension, got shape {tuple(dx.shape)}")
+        _linear_backward_shapes(op, dx.shape, dw.shape, dgy.shape)  # raises, naming input
     dtype = _same_dtype(op, grad_output=dgy, input=dx, weight=dw)
-    out_f, in_f = dw.shape
-    if tuple(dx.shape)[-1] != in_f:
-        raise ValueError(f"{op}: input has {tuple(dx.shape)[-1]} features but weight {tuple(dw.shape)} expects {in_f}")
-    expect = tuple(tuple(dx.shape)[:-1]) + (out_f,)
-    if tuple(dgy.shape) != expect:
-        raise ValueError(f"{op}: grad_output must have shape {expect}, got {tuple(dgy.shape)}")
+    out_f, in_f, expect = _linear_backward_shapes(op, dx.shape, dw.shape, dgy.shape)
     act = _activation(op, activation)
     _flag(op, "bias", bias)
     saved = {}
