@@ -237,10 +237,8 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
                     preactivation=preactivation, accumulate_into=accumulate_into).linear_backward(
             grad_output, input, weight, bias, activation, output, preactivation, algo, accumulate_into, stream)
     _host_stream(op, stream)
-    if x.ndim < 1:
-        _linear_backward_shapes(op, x.shape, w.shape, gy.shape)  # raises, naming input
-    dtype = _same_dtype(op, grad_output=gy, input=x, weight=w)
     out_f, in_f, expect = _linear_backward_shapes(op, x.shape, w.shape, gy.shape)
+    dtype = _same_dtype(op, grad_output=gy, input=x, weight=w)
     act = _activation(op, activation)
     _flag(op, "bias", bias)
     saved = {}

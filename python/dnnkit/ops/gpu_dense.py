@@ -168,10 +168,8 @@ def linear_backward(grad_output, input, weight, bias, activation, output, preact
     dx = _cuda.adopt(op, "input", input)
     dw = _cuda.adopt(op, "weight", weight, ndim=2)
     dgy = _cuda.adopt(op, "grad_output", grad_output)
-    if dx.ndim < 1:
-        _linear_backward_shapes(op, dx.shape, dw.shape, dgy.shape)  # raises, naming input
-    dtype = _same_dtype(op, grad_output=dgy, input=dx, weight=dw)
     out_f, in_f, expect = _linear_backward_shapes(op, dx.shape, dw.shape, dgy.shape)
+    dtype = _same_dtype(op, grad_output=dgy, input=dx, weight=dw)
     act = _activation(op, activation)
     _flag(op, "bias", bias)
     saved = {}
