@@ -9,14 +9,13 @@
 #include <algorithm>
 #include <cstring>
 
+#include "../simd/vec.h"
 #include "conv.h"
 #include "kernels.h"
 
 namespace dnnkit {
 namespace {
 
-template <typename T>
-using Vec __attribute__((vector_size(64))) = T;
 constexpr index_t kRows = 4;
 
 struct Plane {
@@ -25,7 +24,7 @@ struct Plane {
 
 template <typename T>
 Plane padded_plane(const ConvShape& sh) {
-  constexpr index_t L = sizeof(Vec<T>) / sizeof(T);
+  constexpr index_t L = sizeof(vec_t<T>) / sizeof(T);
   const index_t qv = round_up(std::max<index_t>(sh.q, 1), L);          // outputs per row, whole vectors
   const index_t pr = round_up(std::max<index_t>(sh.p, 1), kRows);      // output rows, whole row blocks
   return {(pr - 1) * sh.sh + (sh.r - 1) * sh.dh + 1, (qv - 1) * sh.sw + (sh.s - 1) * sh.dw + 1};
@@ -35,7 +34,7 @@ Plane padded_plane(const ConvShape& sh) {
 // RS, SS > 0: the filter size and unit stride/dilation along the row fixed at compile time.
 template <typename T, int RS, int SS>
 void plane_rows(const ConvShape& sh, const Plane& pl, const T* buf, const T* wk, T b, T* yk) {
-  using V = Vec<T>;
+  using V = vec_t<T>;
   constexpr index_t L = sizeof(V) / sizeof(T);
   const index_t R = RS > 0 ? RS : sh.r, S = SS > 0 ? SS : sh.s, P = sh.p, Q = sh.q;
   const index_t sw = SS > 0 ? 1 : sh.sw, dw = SS > 0 ? 1 : sh.dw;

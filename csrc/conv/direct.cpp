@@ -5,14 +5,12 @@
 #include <cstring>
 #include <vector>
 
+#include "../simd/vec.h"
 #include "conv.h"
 #include "kernels.h"
 
 namespace dnnkit {
 namespace {
-// A 64-byte vector of T (GCC vector extension): one AVX-512 register, two AVX2 or four SSE registers.
-template <typename T>
-using Vec __attribute__((vector_size(64))) = T;
 constexpr index_t kQB = 32;  // forward: output columns per register block (channels: 8, 4 or 1)
 }
 
@@ -32,7 +30,7 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
     index_t r_lo = 0, r_hi = R;  // filter rows that land inside the image for this output row
     while (r_lo < R && p * sh.sh - sh.ph + r_lo * sh.dh < 0) ++r_lo;
     while (r_hi > r_lo && p * sh.sh - sh.ph + (r_hi - 1) * sh.dh >= H) --r_hi;
-    using V = Vec<T>;
+    using V = vec_t<T>;
     constexpr int L = static_cast<int>(sizeof(V) / sizeof(T));  // lanes per vector
     constexpr int NV = static_cast<int>(kQB) / L;                // vectors per accumulator row
     // One zero-padded copy of an input row: rowbuf[u] = x[.., u - pw] (0 outside), long enough for every

@@ -1,17 +1,14 @@
 // Winograd's shared machinery (winograd.cpp: forward and backward data; winograd_bwd_filter.cpp): the
-// transform matrices, vectors of the ISA's width, tile transforms, the tiling of the output and chunks of
-// tiles, the forward's plan, and the input transform of a channel into the micro-kernel's panels.
+// transform matrices, tile transforms (on csrc/simd/vec.h's vectors), the tiling of the output and
+// chunks of tiles, the forward's plan, and the input transform of a channel into the micro-kernel's panels.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
 #include "../gemm/gemm.h"
+#include "../simd/vec.h"
 #include "winograd.h"
 
 namespace dnnkit {
@@ -64,78 +61,6 @@ constexpr index_t kKStep = 84;
 constexpr index_t kMBlockBytes = 512 << 10;
 // Bytes of one thread's U^T block in the few-tiles schedule (alpha^2 x depth x kTileBlock).
 constexpr index_t kUtBlockBytes = 1024 << 10;
-
-// One 64-byte vector of T (GCC vector extension: one AVX-512 register in the AVX-512 module, two or four
-// narrower ones in the others).
-template <typename T>
-struct Vec {
-  typedef T type __attribute__((vector_size(64)));
-  static constexpr int lanes = 64 / sizeof(T);
-};
-
-// Integer vectors of the same shape (shuffle masks).
-template <typename T>
-struct VecI;
-template <>
-struct VecI<float> {
-  typedef std::int32_t type __attribute__((vector_size(64)));
-};
-template <>
-struct VecI<double> {
-  typedef std::int64_t type __attribute__((vector_size(64)));
-};
-
-template <typename V, typename T>
-inline V vload(const T* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
-}
-template <typename V, typename T>
-inline void vstore(T* p, V v) {
-  std::memcpy(p, &v, sizeof(V));
-}
-
-// Copies n <= lanes values from src to dst: one masked load and store where AVX-512 has them.
-template <typename T>
-inline void copy_lanes(T* dst, const T* src, int n) {
-#ifdef __AVX512F__
-  if constexpr (sizeof(T) == 4) {
-    const __mmask16 k = static_cast<__mmask16>((1u << n) - 1);
-    _mm512_mask_storeu_ps(dst, k, _mm512_maskz_loadu_ps(k, src));
-  } else {
-    const __mmask8 k = static_cast<__mmask8>((1u << n) - 1);
-    _mm512_mask_storeu_pd(dst, k, _mm512_maskz_loadu_pd(k, src));
-  }
-#else
-  for (int i = 0; i < n; ++i) dst[i] = src[i];
-#endif
-}
-
-// In-place transpose of an L x L block held as L vectors (L = lanes): swap the off-diagonal H x H
-// blocks of every 2H x 2H block, for H = L/2, ..., 1.
-template <typename T, int H>
-inline void transpose_stage(typename Vec<T>::type* r) {
-  using IV = typename VecI<T>::type;
-  constexpr int L = Vec<T>::lanes;
-  IV lo, hi;
-  for (int j = 0; j < L; ++j) {
-    lo[j] = (j & H) ? L + j - H : j;  // row r keeps its left half, takes row r+H's left half on the right
-    hi[j] = (j & H) ? L + j : j + H;  // row r+H takes row r's right half on the left, keeps its right half
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < L; ++i)
-    if (!(i & H)) {
-      const typename Vec<T>::type a = r[i], b = r[i + H];
-      r[i] = __builtin_shuffle(a, b, lo);
-      r[i + H] = __builtin_shuffle(a, b, hi);
-    }
-  if constexpr (H > 1) transpose_stage<T, H / 2>(r);
-}
-template <typename T>
-inline void transpose_lanes(typename Vec<T>::type* r) {
-  transpose_stage<T, Vec<T>::lanes / 2>(r);
-}
 
 // y[i*ys] = sum_l mat[i][l] * x[l*xs] for i < R, the coefficients known at compile time once the loops
 // unroll (zero terms vanish, +-1 become additions). V: a vector or a scalar type; S its element type.

@@ -12,11 +12,11 @@ void activation_forward(const T* z, T* y, index_t n, Activation act) {
     // tanh, sigmoid and (float32) gelu by the vector functions the GEMM's epilogue uses (epilogue.h), so
     // that linear's output is the same with and without return_preactivation.
     const int fn = vector_math_fn<T>(act);
-    const GateKernels<T>* gk = fn >= 0 ? gate_kernels<T>() : nullptr;
-    if (gk) {
+    const VectorMathFn<T> vk = fn >= 0 ? vector_math<T>() : nullptr;
+    if (vk) {
       constexpr index_t kChunk = 4096;
 #pragma omp parallel for schedule(static) num_threads(get_num_threads()) if (n > 65536)
-      for (index_t i = 0; i < n; i += kChunk) gk->math(fn, z + i, kChunk, y + i, kChunk, 1, std::min(kChunk, n - i));
+      for (index_t i = 0; i < n; i += kChunk) vk(fn, z + i, kChunk, y + i, kChunk, 1, std::min(kChunk, n - i));
       return;
     }
   }
@@ -38,14 +38,14 @@ void activation_forward(const T* z, T* y, index_t n, Activation act) {
 template <typename T>
 void activation_backward(const T* grad_y, const T* z, const T* y, T* grad_z, index_t n, Activation act) {
   // One loop per activation, the activation a constant in each, so that the compiler vectorizes them;
-  // float32 gelu's derivative by the vector function of gates.h (erf and exp without the C library, whose
+  // float32 gelu's derivative by vector_math.h's function (erf and exp without the C library, whose
   // scalar calls would dominate linear's backward).
   constexpr index_t kChunk = 2048;  // values per task (and, for gelu, per buffer in L1)
   const int nt = n > 65536 ? get_num_threads() : 1;
   const index_t chunks = ceil_div(n, kChunk);
-  const GateKernelsF32* gk = nullptr;
+  VectorMathFn<float> vk = nullptr;
   if constexpr (std::is_same_v<T, float>)
-    if (act == Activation::gelu) gk = gate_kernels_f32();
+    if (act == Activation::gelu) vk = vector_math<float>();
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
   for (index_t ci = 0; ci < chunks; ++ci) {
     const index_t i0 = ci * kChunk, i1 = std::min(n, i0 + kChunk);
@@ -80,9 +80,9 @@ void activation_backward(const T* grad_y, const T* z, const T* y, T* grad_z, ind
       }
       case Activation::gelu: {
         if constexpr (std::is_same_v<T, float>) {
-          if (gk) {
+          if (vk) {
             alignas(64) float d[kChunk];
-            gk->math(4, z + i0, kChunk, d, kChunk, 1, i1 - i0);
+            vk(4, z + i0, kChunk, d, kChunk, 1, i1 - i0);
 #pragma omp simd
             for (index_t i = i0; i < i1; ++i) gz[i] = gy[i] * d[i - i0];
             break;

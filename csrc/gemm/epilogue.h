@@ -5,7 +5,7 @@
 #include <type_traits>
 
 #include "../common.h"
-#include "../rnn/gates.h"
+#include "../simd/vector_math.h"
 
 namespace dnnkit {
 
@@ -52,7 +52,7 @@ struct Epilogue {
   bool empty() const { return bias == nullptr && act == Activation::identity; }
 };
 
-// The vector function of gates.h (GateKernels<T>::math) that computes act on T, or -1: tanh, sigmoid
+// The function of vector_math.h that computes act on T, or -1: tanh, sigmoid
 // and, for float32, gelu run there (float32: relative error about 2e-7 for tanh and sigmoid, under 1e-6
 // for gelu; float64: within 4 ulp; tests/test_rnn.py and tests/test_gemm.py) where the ISA has them.
 // libm's, one element at a time, made linear with tanh 8x and with gelu 6x slower than without an
@@ -76,7 +76,7 @@ template <typename T>
 void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, const T* bias, Activation act,
                     bool per_row = false) {
   const int fn = vector_math_fn<T>(act);
-  const GateKernels<T>* vk = (cs_c == 1 || rs_c == 1) && fn >= 0 ? gate_kernels<T>() : nullptr;
+  const VectorMathFn<T> vk = (cs_c == 1 || rs_c == 1) && fn >= 0 ? vector_math<T>() : nullptr;
   for (index_t i = 0; i < m; ++i) {
     T* row = c + i * rs_c;
     if (bias && !per_row && cs_c == 1) {
@@ -95,8 +95,8 @@ void apply_epilogue(T* c, index_t rs_c, index_t cs_c, index_t m, index_t n, cons
     else
       for (index_t j = 0; j < n; ++j) row[j * cs_c] = activate(act, row[j * cs_c]);
   }
-  if (vk && cs_c == 1) vk->math(fn, c, rs_c, c, rs_c, m, n);
-  else if (vk) vk->math(fn, c, cs_c, c, cs_c, n, m);  // a transposed product's tile: its columns are contiguous
+  if (vk && cs_c == 1) vk(fn, c, rs_c, c, rs_c, m, n);
+  else if (vk) vk(fn, c, cs_c, c, cs_c, n, m);  // a transposed product's tile: its columns are contiguous
 }
 
 }  // namespace dnnkit

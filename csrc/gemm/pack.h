@@ -6,53 +6,9 @@
 #include <type_traits>
 
 #include "../common.h"
+#include "../simd/vec.h"
 
 namespace dnnkit {
-
-// Transposes of W x W blocks (W = 8 floats or 4 doubles, 32 bytes a row) in vector registers, written
-// with GCC's generic vectors so that every ISA the translation unit is built for gets its own shuffles.
-template <typename T>
-constexpr index_t kTransposeBlock = 32 / sizeof(T);
-
-typedef float tv8f __attribute__((vector_size(32)));
-typedef double tv4d __attribute__((vector_size(32)));
-template <typename T>
-using TransposeVec = std::conditional_t<sizeof(T) == 4, tv8f, tv4d>;
-
-// out[i] = column i of the W x W matrix whose rows are r[0..W).
-__attribute__((always_inline)) inline void transpose_regs(const tv8f* r, tv8f* out) {
-  typedef int i8 __attribute__((vector_size(32)));
-  tv8f t[8], u[8];
-  // Interleave pairs of rows, then pairs of pairs, then halves: three stages of a transpose network.
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = __builtin_shuffle(r[i], r[i + 1], i8{0, 8, 1, 9, 4, 12, 5, 13});
-    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], i8{2, 10, 3, 11, 6, 14, 7, 15});
-  }
-  for (int i = 0; i < 8; i += 4)
-    for (int h = 0; h < 2; ++h) {
-      u[i + h] = __builtin_shuffle(t[i + h], t[i + h + 2], i8{0, 1, 8, 9, 4, 5, 12, 13});
-      u[i + h + 2] = __builtin_shuffle(t[i + h], t[i + h + 2], i8{2, 3, 10, 11, 6, 7, 14, 15});
-    }
-  // The last stage's results are columns 0, 2, 1, 3 (the first stage's order), then 4, 6, 5, 7.
-  constexpr int col_of[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-  for (int i = 0; i < 4; ++i) {
-    out[col_of[i]] = __builtin_shuffle(u[i], u[i + 4], i8{0, 1, 2, 3, 8, 9, 10, 11});
-    out[col_of[i + 4]] = __builtin_shuffle(u[i], u[i + 4], i8{4, 5, 6, 7, 12, 13, 14, 15});
-  }
-}
-
-__attribute__((always_inline)) inline void transpose_regs(const tv4d* r, tv4d* out) {
-  typedef long long i4 __attribute__((vector_size(32)));
-  tv4d t[4];
-  t[0] = __builtin_shuffle(r[0], r[1], i4{0, 4, 2, 6});
-  t[1] = __builtin_shuffle(r[0], r[1], i4{1, 5, 3, 7});
-  t[2] = __builtin_shuffle(r[2], r[3], i4{0, 4, 2, 6});
-  t[3] = __builtin_shuffle(r[2], r[3], i4{1, 5, 3, 7});
-  out[0] = __builtin_shuffle(t[0], t[2], i4{0, 1, 4, 5});
-  out[1] = __builtin_shuffle(t[1], t[3], i4{0, 1, 4, 5});
-  out[2] = __builtin_shuffle(t[0], t[2], i4{2, 3, 6, 7});
-  out[3] = __builtin_shuffle(t[1], t[3], i4{2, 3, 6, 7});
-}
 
 // R rows of W elements (rows ld_in apart) to W rows of R elements (ld_out apart), R <= W:
 // out[c*ld_out + r] = in[r*ld_in + c]. Rows past R are never read. Columns past R are never written,

@@ -3,48 +3,13 @@
 
 #include <type_traits>
 
+#include "../simd/avx2.h"
 #include "pack.h"
 #include "ukernel.h"
 
 namespace {
-
-struct Avx2F32 {
-  using T = float;
-  using reg = __m256;
-  static constexpr int width = 8;
-  static inline reg zero() { return _mm256_setzero_ps(); }
-  static inline reg set1(T x) { return _mm256_set1_ps(x); }
-  static inline reg load(const T* p) { return _mm256_load_ps(p); }
-  static inline reg loadu(const T* p) { return _mm256_loadu_ps(p); }
-  static inline void store(T* p, reg v) { _mm256_store_ps(p, v); }
-  static inline void storeu(T* p, reg v) { _mm256_storeu_ps(p, v); }
-  static inline reg broadcast(const T* p) { return _mm256_set1_ps(*p); }
-  static inline reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
-  static inline reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
-  static inline reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
-  // out[0..4) = the lane sums of a, b, c, d: two horizontal adds, then the two 128-bit halves added.
-  static inline void reduce4(reg a, reg b, reg c, reg d, T* out) {
-    const reg s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));  // a b c d in each half
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
-  }
-};
-
-struct Avx2F64 {
-  using T = double;
-  using reg = __m256d;
-  static constexpr int width = 4;
-  static inline reg zero() { return _mm256_setzero_pd(); }
-  static inline reg set1(T x) { return _mm256_set1_pd(x); }
-  static inline reg load(const T* p) { return _mm256_load_pd(p); }
-  static inline reg loadu(const T* p) { return _mm256_loadu_pd(p); }
-  static inline void store(T* p, reg v) { _mm256_store_pd(p, v); }
-  static inline void storeu(T* p, reg v) { _mm256_storeu_pd(p, v); }
-  static inline reg broadcast(const T* p) { return _mm256_set1_pd(*p); }
-  static inline reg fma(reg a, reg b, reg c) { return _mm256_fmadd_pd(a, b, c); }
-  static inline reg mul(reg a, reg b) { return _mm256_mul_pd(a, b); }
-  static inline reg add(reg a, reg b) { return _mm256_add_pd(a, b); }
-};
-
+using dnnkit::simd::Avx2F32;
+using dnnkit::simd::Avx2F64;
 }  // namespace
 
 #include "ukernel_impl.h"

@@ -16,51 +16,11 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+#include "../simd/avx512.h"
+
 namespace {
-
-struct Avx512F32 {
-  using T = float;
-  using reg = __m512;
-  static constexpr int width = 16;
-  static inline reg zero() { return _mm512_setzero_ps(); }
-  static inline reg set1(T x) { return _mm512_set1_ps(x); }
-  static inline reg load(const T* p) { return _mm512_load_ps(p); }
-  static inline reg loadu(const T* p) { return _mm512_loadu_ps(p); }
-  static inline void store(T* p, reg v) { _mm512_store_ps(p, v); }
-  static inline void storeu(T* p, reg v) { _mm512_storeu_ps(p, v); }
-  static inline reg broadcast(const T* p) { return _mm512_set1_ps(*p); }
-  static inline reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
-  static inline reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
-  static inline reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
-  // out[0..4) = the lane sums of a, b, c, d (a dot tile's four accumulators): pairs interleaved and
-  // added within 128-bit lanes, then the four 128-bit lanes added; 11 operations for four sums.
-  static inline void reduce4(reg a, reg b, reg c, reg d, T* out) {
-    const reg ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // a0+a2 b0+b2 a1+a3 b1+b3
-    const reg cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-    reg s = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
-                          _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));  // a b c d per 128-bit lane
-    s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, _MM_SHUFFLE(1, 0, 3, 2)));
-    s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, _MM_SHUFFLE(2, 3, 0, 1)));
-    _mm_storeu_ps(out, _mm512_castps512_ps128(s));
-  }
-};
-
-struct Avx512F64 {
-  using T = double;
-  using reg = __m512d;
-  static constexpr int width = 8;
-  static inline reg zero() { return _mm512_setzero_pd(); }
-  static inline reg set1(T x) { return _mm512_set1_pd(x); }
-  static inline reg load(const T* p) { return _mm512_load_pd(p); }
-  static inline reg loadu(const T* p) { return _mm512_loadu_pd(p); }
-  static inline void store(T* p, reg v) { _mm512_store_pd(p, v); }
-  static inline void storeu(T* p, reg v) { _mm512_storeu_pd(p, v); }
-  static inline reg broadcast(const T* p) { return _mm512_set1_pd(*p); }
-  static inline reg fma(reg a, reg b, reg c) { return _mm512_fmadd_pd(a, b, c); }
-  static inline reg mul(reg a, reg b) { return _mm512_mul_pd(a, b); }
-  static inline reg add(reg a, reg b) { return _mm512_add_pd(a, b); }
-};
-
+using dnnkit::simd::Avx512F32;
+using dnnkit::simd::Avx512F64;
 }  // namespace
 
 #include "ukernel_impl.h"

@@ -1,4 +1,4 @@
-// The register-blocked micro-kernel, generic over a SIMD traits type V (simd.h). Included by the
+// The register-blocked micro-kernel, generic over a traits type V of csrc/simd. Included by the
 // ukernel_<isa>.cpp files, each compiled with its ISA's flags (setup.py); everything here is in an
 // anonymous namespace, so each file's instances stay its own.
 //

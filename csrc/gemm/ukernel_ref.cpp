@@ -1,28 +1,12 @@
 // Portable reference micro-kernels (any CPU): float32 and float64 4x8, plain C++ on a scalar "vector".
 #include <type_traits>
 
+#include "../simd/scalar.h"
 #include "pack.h"
 #include "ukernel.h"
 
 namespace {
-
-template <typename TT>
-struct Scalar {
-  using T = TT;
-  using reg = TT;
-  static constexpr int width = 1;
-  static inline reg zero() { return T(0); }
-  static inline reg set1(T x) { return x; }
-  static inline reg load(const T* p) { return *p; }
-  static inline reg loadu(const T* p) { return *p; }
-  static inline void store(T* p, reg v) { *p = v; }
-  static inline void storeu(T* p, reg v) { *p = v; }
-  static inline reg broadcast(const T* p) { return *p; }
-  static inline reg fma(reg a, reg b, reg c) { return a * b + c; }
-  static inline reg mul(reg a, reg b) { return a * b; }
-  static inline reg add(reg a, reg b) { return a + b; }
-};
-
+using dnnkit::simd::Scalar;
 }  // namespace
 
 #include "ukernel_impl.h"

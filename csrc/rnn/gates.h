@@ -2,15 +2,10 @@
 // AVX-512 translation units, chosen at run time), and the accessors that pick the table for the active ISA.
 //
 // Each kernel computes, for hidden units [j0, j1) of one batch row, what the portable loops in rnn.cpp
-// compute (their comments give the formulas and the operands), with the element-wise functions
-// evaluated a whole vector at a time. float32: those of fastmath: exp by range reduction and the same
-// degree-6 polynomial, 2^n applied with VSCALEFPS (AVX-512) or built in the exponent bits (AVX2);
-// sigmoid from exp(-|x|), so that no intermediate overflows; tanh as an odd polynomial below
-// |x| = 0.625 and (1 - e)/(1 + e), e = exp(-2|x|), above. The reciprocal is VRCP14PS refined by one Newton
-// step on AVX-512 and a division on AVX2. float64 (where the portable loops call the C library): exp and
-// expm1 by range reduction and their Taylor polynomials of degree 13, sigmoid from exp(-|x|), tanh from
-// expm1(-2|x|), to within a few units in the last place (gates_simd.h). NaN propagates through every
-// function. The tail of a row runs under a mask.
+// compute (their comments give the formulas and the operands), with the element-wise functions of
+// csrc/simd/vmath.h (fastmath's formulas for float32; exp, expm1 and tanh to within a few units in the
+// last place for float64, where the portable loops call the C library) evaluated a whole vector at a
+// time. NaN propagates through every function. The tail of a row runs under a mask.
 #pragma once
 #include "../common.h"
 #include "../cpu_info.h"
@@ -29,10 +24,6 @@ struct GateKernels {
   void (*rnn_fwd)(bool relu, index_t j0, index_t j1, const T* xp, const T* gh, T* h);
   void (*lstm_bwd)(index_t H, index_t j0, index_t j1, const T* dy, const T* dhr, const T* gates, const T* c,
                    const T* cp, T* dc, T* dg);
-  // exp (fn 0), sigmoid (1), tanh (2), gelu (3) or gelu's derivative (4) of m rows of n values (x's rows
-  // ldx apart, y's ldy; in place allowed): the functions above, for tests, the GEMM's epilogue (a tile at
-  // a time) and the activations' forward and backward passes (m = 1). float64: fn 0-2 only.
-  void (*math)(int fn, const T* x, index_t ldx, T* y, index_t ldy, index_t m, index_t n);
 };
 using GateKernelsF32 = GateKernels<float>;
 using GateKernelsF64 = GateKernels<double>;

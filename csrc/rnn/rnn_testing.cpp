@@ -6,8 +6,8 @@ using namespace rnn_detail;
 
 template <typename T>
 void rnn_math_test(int fn, const T* x, T* y, index_t n) {
-  if (const GateKernels<T>* vk = gate_kernels<T>(); vk && (fn <= 2 || std::is_same_v<T, float>))
-    return vk->math(fn, x, n, y, n, 1, n);  // float64 gelu: the C library's erfc below
+  if (const VectorMathFn<T> vk = vector_math<T>(); vk && (fn <= 2 || std::is_same_v<T, float>))
+    return vk(fn, x, n, y, n, 1, n);  // float64 gelu: the C library's erfc below
   if (fn == 0) {
 #pragma omp simd
     for (index_t i = 0; i < n; ++i) y[i] = fastmath::exp(x[i]);

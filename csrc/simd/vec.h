@@ -1,0 +1,138 @@
+// Generic vectors (GCC's vector extension; csrc/simd/README.md): code written once with them and
+// compiled in every module gets that module's instructions. 64-byte vectors of T (Vec<T>, vec_t<T>),
+// 32-byte ones (TransposeVec<T>), their loads and stores, and transposes held in registers.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#include "../common.h"
+
+namespace dnnkit {
+
+// One 64-byte vector of T (GCC vector extension: one AVX-512 register in the AVX-512 module, two or four
+// narrower ones in the others).
+template <typename T>
+struct Vec {
+  typedef T type __attribute__((vector_size(64)));
+  static constexpr int lanes = 64 / sizeof(T);
+};
+
+// Integer vectors of the same shape (shuffle masks).
+template <typename T>
+struct VecI;
+template <>
+struct VecI<float> {
+  typedef std::int32_t type __attribute__((vector_size(64)));
+};
+template <>
+struct VecI<double> {
+  typedef std::int64_t type __attribute__((vector_size(64)));
+};
+
+template <typename V, typename T>
+inline V vload(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <typename V, typename T>
+inline void vstore(T* p, V v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
+// Copies n <= lanes values from src to dst: one masked load and store where AVX-512 has them.
+template <typename T>
+inline void copy_lanes(T* dst, const T* src, int n) {
+#ifdef __AVX512F__
+  if constexpr (sizeof(T) == 4) {
+    const __mmask16 k = static_cast<__mmask16>((1u << n) - 1);
+    _mm512_mask_storeu_ps(dst, k, _mm512_maskz_loadu_ps(k, src));
+  } else {
+    const __mmask8 k = static_cast<__mmask8>((1u << n) - 1);
+    _mm512_mask_storeu_pd(dst, k, _mm512_maskz_loadu_pd(k, src));
+  }
+#else
+  for (int i = 0; i < n; ++i) dst[i] = src[i];
+#endif
+}
+
+// In-place transpose of an L x L block held as L vectors (L = lanes): swap the off-diagonal H x H
+// blocks of every 2H x 2H block, for H = L/2, ..., 1.
+template <typename T, int H>
+inline void transpose_stage(typename Vec<T>::type* r) {
+  using IV = typename VecI<T>::type;
+  constexpr int L = Vec<T>::lanes;
+  IV lo, hi;
+  for (int j = 0; j < L; ++j) {
+    lo[j] = (j & H) ? L + j - H : j;  // row r keeps its left half, takes row r+H's left half on the right
+    hi[j] = (j & H) ? L + j : j + H;  // row r+H takes row r's right half on the left, keeps its right half
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < L; ++i)
+    if (!(i & H)) {
+      const typename Vec<T>::type a = r[i], b = r[i + H];
+      r[i] = __builtin_shuffle(a, b, lo);
+      r[i + H] = __builtin_shuffle(a, b, hi);
+    }
+  if constexpr (H > 1) transpose_stage<T, H / 2>(r);
+}
+template <typename T>
+inline void transpose_lanes(typename Vec<T>::type* r) {
+  transpose_stage<T, Vec<T>::lanes / 2>(r);
+}
+
+// The 64-byte vector of T itself.
+template <typename T>
+using vec_t = typename Vec<T>::type;
+
+// Transposes of W x W blocks (W = 8 floats or 4 doubles, 32 bytes a row) in vector registers, written
+// with GCC's generic vectors so that every ISA the translation unit is built for gets its own shuffles.
+template <typename T>
+constexpr index_t kTransposeBlock = 32 / sizeof(T);
+
+typedef float tv8f __attribute__((vector_size(32)));
+typedef double tv4d __attribute__((vector_size(32)));
+template <typename T>
+using TransposeVec = std::conditional_t<sizeof(T) == 4, tv8f, tv4d>;
+
+// out[i] = column i of the W x W matrix whose rows are r[0..W).
+__attribute__((always_inline)) inline void transpose_regs(const tv8f* r, tv8f* out) {
+  typedef int i8 __attribute__((vector_size(32)));
+  tv8f t[8], u[8];
+  // Interleave pairs of rows, then pairs of pairs, then halves: three stages of a transpose network.
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shuffle(r[i], r[i + 1], i8{0, 8, 1, 9, 4, 12, 5, 13});
+    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], i8{2, 10, 3, 11, 6, 14, 7, 15});
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int h = 0; h < 2; ++h) {
+      u[i + h] = __builtin_shuffle(t[i + h], t[i + h + 2], i8{0, 1, 8, 9, 4, 5, 12, 13});
+      u[i + h + 2] = __builtin_shuffle(t[i + h], t[i + h + 2], i8{2, 3, 10, 11, 6, 7, 14, 15});
+    }
+  // The last stage's results are columns 0, 2, 1, 3 (the first stage's order), then 4, 6, 5, 7.
+  constexpr int col_of[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  for (int i = 0; i < 4; ++i) {
+    out[col_of[i]] = __builtin_shuffle(u[i], u[i + 4], i8{0, 1, 2, 3, 8, 9, 10, 11});
+    out[col_of[i + 4]] = __builtin_shuffle(u[i], u[i + 4], i8{4, 5, 6, 7, 12, 13, 14, 15});
+  }
+}
+
+__attribute__((always_inline)) inline void transpose_regs(const tv4d* r, tv4d* out) {
+  typedef long long i4 __attribute__((vector_size(32)));
+  tv4d t[4];
+  t[0] = __builtin_shuffle(r[0], r[1], i4{0, 4, 2, 6});
+  t[1] = __builtin_shuffle(r[0], r[1], i4{1, 5, 3, 7});
+  t[2] = __builtin_shuffle(r[2], r[3], i4{0, 4, 2, 6});
+  t[3] = __builtin_shuffle(r[2], r[3], i4{1, 5, 3, 7});
+  out[0] = __builtin_shuffle(t[0], t[2], i4{0, 1, 4, 5});
+  out[1] = __builtin_shuffle(t[1], t[3], i4{0, 1, 4, 5});
+  out[2] = __builtin_shuffle(t[0], t[2], i4{2, 3, 6, 7});
+  out[3] = __builtin_shuffle(t[1], t[3], i4{2, 3, 6, 7});
+}
+
+}  // namespace dnnkit
