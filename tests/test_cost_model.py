@@ -29,6 +29,7 @@ def _rnns(device="cpu"):
     for mode, direction in itertools.product(("lstm", "gru", "rnn_tanh", "rnn_relu"), ("fwd", "bwd")):
         yield RnnProblem(mode, 25, 16, 256, 512, layers=2, dirs=2, direction=direction, device=device)
         yield RnnProblem(mode, 50, 8, 128, 128, layers=3, direction=direction, device=device)
+        yield RnnProblem(mode, 1, 4, 64, 32, direction=direction, device=device)  # a cell
     yield RnnProblem("lstm", 10, 4, 64, 128, proj=32, direction="fwd", device=device)
 
 

@@ -267,3 +267,87 @@ def test_recompute_gives_the_gradients_of_the_saving_forward(mode, layers, bidir
     for a, b in zip(flat(g0), flat(g1)):
         assert a.shape == b.shape
         assert rel_l2(b, a) <= 1e-6
+
+
+# ----------------------------------------------------------------------------------------- cell paths
+from dnnkit import algos  # noqa: E402
+from dnnkit.algos.rnn_cpu import CELL_PATHS, shape_tuple  # noqa: E402
+from dnnkit.problem import RnnProblem  # noqa: E402
+from dnnkit.reference import gru_cell_ref, lstm_cell_ref, rnn_cell_ref  # noqa: E402
+
+CELL_PATH_CASES = [
+    # (mode, B, I, H): one row; the dot kernel's 16 rows and past them; depths below and past the
+    # strided-A kernel's threshold; H off the panel width
+    ("lstm", 1, 7, 33), ("lstm", 16, 300, 48), ("gru", 20, 64, 40), ("gru", 3, 5, 9), ("rnn_tanh", 33, 400, 24),
+    ("rnn_relu", 5, 2, 17),
+]
+CELL_FNS = {"lstm": dnnkit.lstm_cell, "gru": dnnkit.gru_cell, "rnn_tanh": dnnkit.rnn_tanh_cell,
+            "rnn_relu": dnnkit.rnn_relu_cell}
+
+
+def _cell_operands(mode, B, I, H, dtype, seed):
+    rng = np.random.default_rng(seed)
+    G = {"lstm": 4, "gru": 3}.get(mode, 1)
+    k = 1 / np.sqrt(H)
+    x, h, c = (rng.standard_normal(s).astype(dtype) for s in ((B, I), (B, H), (B, H)))
+    w = [rng.uniform(-k, k, s).astype(dtype) for s in ((G * H, I), (G * H, H), (G * H,), (G * H,))]
+    return x, h, c, w
+
+
+def _cell_reference(mode, x, h, c, w):
+    if mode == "lstm":
+        return lstm_cell_ref(x, h, c, *w)[0]
+    if mode == "gru":
+        return gru_cell_ref(x, h, *w)
+    return rnn_cell_ref(x, h, *w, nonlinearity=mode[4:])
+
+
+@pytest.mark.parametrize("case", CELL_PATH_CASES, ids=lambda c: f"{c[0]}-B{c[1]}-I{c[2]}-H{c[3]}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_cell_path_matches_the_reference(case, dtype):
+    """Each path a cell's products can take (algo=fused_cell_*), where it can run the cell, gives the
+    reference's h' (and c'), as the kernel's own choice does; one that cannot says why."""
+    mode, B, I, H = case
+    x, h, c, w = _cell_operands(mode, B, I, H, dtype, seed=B * 7 + H)
+    expected = _cell_reference(mode, x.astype(np.float64), h.astype(np.float64), c.astype(np.float64),
+                               [a.astype(np.float64) for a in w])
+    p = RnnProblem(mode, 1, B, I, H, dtype=np.dtype(dtype).name)
+    ran = []
+    for name in ("fused", *CELL_PATHS):
+        reason = algos.get(p.op, "cpu", name).supports(p)
+        hx = (h, c) if mode == "lstm" else h
+        if reason is not None:
+            with pytest.raises(ValueError, match="cannot run"):
+                CELL_FNS[mode](x, hx, *w, algo=name)
+            continue
+        out = CELL_FNS[mode](x, hx, *w, algo=name)
+        got = out[0] if mode == "lstm" else out
+        assert rel_l2(got, expected) <= tol(dtype, FWD_TOL32), name
+        shape = shape_tuple(p, 0, CELL_PATHS.get(name, 0))
+        if name != "fused":  # the kernel takes the path named
+            assert dnnkit._cpu.rnn_cell_path(shape, np.dtype(dtype).itemsize) == CELL_PATHS[name]
+        ran.append(name)
+    assert {"fused", "fused_cell_gemm"} <= set(ran)
+    assert ("fused_cell_dots" in ran) == (B <= 16)
+
+
+def test_cell_paths_are_registered_tuned_and_explained(monkeypatch):
+    """The cell paths are registry entries: explain() lists them with their rule, the tuner times each one
+    that can run a cell, and untuned dispatch keeps the kernel's rule (fused)."""
+    import os
+    import tempfile
+
+    from dnnkit.autotune import find
+
+    monkeypatch.setenv("DNNKIT_CACHE_DIR", tempfile.mkdtemp())
+    p = RnnProblem("lstm", 1, 4, 64, 32)
+    rows = {c.algorithm: c for c in dnnkit.explain(p)}
+    assert rows["fused"].chosen
+    for name in CELL_PATHS:
+        assert name in rows
+        if rows[name].supported:
+            assert "kernel's rule" in rows[name].rule and rows[name].predicted_s > 0
+    timed = {r.algorithm for r in find(p, store=False, budget=0.02, prune=None) if r.ok}
+    assert {"fused", "fused_cell_dots", "fused_cell_gemm"} <= timed
+    assert not {n for n in CELL_PATHS if algos.get(p.op, "cpu", n).supports(RnnProblem("lstm", 5, 4, 64, 32)) is None}
+    assert os.environ["DNNKIT_CACHE_DIR"]

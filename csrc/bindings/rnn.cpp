@@ -13,14 +13,15 @@ namespace {
 // (cell, T, B, I, H, L, D[, P[, schedule]]) with cell 0 lstm, 1 gru, 2 rnn_tanh, 3 rnn_relu; P the LSTM
 // projection size (0 or absent: none); schedule an RnnSchedule (0 or absent: automatic).
 RnnShape rnn_shape(const py::tuple& t) {
-  if (t.size() < 7 || t.size() > 9)
-    throw py::value_error("rnn: shape tuple must be (cell, T, B, I, H, L, D[, P[, schedule]])");
-  index_t v[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+  if (t.size() < 7 || t.size() > 10)
+    throw py::value_error("rnn: shape tuple must be (cell, T, B, I, H, L, D[, P[, schedule[, cell path]]])");
+  index_t v[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   for (std::size_t i = 0; i < t.size(); ++i) v[i] = t[i].cast<index_t>();
   if (v[0] < 0 || v[0] > 3) throw py::value_error("rnn: cell code must be in 0..3");
-  for (int i = 1; i < 9; ++i)
+  for (int i = 1; i < 10; ++i)
     if (v[i] < 0) throw py::value_error("rnn: shape entries must be >= 0");
   if (v[8] > 3) throw py::value_error("rnn: schedule must be in 0..3");
+  if (v[9] > 3) throw py::value_error("rnn: cell path must be in 0..3");
   if (v[4] < 1 || v[5] < 1 || (v[6] != 1 && v[6] != 2))
     throw py::value_error("rnn: need hidden >= 1, layers >= 1 and 1 or 2 directions");
   if (v[7] > 0 && (v[0] != 0 || v[7] >= v[4]))
@@ -35,6 +36,7 @@ RnnShape rnn_shape(const py::tuple& t) {
   s.dirs = static_cast<int>(v[6]);
   s.proj = v[7];
   s.schedule = static_cast<RnnSchedule>(v[8]);
+  s.cell_path = static_cast<RnnCellPath>(v[9]);
   return s;
 }
 
@@ -202,6 +204,15 @@ void bind_rnn(py::module_& m) {
         [](const py::tuple& shape, int itemsize) { return rnn_uses_wavefront(rnn_shape(shape), itemsize); },
         py::arg("shape"), py::arg("itemsize"),
         "Whether rnn_forward pipelines the layers (one thread per layer, chunks of steps) for this shape.");
+
+  m.def("rnn_cell_path",
+        [](const py::tuple& shape, int itemsize) {
+          const RnnShape s = rnn_shape(shape);
+          return static_cast<int>(rnn_cell_path(s, s.input, itemsize));
+        },
+        py::arg("shape"), py::arg("itemsize"),
+        "The path (RnnCellPath: 1 direct, 2 dots, 3 gemm) a one-step first layer takes from a given h0, AMX\n"
+        "tiles aside.");
 
   m.def("rnn_splits_rows",
         [](const py::tuple& shape, int itemsize) { return rnn_splits_rows(rnn_shape(shape), itemsize); },

@@ -391,6 +391,25 @@ bool rnn_amx_fits(const RnnShape& s, const RnnWeights<T>& w, const T* h0) {
   }
 }
 
+template <typename T>
+RnnCellPath cell_path_of(const RnnShape& s, index_t input) {
+  const index_t B = s.batch, depth = input + s.state(), GH = rnn_gates(s.cell) * s.hidden;
+  switch (s.cell_path) {
+    case RnnCellPath::direct:
+      if (select_sa_kernel<T>(active_isa(), B).fn) return RnnCellPath::direct;
+      break;
+    case RnnCellPath::dots:
+      if (B <= kSmallCellRows) return RnnCellPath::dots;
+      break;
+    case RnnCellPath::automatic:
+      if (direct_wins<T>(B, depth)) return RnnCellPath::direct;
+      if (B <= kSmallCellRows && small_m_wins(B, GH, depth, sizeof(T))) return RnnCellPath::dots;
+      break;
+    default: break;
+  }
+  return RnnCellPath::gemm;
+}
+
 template void fused_cell_step<float>(const RnnShape&, const RnnWeights<float>&, int, int, const float*, const float*,
                                      const float*, float* const*, float*, float*, float*, DirBuffers<float>&,
                                      const float*, bool);
@@ -409,4 +428,8 @@ template bool rnn_amx_fits<float>(const RnnShape&, const RnnWeights<float>&, con
 template bool rnn_amx_fits<double>(const RnnShape&, const RnnWeights<double>&, const double*);
 
 }  // namespace rnn_detail
+
+RnnCellPath rnn_cell_path(const RnnShape& s, index_t input, index_t elem_size) {
+  return elem_size == 4 ? rnn_detail::cell_path_of<float>(s, input) : rnn_detail::cell_path_of<double>(s, input);
+}
 }  // namespace dnnkit

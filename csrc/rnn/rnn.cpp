@@ -62,17 +62,17 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     const T* xl = l == 0 ? x : y[l - 1];
     T* yl = y[l];
     // A single step with h0 (a cell): its products and its post-GEMM in one pass, both weights read in
-    // place: where the batch fills the strided-A kernel's tiles, by it ([x | h0] packed once,
-    // gemm_wt_direct_cell); at a few rows, by dot products (gemm_small_m_cell).
+    // place, on the path rnn_cell_path gives (RnnCellPath); under the rule, AMX tiles first where the
+    // batch fills them and x and h0 split exactly (float32).
     const bool prepacked = w.packed_ih != nullptr;
     const bool one_step = !prepacked && !packed && h0 && !proj && Il > 0;
-    const bool direct_cell = one_step && direct_wins<T>(B, Il + S);
-    const bool dot_cell = one_step && !direct_cell && B <= kSmallCellRows && small_m_wins(B, GH, Il + S, sizeof(T));
-    // At a batch that fills the tiles, the products on AMX tiles with the weights as A (float32, x and h0
-    // split exactly).
+    const RnnCellPath path = one_step ? rnn_cell_path(s, Il, sizeof(T)) : RnnCellPath::gemm;
+    const bool direct_cell = path == RnnCellPath::direct;
+    const bool dot_cell = path == RnnCellPath::dots;
     bool tile_cell[2] = {false, false};
     if constexpr (std::is_same_v<T, float>)
-      for (int d = 0; one_step && d < D; ++d) tile_cell[d] = cell_on_tiles(B, Il, xl, S, h0 + (l * D + d) * B * S);
+      for (int d = 0; one_step && s.cell_path == RnnCellPath::automatic && d < D; ++d)
+        tile_cell[d] = cell_on_tiles(B, Il, xl, S, h0 + (l * D + d) * B * S);
     const bool fused_cell = direct_cell || dot_cell || tile_cell[0] || tile_cell[1];
     const bool fused_packed = fused_packed_cell_fits<T>(s, w);
     // On weights packed by the caller (see RnnWeights), a cell's two products as one; GRU keeps W_hn h

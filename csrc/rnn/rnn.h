@@ -51,9 +51,21 @@ inline int rnn_gates(RnnCell cell) {
 //   wavefront: a stack's layers pipelined, one thread a layer, in chunks of steps (forward only).
 enum class RnnSchedule : int { automatic = 0, units = 1, rows = 2, wavefront = 3 };
 
+// How a single step from a given h0 (a cell, or every layer of a one-step sequence without a
+// projection) computes its products: `automatic` takes the rule (rnn_cell_path: AMX tiles where the
+// batch fills them and the values split, else the strided-A kernel where the batch fills its tiles, dot
+// products at a few rows, two GEMMs otherwise); the others ask for one path (the registry's
+// fused_cell_*), used wherever the step allows it (direct: an ISA with the strided-A kernel; dots: at
+// most kSmallCellRows rows), and otherwise two GEMMs.
+//   direct: both products and the post-GEMM in one pass on the strided-A kernel ([x | h0] packed once);
+//   dots:   the same on gemm_small_m's dot products;
+//   gemm:   the input and recurrent products as two GEMMs, then the post-GEMM.
+enum class RnnCellPath : int { automatic = 0, direct = 1, dots = 2, gemm = 3 };
+
 struct RnnShape {
   RnnCell cell = RnnCell::lstm;
   RnnSchedule schedule = RnnSchedule::automatic;
+  RnnCellPath cell_path = RnnCellPath::automatic;
   index_t seq = 0, batch = 0, input = 0, hidden = 0;  // T, B, I, H
   int layers = 1, dirs = 1;                          // L, D
   index_t proj = 0;                                  // P: LSTM projection size (0: none)
@@ -99,6 +111,11 @@ bool rnn_uses_wavefront(const RnnShape& s, index_t elem_size);
 // chosen where W_hh stays in a core's L2 and each thread gets 4 rows or more. A schedule other than
 // automatic decides (where every thread of a direction gets 4 rows or more).
 bool rnn_splits_rows(const RnnShape& s, index_t elem_size);
+
+// The path a one-step layer of input width `input` takes from a given h0 (no projection): the one
+// s.cell_path names where the step allows it, else (and for automatic) the rule, AMX tiles aside (they
+// also depend on the values: cells.cpp, cell_on_tiles).
+RnnCellPath rnn_cell_path(const RnnShape& s, index_t input, index_t elem_size);
 
 // Forward. x, the y[l] (L arrays; the last is the output) and the reserve are C-contiguous. h0 and c0
 // may be null (zeros); h_n and c_n may be null (not written); reserve null: inference (nothing saved).

@@ -50,8 +50,8 @@ def _run_rows(kernel, p, a, b, out, alpha, beta, bias):
 _GEMM_EFFICIENCY = 0.62
 # The row-contiguous kernels (gemm_small_m, gemm_wt_direct, the streamed products) are bound by reading
 # the large operand once; their arithmetic runs at this share of the peak.
-_STREAM_EFFICIENCY = 0.5
-_WT_DIRECT_EFFICIENCY = 0.62  # B never packed: at full tiles the blocked GEMM's best share
+STREAM_EFFICIENCY = 0.5
+WT_DIRECT_EFFICIENCY = 0.62  # B never packed: at full tiles the blocked GEMM's best share
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,7 +128,7 @@ class BlockedGemm(Algorithm):
         """The best of the paths the kernel chooses among: the streamed product where it takes the shape,
         else the Goto/BLIS product (on the operands exchanged where that fills the micro-kernel better)."""
         if _cpu.gemm_stream_takes(p.m, p.n, p.k) and not p.trans_b:
-            return _streamed(p, c, _STREAM_EFFICIENCY)
+            return _streamed(p, c, STREAM_EFFICIENCY)
         return _flops(p) / (c.peak(p) * gemm_efficiency(p.m, p.n, p.k))
 
 
@@ -180,7 +180,7 @@ class StreamGemm(BlockedGemm):
         return out
 
     def cost(self, p, c) -> float:
-        return _streamed(p, c, _STREAM_EFFICIENCY)
+        return _streamed(p, c, STREAM_EFFICIENCY)
 
 
 class SmallMGemm(Algorithm):
@@ -211,7 +211,7 @@ class SmallMGemm(Algorithm):
 
     def cost(self, p, c) -> float:
         """Dot products of A's rows with B's columns: B read once, no packing."""
-        return _streamed(p, c, _STREAM_EFFICIENCY)
+        return _streamed(p, c, STREAM_EFFICIENCY)
 
 
 class WtDirectGemm(Algorithm):
@@ -258,7 +258,7 @@ class WtDirectGemm(Algorithm):
         """B read once where it lies, the batch in tiles of the kernel's width (the empty rows computed)."""
         width = max(1, _cpu.gemm_wt_direct_width(p.itemsize, p.m))
         fill = p.m / (math.ceil(p.m / width) * width) if p.m else 1.0
-        return _streamed(p, c, _WT_DIRECT_EFFICIENCY * fill)
+        return _streamed(p, c, WT_DIRECT_EFFICIENCY * fill)
 
 
 # The rules' order: each takes a product that no earlier one takes (blocked_gemm all the rest).

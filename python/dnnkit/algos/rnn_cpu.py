@@ -13,6 +13,15 @@ fused:           the kernel's rule: rows where W_hh fits a core's L2 and each th
 fused_units:     the threads of a direction share each step's hidden units, one barrier a step;
 fused_rows:      each thread runs its own batch rows through every step, no barrier, all of W_hh each;
 fused_wavefront: a stack's layers pipelined, one thread a layer, in chunks of steps (forward only).
+
+A single step from a given h0 (a cell; every layer of a one-step sequence without a projection) computes
+its products one of several ways (csrc/rnn/rnn.h RnnCellPath); fused takes the kernel's rule, and these
+ask for one path (a call without h0 runs the general path):
+fused_cell_direct: both products and the post-GEMM in one pass on the strided-A kernel, [x | h0] packed once;
+fused_cell_dots:   the same on dot products of the weights' rows (16 rows or fewer);
+fused_cell_gemm:   the input and recurrent products as two GEMMs, then the post-GEMM.
+(Where AMX tiles are on, fused's rule puts a float32 cell whose batch fills them, and whose x and h0
+split exactly, on the tiles.)
 """
 from __future__ import annotations
 
@@ -22,16 +31,18 @@ from .._config import get_num_threads
 from ..backends.cpu import ext as _cpu
 from ..problem import RNN_MODES
 from .base import Algorithm, cpu_float_reason
-from .gemm_cpu import gemm_efficiency
+from .gemm_cpu import STREAM_EFFICIENCY, WT_DIRECT_EFFICIENCY, gemm_efficiency
 
 _CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
 SCHEDULES = {"fused": 0, "fused_units": 1, "fused_rows": 2, "fused_wavefront": 3}  # RnnSchedule
+CELL_PATHS = {"fused_cell_direct": 1, "fused_cell_dots": 2, "fused_cell_gemm": 3}  # RnnCellPath
 ROW_SPLIT_MIN_ROWS = 4  # csrc/rnn/rnn.cpp kRowSplitMinRows: batch rows each thread of a direction needs
+SMALL_CELL_ROWS = 16  # csrc/gemm/gemm.h kSmallCellRows: the most batch rows the dot-product cell takes
 
 
-def shape_tuple(p, schedule: int = 0) -> tuple:
-    """The kernels' shape: (cell code, T, B, I, H, L, D, P, schedule)."""
-    return (_CELL_CODES[p.mode], p.seq, p.batch, p.input, p.hidden, p.layers, p.dirs, p.proj, schedule)
+def shape_tuple(p, schedule: int = 0, cell_path: int = 0) -> tuple:
+    """The kernels' shape: (cell code, T, B, I, H, L, D, P, schedule, cell path)."""
+    return (_CELL_CODES[p.mode], p.seq, p.batch, p.input, p.hidden, p.layers, p.dirs, p.proj, schedule, cell_path)
 
 
 # ----------------------------------------------------------------------------------------- cost model
@@ -90,17 +101,32 @@ class FusedRnn(Algorithm):
     def __init__(self, mode: str, direction: str, name: str = "fused"):
         self.mode, self.direction, self.name = mode, direction, name
         self.op = f"{mode}_{direction}"
-        self.schedule = SCHEDULES[name]
+        self.schedule = SCHEDULES.get(name, 0)
+        self.cell_path = CELL_PATHS.get(name, 0)
         if direction == "bwd":
             self.tolerance = 1e-4
 
     def rule(self, p) -> str | None:
+        if self.cell_path:
+            return "the kernel's rule (fused) picks a cell's path where nothing measured decides; tuning times this one"
         if self.schedule != SCHEDULES["fused"]:
             return "the kernel's rule (fused) schedules the loop where nothing measured decides; tuning times this one"
         return None
 
+    def _cell_reason(self, p) -> str | None:
+        """Why this cell path cannot run p, or None."""
+        if p.seq != 1 or p.proj:
+            return "a single step without a projection (a cell) only"
+        if self.name == "fused_cell_direct" and _cpu.gemm_wt_direct_width(p.itemsize, 1) == 0:
+            return f"no strided-A micro-kernel for {_cpu.active_isa()}"
+        if self.name == "fused_cell_dots" and p.batch > SMALL_CELL_ROWS:
+            return f"batch {p.batch}: the dot-product cell takes {SMALL_CELL_ROWS} rows or fewer"
+        return None
+
     def supports(self, p) -> str | None:
         reason = cpu_float_reason(p)
+        if reason is None and self.cell_path:
+            return self._cell_reason(p)
         if reason or self.schedule in (SCHEDULES["fused"], SCHEDULES["fused_units"]):
             return reason
         threads = get_num_threads()
@@ -139,6 +165,11 @@ class FusedRnn(Algorithm):
         layer each, the layers pipelined); the two directions of a layer on their own threads. Backward:
         the step loop once more (dh = dgates W_hh^T), and dx and the weight gradients as whole-sequence
         GEMMs."""
+        if self.cell_path:
+            return self._cell_cost(p, c, self.name)
+        if p.seq == 1 and not p.proj and self.direction == "fwd":  # a cell: the path the kernel's rule takes
+            path = _cpu.rnn_cell_path(shape_tuple(p), p.itemsize)
+            return self._cell_cost(p, c, next(n for n, code in CELL_PATHS.items() if code == path))
         schedule = self._schedule_for(p)
         threads = max(c.threads, 1)
         tb, gh, s = p.seq * p.batch, p.gates * p.hidden, p.state
@@ -159,6 +190,28 @@ class FusedRnn(Algorithm):
         grads = _whole_sequence_gemms(p, c, lambda width: [(tb, width, gh), (gh, width, tb), (gh, s, tb)])
         return 2 * loop + grads
 
+    @staticmethod
+    def _cell_cost(p, c, name) -> float:
+        """Per layer and direction, the step's two products: the one-pass paths read both weights once
+        (the strided-A kernel at its tile's fill, the dot products at the streaming efficiency); the GEMM
+        path packs them as the blocked GEMM does; then the gate pass."""
+        gh, s, peak = p.gates * p.hidden, p.state, c.peak(p)
+        t = 0.0
+        for width in _layer_inputs(p):
+            depth = width + s
+            flops = 2.0 * p.batch * gh * depth
+            weights = gh * depth * p.itemsize / c.bandwidth
+            if name == "fused_cell_gemm":
+                one = sum(2.0 * p.batch * gh * k / (peak * gemm_efficiency(p.batch, gh, k)) for k in (width, s))
+            elif name == "fused_cell_dots":
+                one = max(weights, flops / (peak * STREAM_EFFICIENCY))
+            else:
+                tile = max(1, _cpu.gemm_wt_direct_width(p.itemsize, p.batch) or 1)
+                fill = p.batch / (math.ceil(p.batch / tile) * tile)
+                one = max(weights, flops / (peak * WT_DIRECT_EFFICIENCY * fill))
+            t += p.dirs * (one + p.batch * gh * _GATE_FLOPS / peak)
+        return t
+
     def workspace_bytes(self, p) -> int:
         gh, tb, d, s = p.gates * p.hidden, p.seq * p.batch, p.dirs, p.state
         proj = s * p.hidden if p.proj else 0  # W_hr packed
@@ -175,7 +228,7 @@ class FusedRnn(Algorithm):
         reserve; bwd: (x, h0, c0, weights, ys, reserve, dy, dh_n, dc_n) with out = (dx, dh0, dc0, grads) and
         param accumulate (add the weight gradients to grads rather than overwrite them).
         Arrays as the _cpu.rnn_forward / rnn_backward bindings take them (None where optional)."""
-        shape = shape_tuple(p, self.schedule)
+        shape = shape_tuple(p, self.schedule, self.cell_path)
         if self.direction == "fwd":
             x, h0, c0, weights = arrays
             _cpu.rnn_forward(shape, x, h0, c0, weights, out, params["h_n"], params["c_n"], params["reserve"])
@@ -189,9 +242,10 @@ class FusedRnn(Algorithm):
 
 def all_fused() -> list:
     """Every schedule of every mode and direction, the kernel's rule first (the default where nothing
-    else decides)."""
+    else decides), and the forward's cell paths."""
     return [FusedRnn(mode, direction, name) for mode in RNN_MODES for direction in ("fwd", "bwd")
-            for name in SCHEDULES if not (name == "fused_wavefront" and direction == "bwd")]
+            for name in (*SCHEDULES, *CELL_PATHS)
+            if direction == "fwd" or name not in ("fused_wavefront", *CELL_PATHS)]
 
 
 ALGORITHMS = all_fused()  # the registry's RNN algorithms (algos/__init__.py registers them)

@@ -5,7 +5,7 @@ Forward:
     lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False,
          proj_size=0) -> (output, (h_n, c_n))         [+ reserve when train=True]
     gru(x, h0, weights, ...) / rnn(x, h0, weights, *, nonlinearity="tanh", ...) -> (output, h_n) [+ reserve]
-    lstm_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False) -> (h', c')  [+ reserve]
+    lstm_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo="auto") -> (h', c')  [+ reserve]
     gru_cell(x, h, ...), rnn_tanh_cell(x, h, ...), rnn_relu_cell(x, h, ...) -> h'    [+ reserve]
 
 Backward (from the reserve a forward with train=True returned):
@@ -552,11 +552,11 @@ def _sig(a):
     return a.shape, a.dtype
 
 
-def _cell_key(op, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
-    if type(train) is not bool:
+def _cell_key(op, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo):
+    if type(train) is not bool or type(algo) is not str:
         return None
     try:
-        return (op, train, _sig(x), _sig(h), _sig(c), _sig(w_ih), _sig(w_hh), _sig(b_ih), _sig(b_hh),
+        return (op, train, algo, _sig(x), _sig(h), _sig(c), _sig(w_ih), _sig(w_hh), _sig(b_ih), _sig(b_hh),
                 get_workspace_limit(), dispatch_state())
     except AttributeError:
         return None
@@ -572,27 +572,29 @@ def _cell_run(op, mode, hit, x, h, c, flat, train):
     return h_out, c_out, buffer
 
 
-def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
+def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo):
     """One step of a single-layer, one-direction sequence (the same kernel, which skips the packing)."""
-    key = _cell_key(op, x, h, c, w_ih, w_hh, b_ih, b_hh, train)
+    key = _cell_key(op, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo)
     hit = None if key is None else _cell_calls.get(key)
     if hit is not None:
         h_out, c_out, buffer = _cell_run(op, mode, hit, x, h, c, [w_ih, w_hh, b_ih, b_hh], train)
         return _cell_result(op, mode, hit[0].problem, hit[1], hit[2], x, h, c, [w_ih, w_hh, b_ih, b_hh], h_out,
                             c_out, buffer, train)
     try:
-        return _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train)
+        return _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo)
     except DeviceArray:
         if device_of(x) == "cuda" and not any(isinstance(w, PackedWeight) for w in (w_ih, w_hh)):
             from . import gpu_recurrent
 
+            if algo not in ("auto", "gpu_steps"):
+                raise ValueError(f"{op}: algo must be 'auto' or 'gpu_steps' on GPU arrays, got {algo!r}") from None
             return gpu_recurrent.cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train)
         names = ("hx[0]", "hx[1]") if mode == "lstm" else ("hx", "")
         raise placement_error(op, input=x, **{names[0]: h}, **({names[1]: c} if c is not None else {}), w_ih=w_ih,
                               w_hh=w_hh, b_ih=b_ih, b_hh=b_hh) from None
 
 
-def _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
+def _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo):
     """_cell for a call not seen before: the checks, the dispatch, the run, and the call remembered."""
     x = _array(op, "input", x, ndim=(1, 2))
     dtype = x.dtype
@@ -641,7 +643,7 @@ def _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train):
     train = _flag(op, "train", train)
     flat = [w_ih, w_hh, b_ih, b_hh]
     p = _problem(mode, 1, B, I, H, 1, 1, b_ih is not None, "fwd", dtype)
-    hit = (_plan(op, p, "auto"), shape, unbatched)
+    hit = (_plan(op, p, algo), shape, unbatched)
     h_out, c_out, buffer = _cell_run(op, mode, hit, x, h, c, flat, train)
     if key is not None:
         _cell_calls.put(key, hit)
@@ -663,33 +665,38 @@ def _cell_result(op, mode, p, shape, unbatched, x, h, c, flat, h_out, c_out, buf
     return result, reserve
 
 
-def lstm_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False):
+def lstm_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo="auto"):
     """torch.nn.LSTMCell's forward: (h', c') from x (B, I) or (I,), hx = (h, c) of (B, H) or (H,), or
     None (zeros); w_ih (4H, I), w_hh (4H, H), biases (4H,) or None. With train, ((h', c'), reserve).
     w_ih and w_hh may both be weights packed once by dnnkit.pack_weight (a cell stepped in a loop then
-    packs nothing per call); so for every cell."""
+    packs nothing per call); so for every cell. algo: "auto" (the tuning cache, else the kernel's rule)
+    or how the step's products run: "fused" (the kernel's rule), "fused_cell_direct",
+    "fused_cell_dots", "fused_cell_gemm" (docs/algorithms.md; without hx, or on packed weights, the step
+    runs the general way whatever is named)."""
     if hx is None:
         h = c = None
     else:
         if not isinstance(hx, (tuple, list)) or len(hx) != 2:
             raise TypeError(f"lstm_cell: hx must be a pair (h, c) or None, got {type(hx).__name__}")
         h, c = hx
-    return _cell("lstm_cell", "lstm", x, h, c, w_ih, w_hh, b_ih, b_hh, train)
+    return _cell("lstm_cell", "lstm", x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo)
 
 
-def gru_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False):
-    """torch.nn.GRUCell's forward: h' (gates r, z, n of w_ih's rows). With train, (h', reserve)."""
-    return _cell("gru_cell", "gru", x, hx, None, w_ih, w_hh, b_ih, b_hh, train)
+def gru_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo="auto"):
+    """torch.nn.GRUCell's forward: h' (gates r, z, n of w_ih's rows). With train, (h', reserve). algo as
+    for lstm_cell."""
+    return _cell("gru_cell", "gru", x, hx, None, w_ih, w_hh, b_ih, b_hh, train, algo)
 
 
-def rnn_tanh_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False):
-    """torch.nn.RNNCell's forward with tanh: h' = tanh(x w_ih^T + b_ih + h w_hh^T + b_hh)."""
-    return _cell("rnn_tanh_cell", "rnn_tanh", x, hx, None, w_ih, w_hh, b_ih, b_hh, train)
+def rnn_tanh_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo="auto"):
+    """torch.nn.RNNCell's forward with tanh: h' = tanh(x w_ih^T + b_ih + h w_hh^T + b_hh). algo as for
+    lstm_cell."""
+    return _cell("rnn_tanh_cell", "rnn_tanh", x, hx, None, w_ih, w_hh, b_ih, b_hh, train, algo)
 
 
-def rnn_relu_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False):
-    """torch.nn.RNNCell's forward with ReLU."""
-    return _cell("rnn_relu_cell", "rnn_relu", x, hx, None, w_ih, w_hh, b_ih, b_hh, train)
+def rnn_relu_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo="auto"):
+    """torch.nn.RNNCell's forward with ReLU. algo as for lstm_cell."""
+    return _cell("rnn_relu_cell", "rnn_relu", x, hx, None, w_ih, w_hh, b_ih, b_hh, train, algo)
 
 
 def _cell_backward(op, modes, grad_h, grad_c, reserve, accumulate_into):
