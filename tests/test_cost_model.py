@@ -39,6 +39,7 @@ def _problems(device):
             yield GemmProblem(m, n, k, trans_b=tb, device=device)
     yield GemmProblem(64, 64, 256, dtype="float64", device=device)
     if device == "cpu":
+        yield GemmProblem(64, 256, 512, trans_b=True, packed=True)  # a weight packed by pack_weight
         for d in CONVS:
             for direction in ("fwd", "bwd_data", "bwd_filter"):
                 yield ConvProblem.parse(d, direction=direction)

@@ -218,14 +218,35 @@ def test_bad_input_is_named():
         dnnkit.linear(np.zeros((2, 4), np.float32), pw, np.zeros(4, np.float32))
     with pytest.raises(ValueError, match=r"^linear: activation must be None or one of"):
         dnnkit.linear(np.zeros((2, 4), np.float32), pw, activation="swish")
-    with pytest.raises(ValueError, match=r"^linear: a packed weight runs its own kernel"):
+    with pytest.raises(ValueError, match=r"^linear: algo 'blocked_gemm' cannot run .* packed by dnnkit.pack_weight"):
         dnnkit.linear(np.zeros((2, 4), np.float32), pw, algo="blocked_gemm")
     with pytest.raises(ValueError, match=r"^linear: input must have at least 1 dimension"):
         dnnkit.linear(np.float32(1.0), pw)
-    with pytest.raises(ValueError, match=r"^explain: a packed weight .* runs its own kernel"):
-        dnnkit.explain("linear", np.zeros((2, 4), np.float32), pw)
     # The kernel binding checks what it relies on, for direct callers.
     with pytest.raises(TypeError, match=r"^linear: input must have the packed weight's dtype"):
         dnnkit._cpu.linear_prepacked(np.zeros((2, 4)), pw)
     with pytest.raises(ValueError, match=r"^linear: input has the wrong number of features"):
         dnnkit._cpu.linear_prepacked(np.zeros((2, 3), np.float32), pw)
+
+
+def test_a_packed_weight_goes_through_the_registry(tmp_path, monkeypatch):
+    """linear on a packed weight is a GEMM problem with a packed b: explain() lists gemm_prepacked as the
+    one algorithm that can run it (the others say why not), algo= names it, and the tuner checks and times
+    it like any other."""
+    from dnnkit.autotune import find
+
+    monkeypatch.setenv("DNNKIT_CACHE_DIR", str(tmp_path))
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((24, 40)).astype(np.float32)
+    x = rng.standard_normal((5, 40)).astype(np.float32)
+    pw = dnnkit.pack_weight(w)
+    e = dnnkit.explain("linear", x, pw, activation="relu")
+    assert e.problem.packed and e.problem.descriptor() == "m5n24k40tb_packed_relu_f32"
+    rows = {c.algorithm: c for c in e}
+    assert rows["gemm_prepacked"].chosen and rows["gemm_prepacked"].predicted_s > 0
+    assert all(not c.supported and "pack_weight" in c.reason for name, c in rows.items() if name != "gemm_prepacked")
+    expected = np.maximum(x @ w.T, 0)
+    assert np.allclose(dnnkit.linear(x, pw, activation="relu", algo="gemm_prepacked"), expected, atol=1e-5)
+    result = find(e.problem, store=False, budget=0.02)
+    assert [r.algorithm for r in result if r.ok] == ["gemm_prepacked"]
+    assert dnnkit.GemmProblem.parse(e.problem.descriptor()) == e.problem

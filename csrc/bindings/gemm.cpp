@@ -134,7 +134,8 @@ py::array linear_run_impl(const py::array& x, const py::array& w, const py::obje
 // y (x.shape[:-1] + (n,)) := act(x W^T + bias) on a weight packed by pack_weight; x of the weight's
 // dtype, rows copied to contiguous when they are not.
 template <typename T>
-py::array linear_prepacked_impl(const py::array& x, const PackedWeight& pw, const py::object& bias, int act) {
+py::array linear_prepacked_impl(const py::array& x, const PackedWeight& pw, const py::object& bias, int act,
+                                const py::object& out) {
   using CArr = py::array_t<T, py::array::c_style>;
   if (x.ndim() < 1) throw py::value_error("linear: input must be at least 1-D");
   const py::ssize_t nd = x.ndim();
@@ -147,7 +148,16 @@ py::array linear_prepacked_impl(const py::array& x, const PackedWeight& pw, cons
   for (py::ssize_t d = 0; d + 1 < nd; ++d) m *= x.shape(d);
   std::vector<py::ssize_t> shape(x.shape(), x.shape() + nd - 1);
   shape.push_back(static_cast<py::ssize_t>(n));
-  CArr y = new_output<T>(shape);
+  CArr y;
+  if (out.is_none()) {
+    y = new_output<T>(shape);
+  } else {
+    // The caller's output: C-contiguous, writable, of the input's dtype and m x n elements (a plan's run).
+    if (!py::isinstance<CArr>(out)) throw py::type_error("linear: out must be a C-contiguous array of the input's dtype");
+    y = py::reinterpret_borrow<CArr>(out);
+    if (!y.writeable() || y.size() != m * n || !(y.flags() & py::array::c_style))
+      throw py::value_error("linear: out must be a writable C-contiguous array of the output's size");
+  }
   CArr bias_arr;
   if (!bias.is_none()) {
     bias_arr = CArr::ensure(bias);
@@ -223,12 +233,14 @@ void bind_gemm(py::module_& m) {
       });
 
   m.def("linear_prepacked",
-        [](const py::array& x, const PackedWeight& w, const py::object& bias, int act) -> py::array {
-          if (w.itemsize == 4) return linear_prepacked_impl<float>(x, w, bias, act);
-          return linear_prepacked_impl<double>(x, w, bias, act);
+        [](const py::array& x, const PackedWeight& w, const py::object& bias, int act, const py::object& out) -> py::array {
+          if (w.itemsize == 4) return linear_prepacked_impl<float>(x, w, bias, act, out);
+          return linear_prepacked_impl<double>(x, w, bias, act, out);
         },
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("activation") = 0,
-        "y := act(x @ W.T + bias), y allocated, for x (..., in_features) and W packed by PackedWeight.");
+        py::arg("out") = py::none(),
+        "y := act(x @ W.T + bias) for x (..., in_features) and W packed by PackedWeight: into out (C-contiguous,\n"
+        "of the output's size) where given, else a new array.");
 
   m.def("linear_run",
         [](const py::array& x, const py::array& w, const py::object& bias, int act, int kind) -> py::array {

@@ -44,6 +44,7 @@ class GemmProblem:
     activation: str = "identity"
     device: str = "cpu"
     op: str = "gemm"
+    packed: bool = False  # op(b) is a weight packed by dnnkit.pack_weight (linear's layout: trans_b)
 
     def __post_init__(self):
         for name in ("m", "n", "k"):
@@ -56,6 +57,8 @@ class GemmProblem:
             raise ValueError(f"GemmProblem: activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.device not in DEVICES:
             raise ValueError(f"GemmProblem: device must be one of {DEVICES}, got {self.device!r}")
+        if self.packed and (self.trans_a or not self.trans_b or self.device != "cpu"):
+            raise ValueError("GemmProblem: a packed weight is linear's operand (trans_b, not trans_a) on the CPU")
 
     @property
     def flops(self) -> int:
@@ -69,6 +72,7 @@ class GemmProblem:
         s = f"m{self.m}n{self.n}k{self.k}"
         s += "ta" if self.trans_a else ""
         s += "tb" if self.trans_b else ""
+        s += "_packed" if self.packed else ""
         s += "_bias" if self.bias else ""
         s += f"_{self.activation}" if self.activation != "identity" else ""
         s += f"_{DTYPE_CODES[self.dtype]}"
@@ -78,7 +82,7 @@ class GemmProblem:
     __str__ = descriptor
 
     _RE = re.compile(
-        r"^m(?P<m>\d+)n(?P<n>\d+)k(?P<k>\d+)(?P<ta>ta)?(?P<tb>tb)?"
+        r"^m(?P<m>\d+)n(?P<n>\d+)k(?P<k>\d+)(?P<ta>ta)?(?P<tb>tb)?(?P<packed>_packed)?"
         r"(?P<bias>_bias)?(?:_(?P<act>identity|relu|tanh|sigmoid|gelu))?"
         r"(?:_(?P<dt>f32|f64))?(?:_(?P<dev>cpu|cuda))?$"
     )
@@ -88,13 +92,13 @@ class GemmProblem:
         match = cls._RE.match(text.strip())
         if not match:
             raise ValueError(
-                f"GemmProblem.parse: cannot parse {text!r}; expected m<M>n<N>k<K>[ta][tb][_bias][_act][_f32|_f64]"
+                f"GemmProblem.parse: cannot parse {text!r}; expected m<M>n<N>k<K>[ta][tb][_packed][_bias][_act][_f32|_f64]"
             )
         g = match.groupdict()
         return cls(
             m=int(g["m"]), n=int(g["n"]), k=int(g["k"]), trans_a=bool(g["ta"]), trans_b=bool(g["tb"]),
             bias=bool(g["bias"]), activation=g["act"] or "identity", dtype=DTYPES[g["dt"] or "f32"],
-            device=g["dev"] or "cpu",
+            device=g["dev"] or "cpu", packed=bool(g["packed"]),
         )
 
 

@@ -20,9 +20,17 @@ from .base import Algorithm, cpu_float_reason
 ACTIVATION_CODES = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3, "gelu": 4}
 
 
+PACKED_REASON = "b is a weight packed by dnnkit.pack_weight, which gemm_prepacked reads"
+
+
+def _gemm_reason(p) -> str | None:
+    """Why a CPU GEMM on arrays cannot run p, or None."""
+    return cpu_float_reason(p) or (PACKED_REASON if p.packed else None)
+
+
 def _linear_layout_reason(p) -> str | None:
     """Why a kernel for a linear layer's layout (op(a) = a, op(b) = b.T) cannot run p, or None."""
-    reason = cpu_float_reason(p)
+    reason = _gemm_reason(p)
     if reason:
         return reason
     if p.trans_a or not p.trans_b:
@@ -108,7 +116,7 @@ class BlockedGemm(Algorithm):
     tolerance = 1e-5
 
     def supports(self, p) -> str | None:
-        return cpu_float_reason(p)
+        return _gemm_reason(p)
 
     def rule(self, p) -> str | None:
         """Every product the row-contiguous kernels' rules do not take (the rules partition the products:
@@ -162,7 +170,7 @@ class StreamGemm(BlockedGemm):
     name = "gemm_stream"
 
     def supports(self, p) -> str | None:
-        reason = cpu_float_reason(p)
+        reason = _gemm_reason(p)
         if reason:
             return reason
         if p.trans_b:
@@ -261,6 +269,30 @@ class WtDirectGemm(Algorithm):
         return _streamed(p, c, WT_DIRECT_EFFICIENCY * fill)
 
 
+class PrepackedGemm(Algorithm):
+    """A linear layer's product on a weight packed once by dnnkit.pack_weight (W^T in the micro-kernel's
+    panels, and on AMX-enabled CPUs a second time in bfloat16 parts): only A is packed per call."""
+
+    name = "gemm_prepacked"
+    op = "gemm"
+    backend = "cpu"
+    tolerance = 1e-5
+
+    def supports(self, p) -> str | None:
+        return cpu_float_reason(p) or (None if p.packed else "needs b packed by dnnkit.pack_weight")
+
+    def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
+        """out := act(a @ W.T + bias), a (m x k) any strides, b the PackedWeight of W, out m x n C-contiguous;
+        alpha 1 and beta 0 (a linear layer's product)."""
+        if alpha != 1.0 or beta != 0.0:
+            raise ValueError("gemm_prepacked: computes a linear layer's product (alpha 1, beta 0)")
+        return _cpu.linear_prepacked(a, b, bias, ACTIVATION_CODES[p.activation], out)
+
+    def cost(self, p, c) -> float:
+        """The blocked GEMM's arithmetic without B's packing."""
+        return _flops(p) / (c.peak(p) * gemm_efficiency(p.m, p.n, p.k, may_transpose=False))
+
+
 # The rules' order: each takes a product that no earlier one takes (blocked_gemm all the rest).
 _RULED_ORDER = [SmallMGemm(), WtDirectGemm()]
 
@@ -274,16 +306,16 @@ def _taken_before(p, count: int) -> str | None:
 
 
 # The registry's GEMM algorithms, in order of preference (algos/__init__.py registers them).
-ALGORITHMS = [SmallMGemm(), WtDirectGemm(), BlockedGemm(), GotoGemm(), StreamGemm()]
+ALGORITHMS = [SmallMGemm(), WtDirectGemm(), BlockedGemm(), GotoGemm(), StreamGemm(), PrepackedGemm()]
 
 # The kernel of _cpu.linear_run that does what each of these algorithms' run does for a linear layer.
 LINEAR_RUN_KINDS = {BlockedGemm: 0, SmallMGemm: 1, WtDirectGemm: 2}
 
 
 # The fully-connected layer's kernels that the API calls with no dispatch of their own: a call already
-# dispatched to one of the algorithms above in LINEAR_RUN_KINDS (output allocated and kernel run in one
-# C++ call); a weight packed by pack_weight; the activation and its gradient apart from the product (a
-# saved preactivation); the bias gradient (column sums of the output gradient).
+# dispatched to one of the algorithms above in LINEAR_RUN_KINDS, or to gemm_prepacked (output allocated
+# and kernel run in one C++ call); the activation and its gradient apart from the product (a saved
+# preactivation); the bias gradient (column sums of the output gradient).
 linear_run = _cpu.linear_run                    # (x, w, bias, activation code, kind) -> y
 linear_prepacked = _cpu.linear_prepacked        # (x, packed weight, bias, activation code) -> y
 activation_forward = _cpu.activation_forward    # (z, y, activation code): y = act(z)

@@ -35,7 +35,7 @@ def _nbytes(a) -> int:
         return a.nbytes
     if isinstance(a, (list, tuple)):
         return sum(_nbytes(e) for e in a)
-    return 0
+    return int(getattr(a, "nbytes", 0))  # a packed weight
 
 
 def _uniform(rng, shape, dtype, scale: float = 1.0) -> np.ndarray:
@@ -110,6 +110,10 @@ class GemmHarness(_ArrayOut):
         a = _uniform(rng, (p.k, p.m) if p.trans_a else (p.m, p.k), dt)
         b = _uniform(rng, (p.n, p.k) if p.trans_b else (p.k, p.n), dt)
         kwargs = {"bias": _uniform(rng, (p.n,), dt)} if p.bias else {}
+        if p.packed:  # the weight (n x k) packed once, as pack_weight does for a layer
+            from ..packed import pack_weight
+
+            return Operands((a, pack_weight(b)), kwargs)
         return Operands((a.T if p.trans_a else a, b.T if p.trans_b else b), kwargs)
 
     def output_shape(self, p):
@@ -117,6 +121,7 @@ class GemmHarness(_ArrayOut):
 
     def reference(self, p, ops):
         a, b = ops.args
+        b = b.weight.T if p.packed else b
         return ref.activation_ref(ref.gemm_ref(a, b) + (ref._f64(ops.kwargs["bias"]) if p.bias else 0.0),
                                   p.activation)
 

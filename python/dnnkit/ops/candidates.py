@@ -74,8 +74,10 @@ def _either(op, prepare, args, **arrays):
 _PREPARE = {
     "gemm": lambda a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False: _either(
         "gemm", "gemm_prepare", (a, b, c, alpha, beta, trans_a, trans_b), a=a, b=b, c=c),
-    "linear": lambda input, weight, bias=None, *, activation=None: _either(
-        "linear", "linear_prepare", (input, weight, bias, activation), input=input, weight=weight, bias=bias),
+    "linear": lambda input, weight, bias=None, *, activation=None: (
+        _linear._linear_packed_prepare(input, weight, bias, activation)[0] if isinstance(weight, PackedWeight)
+        else _either("linear", "linear_prepare", (input, weight, bias, activation), input=input, weight=weight,
+                     bias=bias)),
     "conv2d": lambda input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1: _conv._conv2d_prepare(
         input, weight, bias, stride, padding, dilation, groups)[0],
     "conv2d_backward_data": lambda input_shape, weight, grad_output, stride=1, padding=0, dilation=1, groups=1: (
@@ -95,9 +97,6 @@ def explain(what, *args, algo="auto", workspace_limit=None, **kwargs) -> Explana
     if isinstance(what, (GemmProblem, ConvProblem, RnnProblem)):
         p = what
     elif isinstance(what, str) and what in _PREPARE:
-        if any(isinstance(v, PackedWeight) for v in (*args, *kwargs.values())):
-            raise ValueError(f"explain: a packed weight (dnnkit.pack_weight) runs its own kernel, gemm_prepacked, "
-                             f"not a registry algorithm; explain {what} with the array it was packed from")
         p = _PREPARE[what](*args, **kwargs)
     elif isinstance(what, str):
         p = _parse_descriptor(what, **kwargs)

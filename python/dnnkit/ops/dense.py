@@ -23,12 +23,12 @@ from ..problem import GemmProblem
 from ._common import _accumulate_target, _gpu, _host_stream, _plan, _problems
 
 
-def _gemm_problem(m, n, k, trans_a, trans_b, dtype, bias=False, activation="identity") -> GemmProblem:
-    key = (m, n, k, trans_a, trans_b, dtype, bias, activation)
+def _gemm_problem(m, n, k, trans_a, trans_b, dtype, bias=False, activation="identity", packed=False) -> GemmProblem:
+    key = (m, n, k, trans_a, trans_b, dtype, bias, activation, packed)
     p = _problems.get(key)
     if p is None:
         p = _problems.put(key, GemmProblem(m, n, k, trans_a=trans_a, trans_b=trans_b, dtype=_DTYPE_NAMES[dtype],
-                                           bias=bias, activation=activation))
+                                           bias=bias, activation=activation, packed=packed))
     return p
 
 
@@ -129,11 +129,15 @@ _linear_calls = Memo(1024)
 
 
 def _linear_key(input, weight, bias, activation, algo):
-    if not (type(input) is np.ndarray and type(weight) is np.ndarray and (bias is None or type(bias) is np.ndarray)
-            and (activation is None or type(activation) is str) and type(algo) is str):
+    """A call's signature: what its checks and dispatch depend on."""
+    packed = type(weight) is PackedWeight
+    if not (type(input) is np.ndarray and (packed or type(weight) is np.ndarray)
+            and (bias is None or type(bias) is np.ndarray) and (activation is None or type(activation) is str)
+            and type(algo) is str):
         return None
-    return (input.shape, input.dtype, weight.shape, weight.dtype, None if bias is None else (bias.shape, bias.dtype),
-            activation, algo, get_workspace_limit(), dispatch_state())
+    return (input.shape, input.dtype, packed, weight.shape, weight.dtype,
+            None if bias is None else (bias.shape, bias.dtype), activation, algo, get_workspace_limit(),
+            dispatch_state())
 
 
 def linear(input, weight, bias=None, *, activation=None, return_preactivation=False, algo="auto", stream=None):
@@ -179,8 +183,9 @@ def linear(input, weight, bias=None, *, activation=None, return_preactivation=Fa
     return y, z
 
 
-def _linear_packed(x, pw, bias, activation, return_preactivation, algo):
-    """linear on a weight packed by pack_weight: its own kernel (gemm_prepacked), no dispatch."""
+def _linear_packed_prepare(x, pw, bias, activation):
+    """(problem, x as m x k rows, bias, the output's leading shape) of linear on a weight packed by
+    pack_weight, checked."""
     op = "linear"
     try:
         x = _array(op, "input", x)
@@ -199,16 +204,31 @@ def _linear_packed(x, pw, bias, activation, return_preactivation, algo):
     if bias is not None and bias.shape[0] != out_f:
         raise ValueError(f"linear: bias must have {out_f} elements (weight rows), got {bias.shape[0]}")
     act = _activation(op, activation)
+    m = math.prod(x.shape[:-1])
+    p = _gemm_problem(m, out_f, in_f, False, True, x.dtype, bias is not None, act, packed=True)
+    return p, x.reshape(m, in_f), bias, x.shape[:-1]
+
+
+def _linear_packed(x, pw, bias, activation, return_preactivation, algo):
+    """linear on a weight packed by pack_weight: dispatch finds gemm_prepacked, the one algorithm that
+    reads a packed weight."""
+    op = "linear"
+    key = None if return_preactivation is not False else _linear_key(x, pw, bias, activation, algo)
+    act_code = None if key is None else _linear_calls.get(key)
+    if act_code is not None:  # checked and dispatched before
+        return _fc_kernels.linear_prepacked(x, pw, bias, act_code)
+    p, x2, bias, lead = _linear_packed_prepare(x, pw, bias, activation)
     _flag(op, "return_preactivation", return_preactivation)
-    if algo != "auto":
-        raise ValueError(f"linear: a packed weight runs its own kernel; algo must be 'auto', got {algo!r}")
-    if not return_preactivation:
-        return _fc_kernels.linear_prepacked(x, pw, bias, ACTIVATION_CODES[act])
-    z = _fc_kernels.linear_prepacked(x, pw, bias, 0)
-    if act == "identity":
-        return z, z.copy()
-    y = _empty(op, z.shape, z.dtype)
-    _fc_kernels.activation_forward(z, y, ACTIVATION_CODES[act])
+    y = _empty(op, lead + (p.n,), x2.dtype)
+    if not return_preactivation or p.activation == "identity":
+        _plan(op, p, algo).run(x2, pw, out=y.reshape(p.m, p.n), bias=bias)
+        if key is not None:  # gemm_prepacked is the one algorithm that runs it
+            _linear_calls.put(key, ACTIVATION_CODES[p.activation])
+        return (y, y.copy()) if return_preactivation else y
+    z = _empty(op, y.shape, y.dtype)
+    pz = _gemm_problem(p.m, p.n, p.k, False, True, x2.dtype, p.bias, packed=True)
+    _plan(op, pz, algo).run(x2, pw, out=z.reshape(p.m, p.n), bias=bias)
+    _fc_kernels.activation_forward(z, y, ACTIVATION_CODES[p.activation])
     return y, z
 
 
