@@ -1,4 +1,4 @@
-"""The cost formulas of the GEMM paths and RNN schedules against measurement.
+"""The cost formulas of the GEMM paths, the RNN schedules and the cells' paths against measurement.
 
     python bench/cost_model.py [--budget S]
 
@@ -30,6 +30,8 @@ PROBLEMS = [
     RnnProblem("lstm", 50, 16, 512, 512), RnnProblem("lstm", 25, 1, 1024, 1024), RnnProblem("gru", 50, 32, 512, 512),
     RnnProblem("lstm", 50, 64, 256, 256, layers=2), RnnProblem("lstm", 20, 16, 128, 128, layers=3),
     RnnProblem("lstm", 50, 16, 512, 512, direction="bwd"), RnnProblem("gru", 25, 8, 256, 256, layers=2, dirs=2),
+    RnnProblem("lstm", 1, 1, 512, 512), RnnProblem("lstm", 1, 16, 1024, 1024), RnnProblem("gru", 1, 64, 512, 512),
+    GemmProblem(64, 1000, 2048, trans_b=True, packed=True),
 ]
 
 

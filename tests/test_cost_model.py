@@ -58,7 +58,11 @@ def test_every_algorithm_states_a_cost(device, ceilings):
                 assert t is not None and math.isfinite(t) and t > 0, (a, p.descriptor(), t)
                 reached.add((a.op, a.name))
     registered = {(a.op, a.name) for a in algos.all_algorithms() if a.backend == device}
-    assert registered == reached
+    unreached = registered - reached  # the AMX tiles' path where this CPU has none: its formula all the same
+    assert unreached <= {("gemm", "gemm_amx")}
+    for op, name in unreached:
+        t = algos.get(op, device, name).cost(GemmProblem(512, 512, 512), ceilings)
+        assert math.isfinite(t) and t > 0
 
 
 @pytest.mark.parametrize("device, ceilings", [("cpu", CPU), ("cuda", GPU)])

@@ -567,3 +567,22 @@ def test_linear_output_same_with_and_without_preactivation(isa, activation, m, n
     y2, z = dnnkit.linear(x, w, b, activation=activation, return_preactivation=True)
     assert np.array_equal(y, y2)
     assert np.array_equal(z, dnnkit.linear(x, w, b))
+
+
+def test_gemm_amx_is_a_path_of_its_own():
+    """blocked_gemm's AMX path is a registry entry: where the CPU has the tiles it runs products of 192
+    rows and columns or more at float32's accuracy; elsewhere it says why not, and algo= naming it fails
+    with that reason."""
+    algo = dnnkit.algos.get("gemm", "cpu", "gemm_amx")
+    rng = np.random.default_rng(5)
+    a, b = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))
+    p = dnnkit.GemmProblem(256, 256, 256)
+    assert algo.supports(dnnkit.GemmProblem(256, 256, 256, dtype="float64")) is not None
+    if not dnnkit._cpu.amx_takes_shape(256, 256, 256):
+        assert "AMX" in algo.supports(p)
+        with pytest.raises(ValueError, match="gemm: algo 'gemm_amx' cannot run .*AMX"):
+            dnnkit.gemm(a, b, algo="gemm_amx")
+        return
+    assert "192" in algo.supports(dnnkit.GemmProblem(64, 256, 256))
+    got = dnnkit.gemm(a, b, algo="gemm_amx")
+    assert rel_l2(got, a.astype(np.float64) @ b.astype(np.float64)) <= algo.tolerance

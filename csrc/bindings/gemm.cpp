@@ -10,7 +10,8 @@ template <typename T>
 void gemm_impl(const py::array& a, const py::array& b, py::array& c, double alpha, double beta,
                const py::object& bias, int act, int nthreads, int kind) {
   // kind: 0 gemm (blocked: every path), 1 gemm_small_m, 2 gemm_wt_direct, 3 the Goto/BLIS path alone,
-  // 4 gemm_stream where the operands' strides let it run (else as 0)
+  // 4 gemm_stream where the operands' strides let it run (else as 0), 5 AMX tiles where they take the
+  // product (float32; else the Goto/BLIS path)
   const char* op = "gemm";
   View2D va = view2d<T>(a, op, "a"), vb = view2d<T>(b, op, "b"), vc = view2d<T>(c, op, "c");
   if (va.cols != vb.rows) throw py::value_error("gemm: inner dimensions of a and b differ");
@@ -51,7 +52,9 @@ void gemm_impl(const py::array& a, const py::array& b, py::array& c, double alph
   else if (kind == 4 && g.k > 0 && gemm_stream<T>(g, nthreads))
     return;
   else {
-    if (kind == 3) g.path = GemmPath::goto_only;
+    if constexpr (std::is_same_v<T, float>)
+      if (kind == 5 && g.k > 0 && amx::gemm(g, nthreads)) return;
+    if (kind == 3 || kind == 5) g.path = GemmPath::goto_only;
     gemm<T>(g, nthreads);
   }
 }
@@ -178,7 +181,8 @@ void bind_gemm(py::module_& m) {
   m.def("gemm",
         [](const py::array& a, const py::array& b, py::array& c, double alpha, double beta, const py::object& bias,
            int act, int nthreads, int path) {
-          if (path < 0 || path > 2) throw py::value_error("gemm: path must be 0 (any), 1 (Goto/BLIS) or 2 (stream)");
+          if (path < 0 || path > 3)
+            throw py::value_error("gemm: path must be 0 (any), 1 (Goto/BLIS), 2 (stream) or 3 (AMX tiles)");
           const int kind = path == 0 ? 0 : path + 2;
           if (is_f32(c)) return gemm_impl<float>(a, b, c, alpha, beta, bias, act, nthreads, kind);
           if (is_f64(c)) return gemm_impl<double>(a, b, c, alpha, beta, bias, act, nthreads, kind);
@@ -188,7 +192,8 @@ void bind_gemm(py::module_& m) {
         py::arg("bias") = py::none(), py::arg("activation") = 0, py::arg("nthreads") = 0, py::arg("path") = 0,
         "C := act(alpha*A@B + beta*C + bias) on 2-D strided arrays of one dtype; C is not read when beta == 0.\n"
         "path: 0 every path (blocked_gemm), 1 Goto/BLIS alone (gemm_goto), 2 the streamed products where the\n"
-        "operands let them run, else as 0 (gemm_stream).");
+        "operands let them run, else as 0 (gemm_stream), 3 AMX tiles where they take the product (float32),\n"
+        "else as 1 (gemm_amx).");
 
   m.def("gemm_stream_takes", &gemm_stream_takes, py::arg("m"), py::arg("n"), py::arg("k"),
         "Whether gemm_stream takes this product (B and C with contiguous rows).");

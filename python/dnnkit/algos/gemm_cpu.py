@@ -60,6 +60,7 @@ _GEMM_EFFICIENCY = 0.62
 # the large operand once; their arithmetic runs at this share of the peak.
 STREAM_EFFICIENCY = 0.5
 WT_DIRECT_EFFICIENCY = 0.62  # B never packed: at full tiles the blocked GEMM's best share
+AMX_SPEEDUP = 3.0  # the tiles' float32 product (three bfloat16 passes) against the FMA peak
 
 
 @functools.lru_cache(maxsize=None)
@@ -191,6 +192,38 @@ class StreamGemm(BlockedGemm):
         return _streamed(p, c, STREAM_EFFICIENCY)
 
 
+class AmxGemm(BlockedGemm):
+    """blocked_gemm's AMX path alone: float32 products split into three bfloat16 parts on the tile unit
+    (csrc/gemm/amx.cpp), at float32's accuracy; where an operand does not split exactly (the check runs
+    on the values), the product runs as gemm_goto runs it."""
+
+    name = "gemm_amx"
+
+    def supports(self, p) -> str | None:
+        reason = _gemm_reason(p)
+        if reason:
+            return reason
+        if p.dtype != "float32":
+            return "float32 only (the tiles multiply bfloat16 parts of float32 values)"
+        if not _cpu.amx_takes_shape(p.m, p.n, p.k):
+            if not _cpu.amx_enabled():
+                return "needs AMX-BF16 tiles, which this CPU (or dnnkit.set_amx, DNNKIT_ISA) does not offer"
+            return f"m = {p.m}, n = {p.n}: the tiles take 192 rows and columns or more"
+        return None
+
+    def rule(self, p) -> str | None:
+        return _PATH_RULE
+
+    def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
+        _cpu.gemm(a, b, out, alpha, beta, bias, ACTIVATION_CODES[p.activation], 0, 3)
+        return out
+
+    def cost(self, p, c) -> float:
+        """The blocked GEMM's schedule at AMX_SPEEDUP times the FMA peak (three bfloat16 products a float32
+        one; not yet fitted on an AMX machine: the fitted correction takes over once tuned there)."""
+        return _flops(p) / (c.peak(p) * AMX_SPEEDUP * gemm_efficiency(p.m, p.n, p.k, may_transpose=False))
+
+
 class SmallMGemm(Algorithm):
     name = "gemm_small_m"
     op = "gemm"
@@ -306,7 +339,7 @@ def _taken_before(p, count: int) -> str | None:
 
 
 # The registry's GEMM algorithms, in order of preference (algos/__init__.py registers them).
-ALGORITHMS = [SmallMGemm(), WtDirectGemm(), BlockedGemm(), GotoGemm(), StreamGemm(), PrepackedGemm()]
+ALGORITHMS = [SmallMGemm(), WtDirectGemm(), BlockedGemm(), GotoGemm(), StreamGemm(), AmxGemm(), PrepackedGemm()]
 
 # The kernel of _cpu.linear_run that does what each of these algorithms' run does for a linear layer.
 LINEAR_RUN_KINDS = {BlockedGemm: 0, SmallMGemm: 1, WtDirectGemm: 2}
