@@ -144,24 +144,32 @@ class BlockedGemm(Algorithm):
 _PATH_RULE = "a path blocked_gemm takes where its own rule would; the tuner times it, algo= names it"
 
 
-class GotoGemm(BlockedGemm):
-    """The Goto/BLIS path of blocked_gemm alone, the operands as given: no streamed product, no AMX tiles,
-    no exchange of the operands' roles (so that the tuner can time it against blocked_gemm's choice)."""
+class _BlockedPath(BlockedGemm):
+    """One of blocked_gemm's paths alone (the gemm kernel's `path` argument), so that the tuner can time it
+    against blocked_gemm's choice and algo= can name it."""
 
-    name = "gemm_goto"
+    path = 0
 
     def rule(self, p) -> str | None:
         return _PATH_RULE
 
     def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
-        _cpu.gemm(a, b, out, alpha, beta, bias, ACTIVATION_CODES[p.activation], 0, 1)
+        _cpu.gemm(a, b, out, alpha, beta, bias, ACTIVATION_CODES[p.activation], 0, self.path)
         return out
+
+
+class GotoGemm(_BlockedPath):
+    """The Goto/BLIS path of blocked_gemm alone, the operands as given: no streamed product, no AMX tiles,
+    no exchange of the operands' roles."""
+
+    name = "gemm_goto"
+    path = 1
 
     def cost(self, p, c) -> float:
         return _flops(p) / (c.peak(p) * gemm_efficiency(p.m, p.n, p.k, may_transpose=False))
 
 
-class StreamGemm(BlockedGemm):
+class StreamGemm(_BlockedPath):
     """blocked_gemm's streamed products alone: at most 4 rows of A against a B with contiguous rows over a
     depth of two chunks of 256 or more (dX = dY W at batch 1-4), or a depth of at most 8 into 16 or more
     rows of C (dW = dY^T X at batch 1-8); each thread reads contiguous runs of B's rows or C's rows front
@@ -169,6 +177,7 @@ class StreamGemm(BlockedGemm):
     blocked_gemm runs it."""
 
     name = "gemm_stream"
+    path = 2
 
     def supports(self, p) -> str | None:
         reason = _gemm_reason(p)
@@ -181,23 +190,17 @@ class StreamGemm(BlockedGemm):
                     f"depth of 512 or more, or a depth of at most 8 over 16 or more rows")
         return None
 
-    def rule(self, p) -> str | None:
-        return _PATH_RULE
-
-    def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
-        _cpu.gemm(a, b, out, alpha, beta, bias, ACTIVATION_CODES[p.activation], 0, 2)
-        return out
-
     def cost(self, p, c) -> float:
         return _streamed(p, c, STREAM_EFFICIENCY)
 
 
-class AmxGemm(BlockedGemm):
+class AmxGemm(_BlockedPath):
     """blocked_gemm's AMX path alone: float32 products split into three bfloat16 parts on the tile unit
     (csrc/gemm/amx.cpp), at float32's accuracy; where an operand does not split exactly (the check runs
     on the values), the product runs as gemm_goto runs it."""
 
     name = "gemm_amx"
+    path = 3
 
     def supports(self, p) -> str | None:
         reason = _gemm_reason(p)
@@ -210,13 +213,6 @@ class AmxGemm(BlockedGemm):
                 return "needs AMX-BF16 tiles, which this CPU (or dnnkit.set_amx, DNNKIT_ISA) does not offer"
             return f"m = {p.m}, n = {p.n}: the tiles take 192 rows and columns or more"
         return None
-
-    def rule(self, p) -> str | None:
-        return _PATH_RULE
-
-    def run(self, p, a, b, *, out, alpha=1.0, beta=0.0, bias=None):
-        _cpu.gemm(a, b, out, alpha, beta, bias, ACTIVATION_CODES[p.activation], 0, 3)
-        return out
 
     def cost(self, p, c) -> float:
         """The blocked GEMM's schedule at AMX_SPEEDUP times the FMA peak (three bfloat16 products a float32
