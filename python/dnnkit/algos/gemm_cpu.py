@@ -100,6 +100,12 @@ def gemm_efficiency(m: int, n: int, k: int, may_transpose: bool = True) -> float
             * rows_used)
 
 
+def wt_direct_efficiency(itemsize: int, rows: int) -> float:
+    """gemm_wt_direct's share of the peak on `rows` batch rows: its tiles' empty rows are computed too."""
+    width = max(1, _cpu.gemm_wt_direct_width(itemsize, rows))
+    return WT_DIRECT_EFFICIENCY * (rows / (math.ceil(rows / width) * width) if rows else 1.0)
+
+
 def _flops(p) -> float:
     return 2.0 * p.m * p.n * p.k
 
@@ -293,9 +299,7 @@ class WtDirectGemm(Algorithm):
 
     def cost(self, p, c) -> float:
         """B read once where it lies, the batch in tiles of the kernel's width (the empty rows computed)."""
-        width = max(1, _cpu.gemm_wt_direct_width(p.itemsize, p.m))
-        fill = p.m / (math.ceil(p.m / width) * width) if p.m else 1.0
-        return _streamed(p, c, WT_DIRECT_EFFICIENCY * fill)
+        return _streamed(p, c, wt_direct_efficiency(p.itemsize, p.m))
 
 
 class PrepackedGemm(Algorithm):

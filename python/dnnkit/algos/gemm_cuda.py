@@ -293,7 +293,7 @@ def _taken_before(p, algo) -> str | None:
     for other in ALGORITHMS:
         if other.name == algo.name:
             break
-        if other.workspace_bytes(p) or other.name == SplitKGemm.name:
+        if other.name == SplitKGemm.name:
             continue
         if other.supports(p) is None and (get_allow_tf32() or not other.tf32) and other.own_rule(p) is None:
             return f"{other.name}'s rule takes this product"

@@ -31,7 +31,7 @@ from .._config import get_num_threads
 from ..backends.cpu import ext as _cpu
 from ..problem import RNN_MODES
 from .base import Algorithm, cpu_float_reason
-from .gemm_cpu import STREAM_EFFICIENCY, WT_DIRECT_EFFICIENCY, gemm_efficiency
+from .gemm_cpu import STREAM_EFFICIENCY, gemm_efficiency, wt_direct_efficiency
 
 _CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
 SCHEDULES = {"fused": 0, "fused_units": 1, "fused_rows": 2, "fused_wavefront": 3}  # RnnSchedule
@@ -206,9 +206,7 @@ class FusedRnn(Algorithm):
             elif name == "fused_cell_dots":
                 one = max(weights, flops / (peak * STREAM_EFFICIENCY))
             else:
-                tile = max(1, _cpu.gemm_wt_direct_width(p.itemsize, p.batch) or 1)
-                fill = p.batch / (math.ceil(p.batch / tile) * tile)
-                one = max(weights, flops / (peak * WT_DIRECT_EFFICIENCY * fill))
+                one = max(weights, flops / (peak * wt_direct_efficiency(p.itemsize, p.batch)))
             t += p.dirs * (one + p.batch * gh * _GATE_FLOPS / peak)
         return t
 
