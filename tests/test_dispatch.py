@@ -192,3 +192,12 @@ def test_environment_names_an_operators_algorithm(tmp_path):
     lines = r.stdout.strip().splitlines()
     assert lines[0] == "direct gemm_goto", r.stdout + r.stderr
     assert "lstm: algo must be 'auto' or one of" in lines[1] and "DNNKIT_ALGO_LSTM_FWD" in lines[1], lines
+
+
+def test_an_unhashable_algo_is_a_clear_error():
+    x, w = np.ones((2, 3), np.float32), np.ones((4, 3), np.float32)
+    with pytest.raises(TypeError, match=r"^linear: algo must be 'auto', an algorithm name or an Algorithm, got list"):
+        dnnkit.linear(x, w, algo=["blocked_gemm"])
+    h, wh = np.ones((2, 4), np.float32), np.ones((16, 4), np.float32)
+    with pytest.raises(TypeError, match=r"^lstm_cell: algo must be .* got dict"):
+        dnnkit.lstm_cell(x, (h, h), np.ones((16, 3), np.float32), wh, algo={})

@@ -71,6 +71,8 @@ def plan(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) 
     """The Plan that runs p: the algorithm algo names (for "auto", DNNKIT_ALGO_<OP> where set), or the one
     dispatch chooses among those whose workspace fits workspace_limit (default: the process-wide limit).
     Raises ValueError naming the operator when none can."""
+    if not isinstance(algo, (str, Algorithm)):  # before it is hashed into the key
+        raise TypeError(f"{p.op}: algo must be 'auto', an algorithm name or an Algorithm, got {type(algo).__name__}")
     default = get_workspace_limit()
     limit = default if workspace_limit is None else workspace_limit
     key = (p, algo, limit, default) + dispatch_state()
@@ -96,8 +98,6 @@ def _choose(p, algo, workspace_limit) -> Algorithm:
         if reason is not None:
             raise ValueError(f"{p.op}: algo {algo.name!r} does not support {p.descriptor()}: {reason}")
         return algo
-    if not isinstance(algo, str):
-        raise TypeError(f"{p.op}: algo must be 'auto', an algorithm name or an Algorithm, got {type(algo).__name__}")
     cands = candidates(p, workspace_limit)
     if algo != "auto":
         for a, reason, _ in cands:
