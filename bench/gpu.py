@@ -178,6 +178,21 @@ def bench(out: str, quick: bool, reps: int) -> list:
             t_base = _time(lambda: mod(x), reps)
         flops = 2 * T * B * G * H * (H + H)
         row(f"{mode}_fwd_f32", f"H{H} B{B} T{T}", flops, t_dk, t_base, "torch.nn (cuDNN, TF32 off)", "gpu_steps")
+        # the persistent kernel where W_hh fits the GPU's shared memory, beside the same baseline
+        from dnnkit.algos.rnn_cuda import GpuPersistent
+        from dnnkit.problem import RnnProblem
+
+        if GpuPersistent(mode).supports(RnnProblem(mode, T, B, H, H, device="cuda")) is None:
+            def persistent():
+                kw = dict(algo="gpu_persistent")
+                return dnnkit.lstm(x, None, None, ws, **kw) if mode == "lstm" else dnnkit.gru(x, None, ws, **kw)
+
+            with torch.no_grad():
+                persistent()
+                torch.cuda.synchronize()
+                t_p, t_base = _time(persistent, reps), _time(lambda: mod(x), reps)
+            row(f"{mode}_fwd_f32", f"H{H} B{B} T{T}", flops, t_p, t_base, "torch.nn (cuDNN, TF32 off)",
+                "gpu_persistent")
 
     # TF32 on the tensor cores beside cuBLAS's TF32 (both allowed to round), at 4096^3
     m = n = k = 4096

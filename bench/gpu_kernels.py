@@ -34,6 +34,10 @@ def rows(archs):
                             "loop_fma": prof.loop_ffma, "loop_fma_share": round(prof.loop_ffma_share, 2),
                             "lds": " ".join(f"{k}:{n}" for k, n in sorted(prof.lds.items())) or "-",
                             "spill_insns": prof.local})
+                if v.inner_loop_fma:  # the product loop (the persistent RNN's, inside its time loop)
+                    row.update({"loop_insns": prof.inner_instructions, "loop_fma": prof.inner_ffma,
+                                "loop_fma_share": round(prof.inner_ffma / max(prof.inner_instructions, 1), 2),
+                                "lds": " ".join(f"{k}:{n}" for k, n in prof.inner_lds) or "-"})
             yield row
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from numba import types
 
-from . import eltwise, gemm, gemm_tf32, rnn, rnn_backward
+from . import eltwise, gemm, gemm_tf32, rnn, rnn_backward, rnn_persistent
 
 # Per SM, for the occupancy figures (sm_80 and sm_90 alike, but shared memory: 164 and 228 KiB).
 REGISTERS_PER_SM = 65536
@@ -38,6 +38,7 @@ class Variant:
     main_loop_fma: bool  # whether it has a main loop of fused multiply-adds
     tensor_cores: bool = False  # whether its main loop is mma.sync (HMMA) instructions
     launch_bounds: tuple = ()  # as the kernel is built (default: (threads,))
+    inner_loop_fma: bool = False  # whether its innermost loop with FMAs is its product (the persistent RNN's)
 
 
 def _arr(dtype: str, ndim: int):
@@ -113,8 +114,24 @@ def rnn_variants() -> list[Variant]:
     return out
 
 
+def persistent_variants() -> list[Variant]:
+    """The persistent RNN kernel: a training LSTM of one row a lane and 8 batch rows a pass, a GRU of two
+    rows and 4, a float64 tanh RNN of four rows and one."""
+    out = []
+    for mode, dtype, rt, bt, train in (("lstm", "float32", 1, 8, True), ("gru", "float32", 2, 4, False),
+                                       ("rnn_tanh", "float64", 4, 1, False)):
+        f = getattr(types, dtype)
+        a2, v2, v3 = _arr(dtype, 2), types.Array(f, 2, "A"), types.Array(f, 3, "A")
+        sig = (a2, a2, _arr(dtype, 1), v2, v2, v3, v3, a2, _arr("uint32", 1)) + (types.int64,) * 9
+        out.append(Variant(rnn_persistent.kernel_name(mode, dtype, rt, bt, train),
+                           rnn_persistent.persistent_kernel(mode, dtype, rt, bt, train), sig, rnn_persistent.THREADS,
+                           bt >= 4 and dtype == "float32", False, launch_bounds=(rnn_persistent.THREADS, 1),
+                           inner_loop_fma=rt * bt >= 8))  # (a shorter product loop NVVM unrolls whole)
+    return out
+
+
 def variants() -> list[Variant]:
-    return gemm_variants() + eltwise_variants() + rnn_variants()
+    return gemm_variants() + eltwise_variants() + rnn_variants() + persistent_variants()
 
 
 @functools.lru_cache(maxsize=None)
@@ -207,6 +224,9 @@ class SassProfile:
     loop_instructions: int  # in the main loop: the loop with the most FFMA (or HMMA)
     loop_ffma: int
     loop_mma: int = 0       # HMMA instructions in that loop
+    inner_instructions: int = 0  # in the innermost loop with FMAs (the fewest instructions)
+    inner_ffma: int = 0
+    inner_lds: tuple = ()   # that loop's shared loads, by width: (("LDS", n), ("LDS.128", n), ...)
 
     @property
     def loop_ffma_share(self) -> float:
@@ -227,7 +247,15 @@ def sass_profile(text: str) -> SassProfile:
             target = re.search(r"0x([0-9a-f]+)", m.group(3))
             if target:
                 branches.append((len(ops) - 1, int(target.group(1), 16)))
-    best = (0, 0, 0)
+    def widths(body):
+        out = {}
+        for op in body:
+            if op.startswith("LDS"):
+                key = "LDS" + next((w for w in (".128", ".64") if w in op), "")
+                out[key] = out.get(key, 0) + 1
+        return out
+
+    best, inner = (0, 0, 0), None
     for at, target in branches:
         start = at_address.get(target)
         if start is not None and start <= at:
@@ -236,11 +264,11 @@ def sass_profile(text: str) -> SassProfile:
             h = sum(op.startswith("HMMA") for op in body)
             if (f + h, f) > (best[1] + best[2], best[1]):
                 best = (len(body), f, h)
-    lds = {}
-    for op in ops:
-        if op.startswith("LDS"):
-            key = "LDS" + next((w for w in (".128", ".64") if w in op), "")
-            lds[key] = lds.get(key, 0) + 1
+            if f and (inner is None or len(body) < len(inner[0])):
+                inner = (body, f)
+    lds = widths(ops)
     return SassProfile(instructions=len(ops), ffma=sum(op.startswith(("FFMA", "DFMA")) for op in ops), lds=lds,
                        local=sum(op.startswith(("LDL", "STL")) for op in ops), loop_instructions=best[0],
-                       loop_ffma=best[1], loop_mma=best[2])
+                       loop_ffma=best[1], loop_mma=best[2], inner_instructions=len(inner[0]) if inner else 0,
+                       inner_ffma=inner[1] if inner else 0,
+                       inner_lds=tuple(sorted(widths(inner[0]).items())) if inner else ())

@@ -55,6 +55,20 @@ def test_sass_main_loop(v, built):
 
 
 @pytest.mark.skipif(codegen.cuobjdump() is None, reason="cuobjdump and nvdisasm are not installed")
+@pytest.mark.parametrize("v", [v for v in VARIANTS if v.inner_loop_fma], ids=lambda v: v.name)
+def test_sass_persistent_product_loop(v, built):
+    """The persistent RNN's product loop (its innermost loop with FMAs: depth steps of W_hh rows from
+    shared memory times the staged h): FMAs at least half its instructions where a lane's tile has 8 or
+    more of them, h read 128 bits a time where the batch tile is 4 wide or more (float32)."""
+    prof = codegen.sass_profile(codegen.sass(built(v, "sm_90").cubin))
+    assert prof.local == 0 and prof.inner_ffma >= codegen.rnn_persistent.UNROLL, prof
+    if prof.inner_ffma >= 8 * codegen.rnn_persistent.UNROLL:
+        assert prof.inner_ffma / prof.inner_instructions >= 0.5, prof
+    if v.wide_loads:
+        assert dict(prof.inner_lds).get("LDS.128", 0) > 0, prof
+
+
+@pytest.mark.skipif(codegen.cuobjdump() is None, reason="cuobjdump and nvdisasm are not installed")
 @pytest.mark.parametrize("v", [v for v in VARIANTS if v.tensor_cores], ids=lambda v: v.name)
 def test_sass_tensor_cores(v, built):
     """The TF32 kernel's main loop is mma.sync: 8 HMMA.1688.F32.TF32 a step of 8 of the depth."""

@@ -39,7 +39,7 @@ def _call(mode, x, h0, c0, ws, **kw):
 
 CASES = [  # mode, T, B, I, H, L, D, bias, states, batch_first
     ("lstm", 5, 3, 4, 6, 1, 1, True, True, False),
-    ("lstm", 4, 2, 3, 5, 2, 2, True, False, True),
+    ("lstm", 2, 2, 3, 5, 2, 2, True, False, True),
     ("lstm", 3, 9, 2, 33, 1, 1, False, True, False),     # a second block of batch rows and of units
     ("gru", 5, 3, 4, 6, 2, 1, True, True, False),
     ("gru", 4, 2, 3, 5, 1, 2, False, False, True),
@@ -79,9 +79,56 @@ def test_unbatched_input():
     assert close(host(out), want_out[:, 0], np.float32) and close(host(h_n), want_h[:, 0], np.float32)
 
 
-def test_explain_lists_the_gpu_sequence_algorithm():
+def test_explain_lists_the_gpu_sequence_algorithms():
     e = dnnkit.explain(dnnkit.problem.RnnProblem("lstm", 10, 4, 8, 16, device="cuda"))
-    assert [c.algorithm for c in e] == ["gpu_steps"] and e[0].chosen
+    assert [c.algorithm for c in e] == ["gpu_steps", "gpu_persistent"] and e[0].chosen
+    assert e[1].reason is None and "gpu_steps is the rule" in e[1].rule
+    e = dnnkit.explain(dnnkit.problem.RnnProblem("lstm", 10, 4, 8, 16, proj=8, device="cuda"))
+    assert "projection" in e[1].reason
+
+
+PERSISTENT_CASES = [  # as CASES
+    ("lstm", 2, 2, 3, 5, 2, 2, True, False, True),
+    ("gru", 3, 3, 4, 6, 1, 1, False, True, False),
+    ("rnn_relu", 2, 3, 2, 4, 2, 1, True, False, False),
+]
+
+
+@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=[c[0] for c in PERSISTENT_CASES])
+def test_persistent_sequences(case):
+    """algo="gpu_persistent": the time loop in one launch a layer-direction; inference, then training
+    (whose saves the backward of gpu_steps reads) with every gradient checked."""
+    mode, T, B, I, H, L, D, bias, states, batch_first = case
+    dtype = np.float64
+    rng = np.random.default_rng(hash(case) % 2**32)
+    x = rand(rng, (T, B, I), dtype)
+    ws = _weights(rng, mode, I, H, L, D, bias, dtype)
+    h0 = rand(rng, (L * D, B, H), dtype) if states else None
+    c0 = rand(rng, (L * D, B, H), dtype) if states and mode == "lstm" else None
+    want_out, want_h, want_c = ref.rnn_sequence_ref(mode, x, h0, c0, ws, num_layers=L, bidirectional=D == 2)
+    bf = (lambda a: np.ascontiguousarray(a.transpose(1, 0, 2))) if batch_first else (lambda a: a)
+    d = (lambda a: None if a is None else dev(a))
+    kw = dict(num_layers=L, bidirectional=D == 2, batch_first=batch_first, algo="gpu_persistent")
+    out, h_n, c_n = _call(mode, dev(bf(x)), d(h0), d(c0), [dev(w) for w in ws], **kw)
+    assert close(bf(host(out)), want_out, dtype) and close(host(h_n), want_h, dtype)
+    if mode == "lstm":
+        assert close(host(c_n), want_c, dtype)
+    gy, gh = rand(rng, (T, B, D * H), dtype), rand(rng, (L * D, B, H), dtype)
+    want = ref.rnn_sequence_backward_ref(mode, x, h0, c0, ws, gy, gh, None, num_layers=L, bidirectional=D == 2)
+    dws = [dev(w) for w in ws]
+    if mode == "lstm":
+        out, _, reserve = dnnkit.lstm(dev(bf(x)), d(h0), d(c0), dws, train=True, **kw)
+        gx, gh0, _, gw = dnnkit.lstm_backward(dev(bf(gy)), dev(gh), None, reserve)
+    elif mode == "gru":
+        out, _, reserve = dnnkit.gru(dev(bf(x)), d(h0), dws, train=True, **kw)
+        gx, gh0, gw = dnnkit.gru_backward(dev(bf(gy)), dev(gh), reserve)
+    else:
+        out, _, reserve = dnnkit.rnn(dev(bf(x)), d(h0), dws, nonlinearity=mode[4:], train=True, **kw)
+        gx, gh0, gw = dnnkit.rnn_backward(dev(bf(gy)), dev(gh), reserve)
+    assert close(bf(host(out)), want_out, dtype)
+    assert close(bf(host(gx)), want[0], dtype) and close(host(gh0), want[1], dtype)
+    for g, w in zip(gw, want[3]):
+        assert close(host(g), w, dtype)
 
 
 def test_what_runs_on_the_cpu_only_says_so():

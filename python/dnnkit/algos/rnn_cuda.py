@@ -98,6 +98,49 @@ class GpuSteps(Algorithm):
             elems += min(p.layers - 1, 2) * T * B * D * H
         return elems * p.itemsize
 
+    def _loop(self, p, has_bias: bool, gemm_plan, stream):
+        """loop(k, d, gx, h_prev, c, y, save, w, batch_first, m) -> h_T: the time loop of layer-direction k
+        (direction d) of a layer whose input projections are in gx (T*B, G*H); h_prev its h_{-1}, c its
+        cell state (LSTM: updated in place), y the layer's output (h_t into its direction's columns),
+        save the training save or None, w its weights (w_ih, w_hh, b_ih, b_hh[, w_hr]), m the projection's
+        m_t buffer (inference with a projection). Returns the view of y that holds the last step's h."""
+        _jit, kr = _kernels()
+        G, H, T, B, P, dt = _GATES[p.mode], p.hidden, p.seq, p.batch, p.proj, p.dtype
+        S = P or H
+        launch, _ = _step_launcher(p, stream)
+        rec = gemm_plan(GemmProblem(B, G * H, S, trans_b=True, bias=has_bias, dtype=dt, device="cuda"))
+        out_proj = gemm_plan(GemmProblem(B, S, H, trans_b=True, dtype=dt, device="cuda")) if P else None
+        gh = _cuda.scratch((B, G * H), dt, stream) if p.mode == "gru" else None
+
+        def loop(k, d, gx, h_prev, c, y, save_k, w, batch_first, m):
+            train = save_k is not None
+            step = kr.lstm_step(dt, train) if p.mode == "lstm" else kr.gru_step(dt, train) if p.mode == "gru" else \
+                kr.rnn_step(dt, p.mode == "rnn_relu")
+            w_hh, b_hh = w[1], w[3]
+            gx3 = gx.reshape((B, T, G * H) if batch_first else (T, B, G * H))
+            for s in range(T):
+                ti = s if d == 0 else T - 1 - s
+                g = gx3[:, ti, :] if batch_first else gx3[ti]
+                h_out = y[:, ti, d * S:(d + 1) * S] if batch_first else y[ti, :, d * S:(d + 1) * S]
+                save = save_k[ti] if train and p.mode in ("lstm", "gru") else g
+                if p.mode == "gru":
+                    rec.run(h_prev, w_hh.T, out=gh, bias=b_hh, stream=stream)
+                    launch(step, g, gh, h_prev, h_out, save, B, H)
+                else:
+                    rec.run(h_prev, w_hh.T, out=g, beta=1.0, bias=b_hh, stream=stream)
+                    if p.mode == "lstm" and P:
+                        m_t = save[:, 5 * H:6 * H] if train else m
+                        launch(step, g, c, m_t, save, B, H)
+                        out_proj.run(m_t, w[4].T, out=h_out, stream=stream)
+                    elif p.mode == "lstm":
+                        launch(step, g, c, h_out, save, B, H)
+                    else:
+                        launch(step, g, h_out, B, H)
+                h_prev = h_out
+            return h_prev
+
+        return loop
+
     def run(self, p, x, h0, c0, weights, *, out, h_n, c_n=None, batch_first=False, stream=None, gemm_plan, ys=None,
             saves=None, masks=None, dropped=None):
         """x (T, B, I), or (B, T, I) with batch_first, a C-contiguous device array; h0 (L*D, B, S), c0
@@ -119,8 +162,6 @@ class GpuSteps(Algorithm):
 
         t = np.dtype(dt).type
         gx = _cuda.scratch((T * B, G * H), dt, stream)
-        gx3 = gx.reshape((B, T, G * H) if batch_first else (T, B, G * H))
-        gh = _cuda.scratch((B, G * H), dt, stream) if p.mode == "gru" else None
         m = _cuda.scratch((B, H), dt, stream) if P and saves is None else None  # o tanh(c), before W_hr
         zeros = None
         if h0 is None or (p.mode == "lstm" and c0 is None):
@@ -128,8 +169,6 @@ class GpuSteps(Algorithm):
             launch(kr.fill(dt), zeros, t(0.0), B, H)
         between = [] if ys is not None else [_cuda.scratch(out.shape, dt, stream) for _ in range(min(L - 1, 2))]
         train = saves is not None
-        step = kr.lstm_step(dt, train) if p.mode == "lstm" else kr.gru_step(dt, train) if p.mode == "gru" else \
-            kr.rnn_step(dt, p.mode == "rnn_relu")
         inp = x
         for layer in range(L):
             y = ys[layer] if ys is not None else out if layer == L - 1 else between[layer % 2]
@@ -137,42 +176,128 @@ class GpuSteps(Algorithm):
             x2 = inp.reshape(T * B, feats)
             has_bias = weights[per * layer * D + 2] is not None
             proj = gemm_plan(GemmProblem(T * B, G * H, feats, trans_b=True, bias=has_bias, dtype=dt, device="cuda"))
-            rec = gemm_plan(GemmProblem(B, G * H, S, trans_b=True, bias=has_bias, dtype=dt, device="cuda"))
-            out_proj = gemm_plan(GemmProblem(B, S, H, trans_b=True, dtype=dt, device="cuda")) if P else None
+            loop = self._loop(p, has_bias, gemm_plan, stream)
             for d in range(D):
                 k = layer * D + d
-                w_ih, w_hh, b_ih, b_hh = weights[per * k:per * k + 4]
+                w_ih, b_ih = weights[per * k], weights[per * k + 2]
                 proj.run(x2, w_ih.T, out=gx, bias=b_ih, stream=stream)
                 h_prev = (zeros[:, :S] if P else zeros) if h0 is None else h0[k]
                 c = None
                 if p.mode == "lstm":
                     c = c_n[k]
                     launch(kr.copy(dt), zeros if c0 is None else c0[k], c, B, H)
-                for s in range(T):
-                    ti = s if d == 0 else T - 1 - s
-                    g = gx3[:, ti, :] if batch_first else gx3[ti]
-                    h_out = y[:, ti, d * S:(d + 1) * S] if batch_first else y[ti, :, d * S:(d + 1) * S]
-                    save = saves[k][ti] if train and p.mode != "rnn_tanh" and p.mode != "rnn_relu" else g
-                    if p.mode == "gru":
-                        rec.run(h_prev, w_hh.T, out=gh, bias=b_hh, stream=stream)
-                        launch(step, g, gh, h_prev, h_out, save, B, H)
-                    else:
-                        rec.run(h_prev, w_hh.T, out=g, beta=1.0, bias=b_hh, stream=stream)
-                        if p.mode == "lstm" and P:
-                            m_t = save[:, 5 * H:6 * H] if train else m
-                            launch(step, g, c, m_t, save, B, H)
-                            out_proj.run(m_t, weights[per * k + 4].T, out=h_out, stream=stream)
-                        elif p.mode == "lstm":
-                            launch(step, g, c, h_out, save, B, H)
-                        else:
-                            launch(step, g, h_out, B, H)
-                    h_prev = h_out
+                h_prev = loop(k, d, gx, h_prev, c, y, saves[k] if train else None, weights[per * k:per * (k + 1)],
+                              batch_first, m)
                 launch(kr.copy(dt), h_prev, h_n[k], B, S)
             inp = y
             if masks is not None and layer < L - 1:
                 multiply(y, masks[layer], dropped[layer], stream)
                 inp = dropped[layer]
         return out
+
+
+# A grid barrier between persistent steps: every block's arrival through an atomic in L2 and its release
+# (nominal, as LAUNCH_S: unfitted until measured on a GPU).
+GRID_SYNC_S = 1.5e-6
+# Warp instructions an SM issues a clock (its four schedulers).
+ISSUE_PER_CLOCK = 4
+
+
+def persistent_layout(p, blocks: int, shared_limit: int):
+    """How gpu_persistent lays p out on a grid of at most `blocks` resident blocks with shared_limit
+    bytes of shared memory each: (units a block U, blocks, rows a lane, batch tile, shared bytes), or
+    the reason it cannot."""
+    from dnnkit.kernels import rnn_persistent as kp
+
+    G, H = _GATES[p.mode], p.hidden
+    units = -(-H // blocks)
+    rt = -(-(G * units) // 32)
+    if rt > kp.MAX_RT:
+        return (f"a block would hold {G * units} rows of W_hh (units {units} x {G} gates on {blocks} blocks), "
+                f"more than the {32 * kp.MAX_RT} its lanes take")
+    bt = kp.batch_tile(p.batch)
+    shared = kp.shared_elems(G * units, H, rt, bt) * p.itemsize
+    if shared + kp.static_elems(bt) * p.itemsize > shared_limit:
+        return (f"W_hh does not fit the GPU's shared memory: {shared + kp.static_elems(bt) * p.itemsize} bytes "
+                f"a block on {blocks} blocks, {shared_limit} available")
+    return units, -(-H // units), rt, bt, shared
+
+
+class GpuPersistent(GpuSteps):
+    """gpu_steps' structure with the time loop in one launch a layer-direction (kernels/rnn_persistent.py):
+    W_hh resident in the blocks' shared memory across the steps, a grid barrier between them. The input
+    projections stay one GEMM before the loop. For W_hh that fits the GPU's shared memory (float32 LSTM
+    up to H of about 1280 on an H100), without a projection; what small batches, whose steps are launch-
+    and weight-bound, gain from."""
+
+    name = "gpu_persistent"
+
+    def supports(self, p) -> str | None:
+        why = GpuSteps.supports(self, p)
+        if why is not None:
+            return why
+        if p.proj:
+            return "an LSTM projection (proj_size): the persistent kernel has no projection step"
+        if p.batch * p.hidden > _INT32 or p.hidden * _GATES[p.mode] * p.hidden > _INT32:
+            return "W_hh or a step's state of 2^31 elements or more"
+        layout = persistent_layout(p, *_cuda.resident_limits())
+        return layout if isinstance(layout, str) else None
+
+    def rule(self, p) -> str | None:
+        return "gpu_steps is the rule where nothing measured decides; tuning times this one"
+
+    def cost(self, p, c) -> float:
+        """Per layer-direction the input projection's GEMM, one launch, and per step: the block's k-loop
+        (per batch tile, H depth steps of its warps' RT + BT shared loads and RT x BT FMAs, issued four
+        warp instructions a clock) and the grid barrier. W_hh is read from DRAM once."""
+        layout = persistent_layout(p, *_cuda.resident_limits())
+        if isinstance(layout, str):
+            return None
+        _, _, rt, bt, _ = layout
+        G, H, T, B = _GATES[p.mode], p.hidden, p.seq, p.batch
+        sms = _cuda.resident_limits()[0]
+        clock = c.peak_flops / (2.0 * 128 * sms)
+        tiles = -(-B // bt)
+        step = tiles * H * (rt + bt + rt * bt) / (ISSUE_PER_CLOCK * clock) + GRID_SYNC_S
+        total = 0.0
+        for layer in range(p.layers):
+            feats = p.input if layer == 0 else p.dirs * H
+            weights = G * H * H * p.itemsize / c.bytes_per_s
+            total += p.dirs * (_gemm_s(c, T * B, G * H, feats, p.dtype) + LAUNCH_S + weights + T * step)
+        return total
+
+    def workspace_bytes(self, p) -> int:
+        from dnnkit.kernels import rnn_persistent as kp
+
+        return GpuSteps.workspace_bytes(self, p) + (p.seq * kp.hseq_row(p.batch, p.hidden, p.itemsize)
+                                                    + _GATES[p.mode] * p.hidden) * p.itemsize
+
+    def _loop(self, p, has_bias: bool, gemm_plan, stream):
+        from dnnkit.kernels import rnn_persistent as kp
+
+        G, H, T, B, dt = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dtype
+        units, blocks, rt, bt, shared = persistent_layout(p, *_cuda.resident_limits())
+        hseq = _cuda.scratch((T, kp.hseq_row(B, H, p.itemsize)), dt, stream)
+        launch, _ = _step_launcher(p, stream)
+        _jit, kr = _kernels()
+        zero_bias = None
+        if not has_bias:
+            zero_bias = _cuda.scratch((1, G * H), dt, stream)
+            launch(kr.fill(dt), zero_bias, np.dtype(dt).type(0.0), 1, G * H)
+        counters = _cuda.upload(np.zeros(p.layers * p.dirs, np.uint32), stream)
+
+        def loop(k, d, gx, h_prev, c, y, save_k, w, batch_first, m):
+            train = save_k is not None
+            kern = kp.persistent_kernel(p.mode, dt, rt, bt, train)
+            bias = w[3] if has_bias else zero_bias[0]
+            save = save_k if train else hseq.reshape((T, 1, hseq.shape[1]))
+            _cuda.launch(kern, blocks, kp.THREADS, stream, gx, w[1], bias, h_prev, c if c is not None else h_prev,
+                         y, save, hseq, counters[k:k + 1], B, H, units, T, d * H, d, int(batch_first), 0, T,
+                         shared_bytes=shared)
+            last = T - 1 if d == 0 else 0
+            return y[:, last, d * H:(d + 1) * H] if batch_first else y[last, :, d * H:(d + 1) * H]
+
+        return loop
 
 
 class GpuStepsBackward(Algorithm):
@@ -313,4 +438,5 @@ class GpuStepsBackward(Algorithm):
         return dx
 
 
-ALGORITHMS = [GpuSteps(mode) for mode in RNN_MODES] + [GpuStepsBackward(mode) for mode in RNN_MODES]
+ALGORITHMS = ([GpuSteps(mode) for mode in RNN_MODES] + [GpuPersistent(mode) for mode in RNN_MODES]
+              + [GpuStepsBackward(mode) for mode in RNN_MODES])

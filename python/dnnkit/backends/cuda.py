@@ -49,7 +49,8 @@ def status() -> dict:
                         "memory_bytes": int(total), "sm_count": int(dev.MULTIPROCESSOR_COUNT)}
                 try:
                     info.update(clock_khz=int(dev.CLOCK_RATE), memory_clock_khz=int(dev.MEMORY_CLOCK_RATE),
-                                memory_bus_bits=int(dev.GLOBAL_MEMORY_BUS_WIDTH))
+                                memory_bus_bits=int(dev.GLOBAL_MEMORY_BUS_WIDTH),
+                                shared_optin_bytes=int(dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
                 except Exception:  # noqa: BLE001 - the simulator's device has no such attributes
                     pass
                 devices.append(info)
@@ -83,6 +84,23 @@ def ceilings(device: int = 0) -> dict | None:
     return {"fp32_flops": 2.0 * _FP32_LANES[cc] * d["sm_count"] * clock,
             "tf32_flops": float(_TF32_PER_CLOCK[cc]) * d["sm_count"] * clock,
             "bytes_per_s": 2.0 * d["memory_clock_khz"] * 1e3 * d["memory_bus_bits"] / 8}
+
+
+# A nominal H100 (132 SMs, 227 KiB of shared memory a block), for sizing where no GPU can be asked.
+_NOMINAL_RESIDENT = (132, 227 * 1024)
+
+
+def resident_limits(device: int = 0) -> tuple[int, int]:
+    """(blocks, shared bytes a block) for a grid whose blocks must all be resident at once, one an SM:
+    the device's SM count and opt-in shared memory a block; one block under the simulator (which runs
+    blocks one after another); a nominal H100's without a GPU."""
+    if simulator():
+        return 1, _NOMINAL_RESIDENT[1]
+    s = status()
+    if not s["available"] or len(s["devices"]) <= device:
+        return _NOMINAL_RESIDENT
+    d = s["devices"][device]
+    return d["sm_count"], d.get("shared_optin_bytes", DEFAULT_SHARED_BYTES)
 
 
 def fingerprint() -> str:
@@ -229,13 +247,39 @@ def copy(dst, src, stream) -> None:
         dst.copy_to_device(src, stream=stream)
 
 
-def launch(kernel, grid, block, stream, *args):
-    """kernel[grid, block, stream](*args) (stream None: the default stream); the simulator runs it on the
-    CPU, its stream aside."""
-    if simulator() or stream is None:
+# Dynamic shared memory a block gets without asking (above it, up to the device's opt-in limit, the
+# kernel's attribute must be raised first).
+DEFAULT_SHARED_BYTES = 48 * 1024
+
+
+def launch(kernel, grid, block, stream, *args, shared_bytes: int = 0):
+    """kernel[grid, block, stream, shared_bytes](*args) (stream None: the default stream); the simulator
+    runs it on the CPU, its stream aside. shared_bytes: the dynamic shared memory of a block."""
+    if simulator():
+        kernel[grid, block, 0, shared_bytes](*args)
+    elif shared_bytes > DEFAULT_SHARED_BYTES:
+        _allow_shared(kernel, args, shared_bytes)
+        kernel[grid, block, stream if stream is not None else 0, shared_bytes](*args)
+    elif stream is None and not shared_bytes:
         kernel[grid, block](*args)
     else:
-        kernel[grid, block, stream](*args)
+        kernel[grid, block, stream if stream is not None else 0, shared_bytes](*args)
+
+
+_SHARED_ALLOWED: dict = {}
+
+
+def _allow_shared(kernel, args, nbytes: int) -> None:
+    """Raise the kernel's (as compiled for args) dynamic shared memory limit to nbytes, once."""
+    compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    if _SHARED_ALLOWED.get(id(compiled), 0) >= nbytes:
+        return
+    from numba.cuda.cudadrv import driver as drv
+
+    cufunc = compiled._codelibrary.get_cufunc()
+    attr = drv.binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    drv.driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, cufunc.device.id)
+    _SHARED_ALLOWED[id(compiled)] = nbytes
 
 
 def time_call(fn, stream=None) -> float:
