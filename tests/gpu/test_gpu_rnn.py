@@ -183,6 +183,53 @@ def test_cells(mode):
     assert tuple(got.shape) == (H,) and close(host(got), ref_fn(x[:1], np.zeros((1, H)), w_ih, w_hh)[0], np.float32)
 
 
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
+@pytest.mark.parametrize("bias, unbatched", [(True, False), (False, True)])
+def test_cells_training(mode, bias, unbatched):
+    """train=True on a cell keeps what its backward reads; the cells' backward gives the one-step
+    sequence's gradients of the float64 reference; accumulate_into adds the weights' into given arrays."""
+    rng = np.random.default_rng(17)
+    B, I, H, G, dtype = 3, 4, 5, GATES[mode], np.float64
+    x, h, c = rand(rng, (B, I), dtype), rand(rng, (B, H), dtype), rand(rng, (B, H), dtype)
+    ws = [rand(rng, (G * H, I), dtype), rand(rng, (G * H, H), dtype)]
+    ws += [rand(rng, (G * H,), dtype), rand(rng, (G * H,), dtype)] if bias else [None, None]
+    gh, gc = rand(rng, (B, H), dtype), rand(rng, (B, H), dtype)
+    want = ref.rnn_sequence_backward_ref(mode, x[None], h[None], c[None] if mode == "lstm" else None,
+                                         [w for w in ws if w is not None], gh[None], None,
+                                         gc[None] if mode == "lstm" else None)
+    if unbatched:
+        x, h, c, gh, gc = x[:1], h[:1], c[:1], gh[:1], gc[:1]
+        want = ref.rnn_sequence_backward_ref(mode, x[None], h[None], c[None] if mode == "lstm" else None,
+                                             [w for w in ws if w is not None], gh[None], None,
+                                             gc[None] if mode == "lstm" else None)
+        x, h, c, gh, gc = x[0], h[0], c[0], gh[0], gc[0]
+    dws = [None if w is None else dev(w) for w in ws]
+    start = [None if w is None else rand(rng, w.shape, dtype) for w in ws]
+    into = [None if a is None else dev(a) for a in start]
+    if mode == "lstm":
+        _, reserve = dnnkit.lstm_cell(dev(x), (dev(h), dev(c)), *dws, train=True)
+        gx, gh0, gc0, *gw = dnnkit.lstm_cell_backward(dev(gh), dev(gc), reserve)
+        assert close(host(gc0).reshape(-1), want[2].reshape(-1), dtype)
+        acc = dnnkit.lstm_cell_backward(dev(gh), dev(gc), reserve, accumulate_into=into)[3:]
+    else:
+        cell = {"gru": dnnkit.gru_cell, "rnn_tanh": dnnkit.rnn_tanh_cell, "rnn_relu": dnnkit.rnn_relu_cell}[mode]
+        back = dnnkit.gru_cell_backward if mode == "gru" else dnnkit.rnn_cell_backward
+        _, reserve = cell(dev(x), dev(h), *dws, train=True)
+        gx, gh0, *gw = back(dev(gh), reserve)
+        acc = back(dev(gh), reserve, accumulate_into=into)[2:]
+    assert tuple(gx.shape) == x.shape and tuple(gh0.shape) == h.shape
+    assert close(host(gx).reshape(-1), want[0].reshape(-1), dtype)
+    assert close(host(gh0).reshape(-1), want[1].reshape(-1), dtype)
+    present = [i for i, w in enumerate(ws) if w is not None]
+    assert [g is None for g in gw] == [w is None for w in ws]
+    for i, w in zip(present, want[3]):
+        assert close(host(gw[i]), w, dtype)
+        assert acc[i] is into[i] and close(host(acc[i]), start[i] + w, dtype)
+    with pytest.raises(ValueError, match="the reserve is from a"):
+        (dnnkit.lstm_backward(dev(gh[None]), None, None, reserve) if mode == "lstm"
+         else dnnkit.gru_backward(dev(gh[None]), None, reserve))
+
+
 BWD_CASES = [  # mode, T, B, I, H, L, D, bias, states, batch_first
     ("lstm", 4, 3, 5, 6, 2, 2, True, True, False),
     ("lstm", 3, 2, 4, 5, 1, 1, False, False, True),

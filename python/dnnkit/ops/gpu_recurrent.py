@@ -134,7 +134,7 @@ def sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_firs
     reserve = GpuRnnReserve(op=op, mode=mode, problem=p, x=x3, h0=states.get("h0"), c0=states.get("c0"),
                             weights=flat, names=names, as_dict=as_dict, has_bias=has_bias, ys=ys, saves=saves,
                             batch_first=bf, unbatched=unbatched, like=x, stream=s, masks=masks, dropped=dropped,
-                            host_masks=host_masks)
+                            host_masks=host_masks, cell=False)
     return out, state, reserve
 
 
@@ -240,10 +240,7 @@ def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, stream=None):
     arrays = {"input": x, names[0]: h, names[1]: c, "w_ih": w_ih, "w_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh}
     if any(device_of(a) != "cuda" for a in arrays.values() if a is not None):
         raise placement_error(op, **{k: v for k, v in arrays.items() if v is not None})
-    if _flag(op, "train", train):
-        raise NotImplementedError(f"{op}: train=True on GPU arrays: the cells' backward has no GPU kernel yet (the "
-                                  f"sequences' has: a one-step lstm/gru/rnn with train=True); pass NumPy arrays to "
-                                  f"train the cell on the CPU")
+    train = _flag(op, "train", train)
     dx = _cuda.adopt(op, "input", x, ndim=(1, 2))
     unbatched = dx.ndim == 1
     B, I = (1, tuple(dx.shape)[0]) if unbatched else tuple(dx.shape)
@@ -289,9 +286,63 @@ def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, stream=None):
     if mode == "lstm":
         c_new, dc = _cuda.empty(op, x, state, dtype, s)
         dc3 = dc.reshape((1, B, H))
-    plan.run(dx.reshape((1, B, I)), states[0], states[1], [dw_ih, dw_hh, *biases], out=dh3, h_n=dh3, c_n=dc3,
-             stream=s, gemm_plan=dispatch.plan)
-    return (h_new, c_new) if mode == "lstm" else h_new
+    x3 = dx.reshape((1, B, I))
+    flat = [dw_ih, dw_hh, *biases]
+    saves = None
+    if train:
+        saves = [_cuda.scratch((1, B, SAVED[mode] * H), dtype, s) if SAVED[mode] else None]
+    plan.run(x3, states[0], states[1], flat, out=dh3, h_n=dh3, c_n=dc3, stream=s, gemm_plan=dispatch.plan,
+             ys=[dh3] if train else None, saves=saves)
+    result = (h_new, c_new) if mode == "lstm" else h_new
+    if not train:
+        return result
+    reserve = GpuRnnReserve(op=op, mode=mode, problem=p, x=x3, h0=states[0], c0=states[1], weights=flat,
+                            names=None, as_dict=False, has_bias=b_ih is not None, ys=[dh3], saves=saves,
+                            batch_first=False, unbatched=False, like=x, stream=s, masks=None, dropped=None,
+                            host_masks=None, cell=True, cell_unbatched=unbatched)
+    return result, reserve
+
+
+def cell_backward(op, r: GpuRnnReserve, grad_h, grad_c, accumulate_into):
+    """lstm_cell_backward / gru_cell_backward / rnn_cell_backward for a GPU cell's reserve: the one-step
+    sequence's backward, grad_h flowing in as its output's gradient and grad_c as its final cell state's.
+    (grad_x, grad_h[, grad_c], grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh), the biases' None without biases."""
+    p = r.problem
+    B, H = p.batch, p.hidden
+    state = (H,) if r.cell_unbatched else (B, H)
+    grads = []
+    for name, g in (("grad_h", grad_h), ("grad_c", grad_c if r.mode == "lstm" else None)):
+        if g is None:
+            grads.append(None)
+            continue
+        if device_of(g) != "cuda":
+            raise TypeError(f"{op}: {name} is on the host but the forward ran on the GPU (its reserve holds GPU "
+                            f"arrays); pass all of a call's arrays on one device")
+        d = _cuda.adopt(op, name, g)
+        if tuple(d.shape) != state:
+            raise ValueError(f"{op}: {name} must have shape {state}, got {tuple(d.shape)}")
+        if not _contiguous(d):
+            raise ValueError(f"{op}: {name} must be C-contiguous on the GPU")
+        grads.append(d.reshape((1, B, H)))
+    if accumulate_into is not None:  # a cell's tuple names all four, absent biases as None
+        if not isinstance(accumulate_into, (list, tuple)) or len(accumulate_into) != 4:
+            raise ValueError(f"{op}: accumulate_into must be (grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh), the "
+                             f"biases' None without biases")
+        for i, (e, w) in enumerate(zip(accumulate_into, r.weights)):
+            if (e is None) != (w is None):
+                raise ValueError(f"{op}: accumulate_into[{i}] must be None exactly where the forward had no bias")
+        accumulate_into = [e for e in accumulate_into if e is not None]
+    out = backward(op, r, grads[0], None, grads[1], accumulate_into, "auto")
+    gx, gh0 = out[0], out[1]
+    gc0 = out[2] if r.mode == "lstm" else None
+    weights = list(out[-1])
+    if not r.has_bias:
+        weights += [None, None]
+    lead = state[:-1]
+    gx = gx.reshape(lead + (p.input,))
+    gh0 = gh0.reshape(state)
+    head = (gx, gh0, gc0.reshape(state)) if r.mode == "lstm" else (gx, gh0)
+    return head + tuple(weights)
 
 
 def _accumulate_targets(op, r: GpuRnnReserve, into, dtype):

@@ -481,7 +481,7 @@ def _sequence_backward(op, modes, grad_output, grad_h_n, grad_c_n, reserve, accu
     if type(reserve).__name__ == "GpuRnnReserve":
         from . import gpu_recurrent
 
-        if reserve.mode not in modes:
+        if reserve.mode not in modes or reserve.cell:
             raise ValueError(f"{op}: the reserve is from a {reserve.op} forward")
         return gpu_recurrent.backward(op, reserve, grad_output, grad_h_n, grad_c_n, accumulate_into, algo)
     r = _reserve(op, reserve, modes, cell=False)
@@ -700,6 +700,12 @@ def rnn_relu_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo=
 
 
 def _cell_backward(op, modes, grad_h, grad_c, reserve, accumulate_into):
+    if type(reserve).__name__ == "GpuRnnReserve":
+        from . import gpu_recurrent
+
+        if reserve.mode not in modes or not reserve.cell:
+            raise ValueError(f"{op}: the reserve is from a {reserve.op} forward")
+        return gpu_recurrent.cell_backward(op, reserve, grad_h, grad_c, accumulate_into)
     r = _reserve(op, reserve, modes, cell=True)
     into = _accumulate_targets(op, r, accumulate_into, ["grad_w_ih", "grad_w_hh", "grad_b_ih", "grad_b_hh"])
     _, _, B, _, H, _, _, _ = r.shape
