@@ -67,6 +67,7 @@ GPU_OPS = [
     ("lstm", lambda: dnnkit.lstm(_g(4, 2, 2), None, None, _lstm_weights(_g))),
     ("gru", lambda: dnnkit.gru(FakeDLPackCuda(), None, [_g(9, 2), _g(9, 3)])),
     ("lstm_cell", lambda: dnnkit.lstm_cell(_g(2, 2), None, *_lstm_weights(_g))),
+    ("pack_weight", lambda: dnnkit.pack_weight(_g(4, 3))),
 ]
 
 
@@ -74,8 +75,9 @@ GPU_OPS = [
 @pytest.mark.parametrize("op, call", GPU_OPS, ids=[op for op, _ in GPU_OPS])
 def test_gpu_operators_say_why_the_gpu_is_unavailable(op, call):
     """The operators with GPU kernels, given GPU arrays where no GPU (or no numba-cuda) is: the reason."""
-    with pytest.raises(RuntimeError, match=r"^(gemm|linear|linear_backward|lstm|gru|lstm_cell): GPU arrays given but the GPU backend "
-                                           r"is unavailable: (no CUDA driver|numba-cuda is not installed)"):
+    with pytest.raises(RuntimeError, match=r"^(gemm|linear|linear_backward|lstm|gru|lstm_cell|pack_weight): GPU "
+                                           r"arrays given but the GPU backend is unavailable: (no CUDA driver|"
+                                           r"numba-cuda is not installed)"):
         call()
 
 
@@ -85,7 +87,6 @@ ALL_ON_GPU = [
     ("conv2d_backward_data", lambda: dnnkit.conv2d_backward_data((1, 2, 5, 5), _g(3, 2, 3, 3), _g(1, 3, 3, 3))),
     ("conv2d_backward_filter", lambda: dnnkit.conv2d_backward_filter(_g(1, 2, 5, 5), (3, 2, 3, 3), _g(1, 3, 3, 3))),
     ("conv2d_backward_bias", lambda: dnnkit.conv2d_backward_bias(_g(1, 3, 3, 3))),
-    ("pack_weight", lambda: dnnkit.pack_weight(_g(4, 3))),
 ]
 
 

@@ -15,7 +15,7 @@ from .ops import (
     gru_backward, gru_cell, gru_cell_backward, linear, linear_backward, lstm, lstm_backward, lstm_cell,
     lstm_cell_backward, rnn, rnn_backward, rnn_cell_backward, rnn_relu_cell, rnn_tanh_cell,
 )
-from .packed import PackedWeight, pack_weight
+from .packed import GpuPackedWeight, PackedWeight, pack_weight
 from .problem import ConvProblem, GemmProblem, RnnProblem
 from . import algos, backends, machine
 
@@ -65,5 +65,5 @@ __all__ = [
     "get_nan_semantics", "set_allow_tf32", "get_allow_tf32",
     "get_workspace_limit", "lstm", "gru", "rnn", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
     "lstm_backward", "gru_backward", "rnn_backward", "lstm_cell_backward", "gru_cell_backward", "rnn_cell_backward",
-    "RnnReserve", "empty_cache", "pack_weight", "PackedWeight", "set_amx", "get_amx", "backends",
+    "RnnReserve", "empty_cache", "pack_weight", "PackedWeight", "GpuPackedWeight", "set_amx", "get_amx", "backends",
 ]

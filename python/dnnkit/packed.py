@@ -9,9 +9,11 @@ where ``w`` went (``linear`` and the cells). The packing is a copy: after changi
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ._checks import _array
-from .backends import DeviceArray, placement_error
 from .algos.gemm_cpu import PackedWeightKernel
+from .backends import DeviceArray, device_of, placement_error
 
 def _weight(op, weight):
 
@@ -56,9 +58,57 @@ class PackedWeight(PackedWeightKernel):
         return f"PackedWeight(shape={self.shape}, dtype={self.dtype}, nbytes={self.nbytes})"
 
 
-def pack_weight(weight) -> PackedWeight:
+class GpuPackedWeight:
+    """pack_weight of a GPU array: a C-contiguous copy of it on its device, in its library (CuPy, PyTorch
+    or Numba), taken on the caller's current stream. The GPU GEMMs read a weight of either layout with
+    coalesced loads, so there is no panel format to gain there: this keeps the host's contract (a copy,
+    ``repack`` after changing ``weight`` in place; ``linear`` and the cells take it where the weight
+    went), so that code written with pack_weight runs on either device. ``packed`` is the copy, which
+    the GPU kernels read (the cells' backward too: the weights their forward multiplied by)."""
+
+    def __init__(self, weight):
+        self.weight = None
+        self.repack(weight)
+
+    def repack(self, weight=None):
+        """Copies `weight` (default: the array this was packed from, after an in-place update) in place of
+        the current copy; the shape and dtype must stay."""
+        from .backends import cuda as _cuda
+        from .kernels import _jit, rnn
+
+        op = "pack_weight"
+        new = self.weight if weight is None else weight
+        d = _cuda.adopt(op, "weight", new, ndim=2)
+        shape, dtype = tuple(d.shape), _cuda.dtype_name(d)
+        if self.weight is not None and (shape != self.shape or np.dtype(dtype) != self.dtype):
+            raise ValueError(f"pack_weight: repack needs a weight of shape {self.shape} and dtype {self.dtype}, "
+                             f"got {shape} {dtype}")
+        stream = _cuda.stream_for(op, None, new)
+        if self.weight is None:
+            self.packed, self._device = _cuda.empty(op, new, shape, dtype, stream)
+        rows, cols = shape
+        _cuda.launch(rnn.copy(dtype), (_jit.cdiv(cols, rnn.STEP_X), _jit.cdiv(rows, rnn.STEP_Y)),
+                     (rnn.STEP_X, rnn.STEP_Y), stream, d, self._device, rows, cols)
+        self.weight, self.shape, self.dtype = new, shape, np.dtype(dtype)
+        return self
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    def __reduce__(self):
+        return GpuPackedWeight, (self.weight,)
+
+    def __repr__(self):
+        return f"GpuPackedWeight(shape={self.shape}, dtype={self.dtype}, nbytes={self.nbytes})"
+
+
+def pack_weight(weight):
     """Packs a weight (out_features, in_features), float32 or float64, any strides, once, for
-    ``linear(x, packed, ...)`` and the cells (``lstm_cell(x, hx, packed_ih, packed_hh, ...)``)."""
+    ``linear(x, packed, ...)`` and the cells (``lstm_cell(x, hx, packed_ih, packed_hh, ...)``). A GPU
+    array gives a GpuPackedWeight (a contiguous copy on its device, for the same calls on GPU arrays)."""
+    if device_of(weight) == "cuda":
+        return GpuPackedWeight(weight)
     return PackedWeight(weight)
 
 

@@ -82,6 +82,34 @@ def test_linear_errors_name_the_argument():
                                accumulate_into=(np.zeros((2, 4), np.float32), dev(np.zeros(2, np.float32))))
 
 
+def test_pack_weight_of_a_gpu_array():
+    """pack_weight of a GPU array: a contiguous copy on the device that linear, linear_backward and the
+    cells take where the weight went; a copy, so repack() after changing the weight in place."""
+    rng = np.random.default_rng(4)
+    w, x, b = rand(rng, (6, 5)), rand(rng, (3, 5)), rand(rng, (6,))
+    dw = dev(np.asfortranarray(w))  # any strides
+    pw = dnnkit.pack_weight(dw)
+    assert isinstance(pw, dnnkit.GpuPackedWeight) and pw.shape == (6, 5) and pw.dtype == np.float32
+    y = dnnkit.linear(dev(x), pw, dev(b), activation="relu")
+    assert close(host(y), ref.linear_ref(x, w, b, "relu"), np.float32)
+    dw.copy_to_device(np.asfortranarray(2 * w))
+    assert close(host(dnnkit.linear(dev(x), pw)), ref.linear_ref(x, w, None), np.float32)  # the old copy
+    pw.repack()
+    assert close(host(dnnkit.linear(dev(x), pw)), ref.linear_ref(x, 2 * w, None), np.float32)
+    gy = rand(rng, (3, 6))
+    gx, _, _ = dnnkit.linear_backward(dev(gy), dev(x), pw)
+    assert close(host(gx), gy.astype(np.float64) @ (2 * w), np.float32)
+    H, I = 4, 3
+    wih, whh = rand(rng, (3 * H, I), np.float64), rand(rng, (3 * H, H), np.float64)
+    xc, hc = rand(rng, (2, I), np.float64), rand(rng, (2, H), np.float64)
+    h1 = dnnkit.gru_cell(dev(xc), dev(hc), dnnkit.pack_weight(dev(wih)), dnnkit.pack_weight(dev(whh)))
+    assert close(host(h1), ref.gru_cell_ref(xc, hc, wih, whh), np.float64)
+    with pytest.raises(TypeError, match=r"linear: arrays on different devices \(input on the host"):
+        dnnkit.linear(x, pw)
+    with pytest.raises(ValueError, match=r"pack_weight: repack needs a weight of shape \(6, 5\)"):
+        pw.repack(dev(np.ones((5, 5), np.float32)))
+
+
 @pytest.mark.gpu
 def test_linear_real_sizes():
     rng = np.random.default_rng(0)

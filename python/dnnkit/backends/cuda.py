@@ -21,9 +21,9 @@ def simulator() -> bool:
 
 
 def is_device_array(x) -> bool:
-    """An array on a CUDA device: __cuda_array_interface__, or the simulator's device arrays (which have
-    no interface and convert to NumPy)."""
-    return hasattr(x, "__cuda_array_interface__") or type(x).__name__ == "FakeCUDAArray"
+    """An array on a CUDA device: __cuda_array_interface__, the simulator's device arrays (which have
+    no interface and convert to NumPy), or a weight pack_weight copied on the GPU."""
+    return hasattr(x, "__cuda_array_interface__") or type(x).__name__ in ("FakeCUDAArray", "GpuPackedWeight")
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,6 +142,8 @@ def adopt(op: str, name: str, x, ndim=None):
     another rank than ndim (an int or a tuple of them)."""
     if x is None:
         raise TypeError(f"{op}: {name} must be an array, got None")
+    if type(x).__name__ == "GpuPackedWeight":  # pack_weight of a GPU array: its copy
+        x = x.packed
     if type(x).__name__ == "FakeCUDAArray":
         d = x
     elif hasattr(x, "__cuda_array_interface__"):
