@@ -6,8 +6,8 @@ Arguments are checked as on the CPU, viewed as Numba device arrays without a cop
 dispatch makes for the RnnProblem on the GPU (algos/rnn_cuda.py). train=True keeps every layer's output
 and the gate activations in a GpuRnnReserve, and backward() runs the backward through time from it.
 Dropout between layers draws its masks on the host from the same generator, in the same order, as the
-CPU does, so one seed gives one set of masks on either. recompute runs on the CPU only so far; asked of
-GPU arrays, it is an error that says so.
+CPU does, so one seed gives one set of masks on either. With recompute the forward keeps the layers'
+outputs but no gate activations, and the backward recomputes them a layer at a time (_Recomputed).
 """
 from __future__ import annotations
 
@@ -37,14 +37,11 @@ def sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_firs
     L = _layers(op, num_layers)
     P = _proj_size(op, mode, proj_size)
     _dropout(op, dropout)
-    _flag(op, "recompute", recompute)
+    recompute = _flag(op, "recompute", recompute)
     D = 2 if _flag(op, "bidirectional", bidirectional) else 1
     batch_first = _flag(op, "batch_first", batch_first)
     train = _flag(op, "train", train)
     p_drop = _dropout(op, dropout) if train and L > 1 else 0.0
-    if train and recompute:
-        raise NotImplementedError(f"{op}: recompute=True on GPU arrays: the GPU's training forward keeps its "
-                                  f"gate activations; pass recompute=False")
     dx = _cuda.adopt(op, "input", x, ndim=(2, 3))
     shape = tuple(dx.shape)
     unbatched = len(shape) == 2
@@ -121,21 +118,55 @@ def sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_firs
     if train:
         ys = [_cuda.scratch(dout.shape, dtype, s) for _ in range(L - 1)] + [dout]
         saved = SAVED[mode] + (1 if P else 0)  # with a projection also m = o tanh(c), what W_hr multiplies
-        saves = [_cuda.scratch((T, B, saved * H), dtype, s) for _ in range(L * D)] if saved else [None] * (L * D)
+        saves = [_cuda.scratch((T, B, saved * H), dtype, s) for _ in range(L * D)] if saved and not recompute \
+            else [None] * (L * D)
         if p_drop > 0.0:
             host_masks = _masks(_generator(op, generator), p_drop, L, (T, B, D * S), np.dtype(dtype))
             masks = [_cuda.upload(np.ascontiguousarray(m.transpose(1, 0, 2)) if bf else m, s) for m in host_masks]
             dropped = [_cuda.scratch(dout.shape, dtype, s) for _ in range(L - 1)]
     plan.run(x3, states.get("h0"), states.get("c0"), flat, out=dout, h_n=dh_n, c_n=dc_n, batch_first=bf, stream=s,
-             gemm_plan=dispatch.plan, ys=ys, saves=saves, masks=masks, dropped=dropped)
+             gemm_plan=dispatch.plan, ys=ys, saves=None if train and recompute else saves, masks=masks,
+             dropped=dropped)
     state = (h_n, c_n) if mode == "lstm" else h_n
     if not train:
         return out, state
     reserve = GpuRnnReserve(op=op, mode=mode, problem=p, x=x3, h0=states.get("h0"), c0=states.get("c0"),
                             weights=flat, names=names, as_dict=as_dict, has_bias=has_bias, ys=ys, saves=saves,
                             batch_first=bf, unbatched=unbatched, like=x, stream=s, masks=masks, dropped=dropped,
-                            host_masks=host_masks, cell=False)
+                            host_masks=host_masks, cell=False, recompute=recompute and bool(SAVED[mode]),
+                            forward=plan.algorithm)
     return out, state, reserve
+
+
+class _Recomputed:
+    """The saves of a forward run with recompute, as the backward reads them (saves[k], k a layer-direction):
+    the first read of a layer's recomputes both its directions' gate activations, with the forward's
+    algorithm, into buffers every layer reuses (the backward goes a layer at a time, the top first)."""
+
+    def __init__(self, r: GpuRnnReserve, stream):
+        p = r.problem
+        self.r, self.stream, self.layer = r, stream, None
+        width = (SAVED[p.mode] + (1 if p.proj else 0)) * p.hidden
+        self.buffers = [_cuda.scratch((p.seq, p.batch, width), p.dtype, stream) for _ in range(p.dirs)]
+
+    def __getitem__(self, k: int):
+        r, p = self.r, self.r.problem
+        D, S, layer = p.dirs, p.proj or p.hidden, k // p.dirs
+        if layer != self.layer:
+            per = len(r.weights) // (p.layers * D)
+            inp = r.x if layer == 0 else (r.dropped[layer - 1] if r.masks is not None else r.ys[layer - 1])
+            one = RnnProblem(p.mode, p.seq, p.batch, int(inp.shape[2]), p.hidden, layers=1, dirs=D, bias=p.bias,
+                             dtype=p.dtype, device="cuda", proj=p.proj)
+            ks = slice(layer * D, (layer + 1) * D)
+            out = _cuda.scratch(tuple(r.ys[layer].shape), p.dtype, self.stream)
+            h_n = _cuda.scratch((D, p.batch, S), p.dtype, self.stream)
+            c_n = _cuda.scratch((D, p.batch, p.hidden), p.dtype, self.stream) if p.mode == "lstm" else None
+            r.forward.run(one, inp, None if r.h0 is None else r.h0[ks], None if r.c0 is None else r.c0[ks],
+                          r.weights[per * layer * D:per * (layer + 1) * D], out=out, h_n=h_n, c_n=c_n,
+                          batch_first=r.batch_first, stream=self.stream, gemm_plan=dispatch.plan, ys=[out],
+                          saves=self.buffers)
+            self.layer = layer
+        return self.buffers[k % D]
 
 
 class GpuRnnReserve:
@@ -218,7 +249,8 @@ def backward(op, r: GpuRnnReserve, grad_output, grad_h_n, grad_c_n, accumulate_i
             o, d = _cuda.empty(op, r.like, tuple(w.shape), dtype, s)
         out_w.append(o)
         dws.append(d)
-    plan.run(r.x, r.h0, r.c0, r.weights, r.ys, r.saves, grads.get("grad_output"), grads.get("grad_h_n"),
+    saves = _Recomputed(r, s) if getattr(r, "recompute", False) else r.saves
+    plan.run(r.x, r.h0, r.c0, r.weights, r.ys, saves, grads.get("grad_output"), grads.get("grad_h_n"),
              grads.get("grad_c_n"), dx=dgx, dh0=dgh0, dc0=dgc0, dweights=dws, batch_first=r.batch_first, stream=s,
              gemm_plan=dispatch.plan, accumulate=into is not None, masks=r.masks, dropped=r.dropped)
     weights = dict(zip(r.names, out_w)) if r.as_dict else out_w
