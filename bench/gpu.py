@@ -33,6 +33,7 @@ GEMM_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192
 RNN_SHAPES = [  # mode, hidden, batch, steps
     ("lstm", 512, 64, 50), ("lstm", 1024, 1, 25), ("lstm", 1024, 32, 50), ("lstm", 2048, 128, 25),
     ("lstm", 512, 1, 100), ("gru", 512, 64, 50), ("gru", 1024, 1, 25), ("gru", 2048, 16, 25)]
+STACK_SHAPES = [("lstm", 512, 16, 50, 4), ("gru", 1024, 4, 25, 3)]  # mode, hidden, batch, steps, layers
 QUICK = {"gemm": 5, "rnn": 4}
 H100_FP32_PEAK = 67e12  # dense FP32 FLOP/s of an H100 SXM: the fraction of the peak where the GPU's own is unknown
 
@@ -193,6 +194,32 @@ def bench(out: str, quick: bool, reps: int) -> list:
                 t_p, t_base = _time(persistent, reps), _time(lambda: mod(x), reps)
             row(f"{mode}_fwd_f32", f"H{H} B{B} T{T}", flops, t_p, t_base, "torch.nn (cuDNN, TF32 off)",
                 "gpu_persistent")
+
+    # stacks: every GPU sequence algorithm on a multi-layer LSTM/GRU beside cuDNN's (one module)
+    from dnnkit.algos.rnn_cuda import ALGORITHMS as RNN_ALGORITHMS
+    from dnnkit.problem import RnnProblem
+
+    for mode, H, B, T, L in STACK_SHAPES[:1] if quick else STACK_SHAPES:
+        G = 4 if mode == "lstm" else 3
+        mod = (torch.nn.LSTM if mode == "lstm" else torch.nn.GRU)(H, H, num_layers=L).to(dev).eval()
+        ws = [p.detach() for p in mod.parameters()]
+        x = torch.rand(T, B, H, device=dev) - 0.5
+        prob = RnnProblem(mode, T, B, H, H, layers=L, device="cuda")
+        flops = L * 2 * T * B * G * H * (H + H)
+        for a in RNN_ALGORITHMS:
+            if a.op != f"{mode}_fwd" or a.supports(prob) is not None:
+                continue
+
+            def call(name=a.name):
+                kw = dict(num_layers=L, algo=name)
+                return dnnkit.lstm(x, None, None, ws, **kw) if mode == "lstm" else dnnkit.gru(x, None, ws, **kw)
+
+            with torch.no_grad():
+                call()
+                mod(x)
+                torch.cuda.synchronize()
+                t_dk, t_base = _time(call, reps), _time(lambda: mod(x), reps)
+            row(f"{mode}_stack_f32", f"H{H} B{B} T{T} L{L}", flops, t_dk, t_base, "torch.nn (cuDNN, TF32 off)", a.name)
 
     # TF32 on the tensor cores beside cuBLAS's TF32 (both allowed to round), at 4096^3
     m = n = k = 4096

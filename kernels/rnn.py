@@ -138,6 +138,18 @@ def add(dtype: str):
 
 
 @functools.lru_cache(maxsize=None)
+def mul(dtype: str):
+    """kernel(x, y, out, R, C): out[:R, :C] = x * y, any strides (a step's output times its dropout mask)."""
+    def mul_(x, y, out, R, C):
+        b, j = unit()
+        if b < int32(R) and j < int32(C):
+            out[b, j] = x[b, j] * y[b, j]
+
+    mul_.__name__ = mul_.__qualname__ = f"mul_{dtype}"
+    return kernel(mul_, launch_bounds=(STEP_X * STEP_Y,))
+
+
+@functools.lru_cache(maxsize=None)
 def fill(dtype: str):
     """kernel(x, value, R, C): x[:R, :C] = value. Launch as the steps (R rows, C columns)."""
     def fill_(x, value, R, C):

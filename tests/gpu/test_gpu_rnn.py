@@ -81,10 +81,44 @@ def test_unbatched_input():
 
 def test_explain_lists_the_gpu_sequence_algorithms():
     e = dnnkit.explain(dnnkit.problem.RnnProblem("lstm", 10, 4, 8, 16, device="cuda"))
-    assert [c.algorithm for c in e] == ["gpu_steps", "gpu_persistent"] and e[0].chosen
+    assert [c.algorithm for c in e] == ["gpu_steps", "gpu_persistent", "gpu_wavefront"] and e[0].chosen
     assert e[1].reason is None and "gpu_steps is the rule" in e[1].rule
-    e = dnnkit.explain(dnnkit.problem.RnnProblem("lstm", 10, 4, 8, 16, proj=8, device="cuda"))
-    assert "projection" in e[1].reason
+    assert "one layer" in e[2].reason
+    e = dnnkit.explain(dnnkit.problem.RnnProblem("lstm", 10, 4, 8, 16, layers=2, dirs=2, proj=8, device="cuda"))
+    assert "projection" in e[1].reason and "bidirectional" in e[2].reason
+
+
+@pytest.mark.parametrize("mode, L, P, dropout, batch_first, train", [("gru", 3, 0, 0.3, True, True),
+                                                                     ("lstm", 2, 2, 0.0, False, False)])
+def test_wavefront(mode, L, P, dropout, batch_first, train):
+    """algo="gpu_wavefront" (the layers on streams of their own, a chunk of steps at a time, dropout applied
+    a chunk at a time): the outputs, and the training's gradients, of gpu_steps, bit for bit."""
+    rng = np.random.default_rng(41)
+    T, B, I, H, G = 4, 2, 3, 4, GATES[mode]
+    S = P or H
+    ws = []
+    for layer in range(L):
+        ws += [rand(rng, (G * H, I if layer == 0 else S), np.float64), rand(rng, (G * H, S), np.float64),
+               rand(rng, (G * H,), np.float64), rand(rng, (G * H,), np.float64)]
+        ws += [rand(rng, (P, H), np.float64)] if P else []
+    x = rand(rng, (B, T, I) if batch_first else (T, B, I), np.float64)
+    h0 = rand(rng, (L, B, S), np.float64)
+    gy = rand(rng, (B, T, S) if batch_first else (T, B, S), np.float64)
+    results = []
+    for algo in ("gpu_steps", "gpu_wavefront"):
+        kw = dict(num_layers=L, batch_first=batch_first, train=train, dropout=dropout, generator=3, algo=algo)
+        if mode == "lstm":
+            r = dnnkit.lstm(dev(x), dev(h0), None, [dev(w) for w in ws], proj_size=P, **kw)
+            got = [r[0], *r[1]]
+        else:
+            r = dnnkit.gru(dev(x), dev(h0), [dev(w) for w in ws], **kw)
+            got = [r[0], r[1]]
+        if train:
+            g = dnnkit.gru_backward(dev(gy), None, r[2])
+            got += [g[0], g[1], *g[2]]
+        results.append([host(a) for a in got])
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)
 
 
 PERSISTENT_CASES = [  # as CASES

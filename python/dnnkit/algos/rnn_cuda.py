@@ -99,11 +99,12 @@ class GpuSteps(Algorithm):
         return elems * p.itemsize
 
     def _loop(self, p, has_bias: bool, gemm_plan, stream):
-        """loop(k, d, gx, h_prev, c, y, save, w, batch_first, m) -> h_T: the time loop of layer-direction k
-        (direction d) of a layer whose input projections are in gx (T*B, G*H); h_prev its h_{-1}, c its
-        cell state (LSTM: updated in place), y the layer's output (h_t into its direction's columns),
-        save the training save or None, w its weights (w_ih, w_hh, b_ih, b_hh[, w_hr]), m the projection's
-        m_t buffer (inference with a projection). Returns the view of y that holds the last step's h."""
+        """loop(k, d, gx, h_prev, c, y, save, w, batch_first, m, steps=None) -> h_T: the time loop of
+        layer-direction k (direction d) of a layer whose input projections are in gx (T*B, G*H); h_prev its
+        h_{-1}, c its cell state (LSTM: updated in place), y the layer's output (h_t into its direction's
+        columns), save the training save or None, w its weights (w_ih, w_hh, b_ih, b_hh[, w_hr]), m the
+        projection's m_t buffer (inference with a projection); steps: the loop's steps (a range of them;
+        default all T). Returns the view of y that holds the last step's h."""
         _jit, kr = _kernels()
         G, H, T, B, P, dt = _GATES[p.mode], p.hidden, p.seq, p.batch, p.proj, p.dtype
         S = P or H
@@ -112,13 +113,13 @@ class GpuSteps(Algorithm):
         out_proj = gemm_plan(GemmProblem(B, S, H, trans_b=True, dtype=dt, device="cuda")) if P else None
         gh = _cuda.scratch((B, G * H), dt, stream) if p.mode == "gru" else None
 
-        def loop(k, d, gx, h_prev, c, y, save_k, w, batch_first, m):
+        def loop(k, d, gx, h_prev, c, y, save_k, w, batch_first, m, steps=None):
             train = save_k is not None
             step = kr.lstm_step(dt, train) if p.mode == "lstm" else kr.gru_step(dt, train) if p.mode == "gru" else \
                 kr.rnn_step(dt, p.mode == "rnn_relu")
             w_hh, b_hh = w[1], w[3]
             gx3 = gx.reshape((B, T, G * H) if batch_first else (T, B, G * H))
-            for s in range(T):
+            for s in range(T) if steps is None else steps:
                 ti = s if d == 0 else T - 1 - s
                 g = gx3[:, ti, :] if batch_first else gx3[ti]
                 h_out = y[:, ti, d * S:(d + 1) * S] if batch_first else y[ti, :, d * S:(d + 1) * S]
@@ -194,6 +195,143 @@ class GpuSteps(Algorithm):
                 multiply(y, masks[layer], dropped[layer], stream)
                 inp = dropped[layer]
         return out
+
+
+class GpuWavefront(GpuSteps):
+    """gpu_steps with the layers of a stack pipelined on streams (Appleyard et al.'s wavefront, as cuDNN's):
+    each layer runs on its own stream, a chunk of steps at a time; layer l's chunk c (its input projection,
+    one GEMM over the chunk's rows, then the chunk's recurrent GEMMs and gate kernels) waits only on an
+    event after layer l - 1's chunk c. Chunks are issued in wavefront order (chunk c of every layer before
+    chunk c + 1), so layer l's chunk c runs beside layer l + 1's chunk c - 1: up to L chunks at once where
+    a single step's kernels leave most of the GPU idle. The caller's stream waits for every layer's at the
+    end. Dropout between layers is applied a chunk at a time, as the layer above reads it. One direction,
+    two layers or more."""
+
+    name = "gpu_wavefront"
+    CHUNKS = 8  # chunks a sequence is cut into: the pipeline's depth against the projections' size
+
+    def supports(self, p) -> str | None:
+        why = GpuSteps.supports(self, p)
+        if why is not None:
+            return why
+        if p.layers < 2:
+            return "one layer: nothing to pipeline"
+        if p.dirs == 2:
+            return "bidirectional: a layer's output at step t needs its reverse direction's, which comes last"
+        return None
+
+    def rule(self, p) -> str | None:
+        return "gpu_steps is the rule where nothing measured decides; tuning times this one"
+
+    def cost(self, p, c) -> float:
+        """gpu_steps' launches and products, the per-chunk projections (CHUNKS GEMMs a layer above the
+        first, each with T*B/CHUNKS rows), the layers overlapped: one layer's time lines, plus a chunk's
+        worth of each other layer's (the pipeline's fill and drain)."""
+        G, H, T, B = _GATES[p.mode], p.hidden, p.seq, p.batch
+        S = p.proj or H
+        chunk = -(-T // self.CHUNKS)
+        chunks = -(-T // chunk)
+        step = _gemm_s(c, B, G * H, S, p.dtype) + LAUNCH_S + 4 * B * G * H * p.itemsize / c.bytes_per_s \
+            + (_gemm_s(c, B, S, H, p.dtype) if p.proj else 0.0)
+        layer = [(_gemm_s(c, T * B, G * H, p.input, p.dtype) if l == 0 else
+                  chunks * _gemm_s(c, chunk * B, G * H, S, p.dtype)) + T * step for l in range(p.layers)]
+        return max(layer) + sum(layer) / chunks - max(layer) / chunks
+
+    def workspace_bytes(self, p) -> int:
+        """Every layer's projections and output (the layers run at once)."""
+        G, H, T, B = _GATES[p.mode], p.hidden, p.seq, p.batch
+        per_layer = T * B * G * H + (B * G * H if p.mode == "gru" else 0) + 2 * B * H + T * B * (p.proj or H)
+        return p.layers * per_layer * p.itemsize
+
+    def run(self, p, x, h0, c0, weights, *, out, h_n, c_n=None, batch_first=False, stream=None, gemm_plan, ys=None,
+            saves=None, masks=None, dropped=None):
+        """As GpuSteps.run."""
+        _jit, kr = _kernels()
+        G, H, T, B, L, P = _GATES[p.mode], p.hidden, p.seq, p.batch, p.layers, p.proj
+        S, per = P or H, 5 if P else 4
+        if B == 0:
+            return out
+        dt = p.dtype
+        chunk = -(-T // self.CHUNKS)
+        bounds = [(c0_, min(T, c0_ + chunk)) for c0_ in range(0, T, chunk)]
+        streams = _cuda.fork(stream, L)
+        launch0, _ = _step_launcher(p, streams[0])
+        zeros = None
+        if h0 is None or (p.mode == "lstm" and c0 is None):
+            zeros = _cuda.scratch((B, H), dt, streams[0])
+            launch0(kr.fill(dt), zeros, np.dtype(dt).type(0.0), B, H)
+        ready = [_cuda.signal(streams[0])]
+        for st in streams[1:]:
+            _cuda.wait(ready[0], st)
+        train = saves is not None
+        outs = ys if ys is not None else [_cuda.scratch(out.shape, dt, streams[l]) for l in range(L - 1)] + [out]
+        state = []
+        for layer in range(L):
+            st = streams[layer]
+            has_bias = weights[per * layer + 2] is not None
+            w = weights[per * layer:per * (layer + 1)]
+            inp = x if layer == 0 else dropped[layer - 1] if masks is not None else outs[layer - 1]
+            feats = inp.shape[2]
+            gx = _cuda.scratch((T * B, G * H), dt, st)
+            c = None
+            launch, _ = _step_launcher(p, st)
+            if p.mode == "lstm":
+                c = c_n[layer]
+                launch(kr.copy(dt), zeros if c0 is None else c0[layer], c, B, H)
+            m = _cuda.scratch((B, H), dt, st) if P and not train else None
+            state.append(dict(st=st, w=w, inp=inp, feats=feats, gx=gx, c=c, m=m, has_bias=has_bias,
+                              loop=self._loop(p, has_bias, gemm_plan, st), events=[],
+                              h=((zeros[:, :S] if P else zeros) if h0 is None else h0[layer])))
+        first = state[0]  # layer 0's input is all there: its projections as one GEMM
+        gemm_plan(GemmProblem(T * B, G * H, first["feats"], trans_b=True, bias=first["has_bias"], dtype=dt,
+                              device="cuda")).run(x.reshape(T * B, first["feats"]), first["w"][0].T, out=first["gx"],
+                                                  bias=first["w"][2], stream=first["st"])
+        for c_idx, (s0, s1) in enumerate(bounds):
+            for layer, ls in enumerate(state):
+                st = ls["st"]
+                if layer > 0:
+                    _cuda.wait(state[layer - 1]["events"][c_idx], st)
+                    if masks is not None:
+                        self._drop(p, outs[layer - 1], masks[layer - 1], dropped[layer - 1], s0, s1, batch_first, st)
+                    self._project(p, ls, s0, s1, batch_first, gemm_plan)
+                ls["h"] = ls["loop"](layer, 0, ls["gx"], ls["h"], ls["c"], outs[layer],
+                                     saves[layer] if train else None, ls["w"], batch_first, ls["m"],
+                                     steps=range(s0, s1))
+                ls["events"].append(_cuda.signal(st))
+        for layer, ls in enumerate(state):
+            _step_launcher(p, ls["st"])[0](kr.copy(dt), ls["h"], h_n[layer], B, S)
+        _cuda.join(streams, stream)
+        return out
+
+    @staticmethod
+    def _drop(p, y, mask, dropped, s0: int, s1: int, batch_first: bool, stream):
+        """dropped = y * mask over steps [s0, s1): one kernel over the chunk's contiguous rows (time-major),
+        or one a step on strided rows (batch_first)."""
+        if not batch_first:
+            multiply(y[s0:s1], mask[s0:s1], dropped[s0:s1], stream)
+            return
+        _, kr = _kernels()
+        width = int(y.shape[2])
+        for t in range(s0, s1):
+            _cuda.launch(kr.mul(p.dtype), (-(-width // kr.STEP_X), -(-p.batch // kr.STEP_Y)), (kr.STEP_X, kr.STEP_Y),
+                         stream, y[:, t, :], mask[:, t, :], dropped[:, t, :], p.batch, width)
+
+    @staticmethod
+    def _project(p, ls, s0: int, s1: int, batch_first: bool, gemm_plan):
+        """The input projections of steps [s0, s1) of a layer above the first, from the layer below's output
+        (time-major: one GEMM over the chunk's rows; batch_first: one a step, on strided rows)."""
+        G, H, T, B, dt = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dtype
+        w_ih, b_ih, feats, inp, gx = ls["w"][0], ls["w"][2], ls["feats"], ls["inp"], ls["gx"]
+        if not batch_first:
+            plan = gemm_plan(GemmProblem((s1 - s0) * B, G * H, feats, trans_b=True, bias=ls["has_bias"], dtype=dt,
+                                         device="cuda"))
+            plan.run(inp[s0:s1].reshape((s1 - s0) * B, feats), w_ih.T, out=gx[s0 * B:s1 * B], bias=b_ih,
+                     stream=ls["st"])
+            return
+        gx3 = gx.reshape(B, T, G * H)
+        plan = gemm_plan(GemmProblem(B, G * H, feats, trans_b=True, bias=ls["has_bias"], dtype=dt, device="cuda"))
+        for t in range(s0, s1):
+            plan.run(inp[:, t, :], w_ih.T, out=gx3[:, t, :], bias=b_ih, stream=ls["st"])
 
 
 # A grid barrier between persistent steps: every block's arrival through an atomic in L2 and its release
@@ -439,4 +577,5 @@ class GpuStepsBackward(Algorithm):
 
 
 ALGORITHMS = ([GpuSteps(mode) for mode in RNN_MODES] + [GpuPersistent(mode) for mode in RNN_MODES]
+              + [GpuWavefront(mode) for mode in RNN_MODES]
               + [GpuStepsBackward(mode) for mode in RNN_MODES])

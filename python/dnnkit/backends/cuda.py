@@ -284,6 +284,42 @@ def _allow_shared(kernel, args, nbytes: int) -> None:
     _SHARED_ALLOWED[id(compiled)] = nbytes
 
 
+def _event():
+    """An event for ordering streams (no timing; the simulator's take no arguments)."""
+    return _cuda().event() if simulator() else _cuda().event(timing=False)
+
+
+def fork(stream, n: int) -> list:
+    """n new streams, each ordered after the work already queued on stream (None: the default stream)."""
+    cuda = _cuda()
+    ev = _event()
+    ev.record(stream if stream is not None else cuda.default_stream())
+    out = []
+    for _ in range(n):
+        st = cuda.stream()
+        ev.wait(st)
+        out.append(st)
+    return out
+
+
+def signal(stream):
+    """An event recorded on stream now: what another stream waits on (wait(event, other))."""
+    ev = _event()
+    ev.record(stream)
+    return ev
+
+
+def wait(event, stream) -> None:
+    """stream (None: the default stream) runs nothing queued after this until event has happened."""
+    event.wait(stream if stream is not None else _cuda().default_stream())
+
+
+def join(streams, stream) -> None:
+    """stream (None: the default stream) waits for everything queued on streams so far."""
+    for st in streams:
+        wait(signal(st), stream)
+
+
 def time_call(fn, stream=None) -> float:
     """Seconds fn()'s GPU work takes on stream (default: the default stream), between two CUDA events
     recorded around it; under the simulator (whose events do not time), the wall time of the call."""
