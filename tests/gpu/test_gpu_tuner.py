@@ -11,7 +11,7 @@ pytest.importorskip("numba.cuda")
 import dnnkit  # noqa: E402
 from dnnkit.autotune import tuner  # noqa: E402
 from dnnkit.backends import cuda as cuda_backend  # noqa: E402
-from dnnkit.problem import GemmProblem  # noqa: E402
+from dnnkit.problem import GemmProblem, RnnProblem  # noqa: E402
 from gpu_helpers import dev, host  # noqa: E402
 
 
@@ -41,3 +41,28 @@ def test_tuner_times_every_gpu_algorithm_and_dispatch_takes_the_fastest(monkeypa
     assert [c.algorithm for c in e if c.chosen] == ["gemm_tiled_128x128"]
     y = dnnkit.linear(dev(x), dev(w), dev(b), activation="relu")
     assert np.allclose(host(y), np.maximum(x @ w.T + b, 0), atol=1e-5)
+
+
+def test_tuner_times_the_gpu_rnn_algorithms(monkeypatch):
+    """The sequences on the GPU are tunable: every algorithm of the forward (gpu_steps, gpu_persistent,
+    gpu_wavefront) checked on device operands and timed, the fastest taken by dispatch; the backward's
+    operands a training forward's outputs and saves, made on the device."""
+    fake = {"gpu_steps": 3e-3, "gpu_persistent": 1e-3, "gpu_wavefront": 2e-3}
+
+    def fake_time_call(fn, stream=None):
+        algo = fn.__closure__[[c for c in fn.__code__.co_freevars].index("a")].cell_contents
+        return fake[algo.name]
+
+    monkeypatch.setattr(cuda_backend, "time_call", fake_time_call)
+    monkeypatch.setattr(cuda_backend, "last_level_cache_bytes", lambda: 0)  # one operand set (the simulator is slow)
+    monkeypatch.setattr(tuner, "MIN_REPS", 1)
+    p = RnnProblem("gru", 2, 2, 3, 4, layers=2, device="cuda")
+    result = tuner.find(p, budget=0.01)
+    by = {r.algorithm: r for r in result}
+    for name in fake:
+        assert by[name].status == "ok" and by[name].error <= 1e-6, by[name]
+    assert result.best.algorithm == "gpu_persistent"
+    e = dnnkit.explain(p)
+    assert [c.algorithm for c in e if c.chosen] == ["gpu_persistent"]
+    back = tuner.find(RnnProblem("lstm", 2, 2, 3, 4, dirs=2, direction="bwd", device="cuda"), budget=0.01)
+    assert [(r.algorithm, r.status) for r in back] == [("gpu_steps", "ok")] and back.best.error <= 1e-6

@@ -304,6 +304,115 @@ class DeviceHarness(Harness):
         return self.host.nbytes(p, ops.host)
 
 
+class DeviceRnnHarness(Harness):
+    """The RNN sequences on the GPU: the host harness's random inputs, copied to the device; the forward's
+    outputs (the last layer's, h_n, c_n) there; the backward's operands a training forward's layer
+    outputs and saves, made once on the device by gpu_steps (every candidate reads them), and random
+    incoming gradients. Checked as on the host: forward, the last layer's output; backward, every
+    gradient as one vector, against the float64 reference."""
+
+    def __init__(self, host: RnnHarness):
+        self.host = host
+
+    def data_arg(self, p) -> int:
+        return 0
+
+    def _host(self, p, rng):
+        x, h0, c0, flat = self.host._forward_operands(p, rng)
+        if p.direction == "fwd":
+            return Operands((x, h0, c0, flat), {})
+        dt = np.dtype(p.dtype)
+        dy = _uniform(rng, (p.seq, p.batch, p.dirs * p.state), dt)
+        dh_n = _uniform(rng, h0.shape, dt)
+        dc_n = _uniform(rng, c0.shape, dt) if c0 is not None else None
+        return Operands((x, h0, c0, flat, dy, dh_n, dc_n), {})
+
+    def _upload(self, p, host: Operands) -> DeviceOperands:
+        from .. import dispatch
+        from ..algos.rnn_cuda import SAVED, GpuSteps
+
+        args = _to_device(tuple(host.args))
+        if p.direction == "fwd":
+            return DeviceOperands(args, {}, host)
+        x, h0, c0, flat = args[:4]
+        from numba import cuda
+
+        fp = dataclasses.replace(p, direction="fwd")
+        shape = (p.seq, p.batch, p.dirs * p.state)
+        ys = [cuda.device_array(shape, p.dtype) for _ in range(p.layers)]
+        width = (SAVED[p.mode] + (1 if p.proj else 0)) * p.hidden
+        saves = [cuda.device_array((p.seq, p.batch, width), p.dtype) if SAVED[p.mode] else None
+                 for _ in range(p.layers * p.dirs)]
+        h_n = cuda.device_array(h0.shape, p.dtype)
+        c_n = cuda.device_array(c0.shape, p.dtype) if c0 is not None else None
+        GpuSteps(p.mode).run(fp, x, h0, c0, list(flat), out=ys[-1], h_n=h_n, c_n=c_n, gemm_plan=dispatch.plan, ys=ys,
+                             saves=saves)
+        return DeviceOperands((x, h0, c0, list(flat), ys, saves) + args[4:], {}, host)
+
+    def operands(self, p, rng) -> DeviceOperands:
+        return self._upload(p, self._host(p, rng))
+
+    def with_nonfinite(self, p, ops) -> DeviceOperands:
+        args = list(ops.host.args)
+        i = 0 if p.direction == "fwd" else 4  # x, else dy
+        a = args[i].copy()
+        flat = a.reshape(-1)
+        flat[flat.size // 3] = np.nan
+        flat[2 * flat.size // 3] = np.inf
+        args[i] = a
+        return self._upload(p, Operands(tuple(args), {}))
+
+    def output(self, p, ops, fill=None):
+        from numba import cuda
+
+        fill = 0.0 if fill is None else fill
+        new = (lambda shape: cuda.to_device(np.full(shape, fill, p.dtype)))
+        states = (p.layers * p.dirs, p.batch)
+        if p.direction == "fwd":
+            return {"out": new((p.seq, p.batch, p.dirs * p.state)), "h_n": new(states + (p.state,)),
+                    "c_n": new(states + (p.hidden,)) if p.mode == "lstm" else None}
+        return {"dx": new((p.seq, p.batch, p.input)), "dh0": new(states + (p.state,)),
+                "dc0": new(states + (p.hidden,)) if p.mode == "lstm" else None,
+                "dweights": [None if w is None else new(w.shape) for w in ops.host.args[3]]}
+
+    def run(self, algorithm, p, ops, out, workspace_bytes):
+        from .. import dispatch
+
+        if p.direction == "fwd":
+            algorithm.run(p, *ops.args, out=out["out"], h_n=out["h_n"], c_n=out["c_n"], gemm_plan=dispatch.plan)
+        else:
+            algorithm.run(p, *ops.args, dx=out["dx"], dh0=out["dh0"], dc0=out["dc0"], dweights=out["dweights"],
+                          gemm_plan=dispatch.plan)
+        return out
+
+    def result(self, p, out):
+        if p.direction == "fwd":
+            return out["out"].copy_to_host()
+        arrays = [out["dx"], out["dh0"], *out["dweights"]]
+        return np.concatenate([a.copy_to_host().ravel() for a in arrays if a is not None])
+
+    def reference(self, p, ops):
+        x, h0, c0, flat = ops.host.args[:4]
+        weights = [w for w in flat if w is not None]
+        if p.direction == "fwd":
+            return ref.rnn_sequence_ref(p.mode, x, h0, c0, weights, p.layers, p.dirs == 2)[0]
+        dy, dh_n, dc_n = ops.host.args[4:]
+        gx, gh0, _, gw = ref.rnn_sequence_backward_ref(p.mode, x, h0, c0, weights, dy, dh_n, dc_n, p.layers,
+                                                        p.dirs == 2)
+        return np.concatenate([a.ravel() for a in [gx, gh0, *gw]])
+
+    def nbytes(self, p, ops) -> int:
+        """The inputs' bytes and the outputs': the last layer's output (forward) or the input's and the
+        weights' gradients (backward), and the states'."""
+        states = p.layers * p.dirs * p.batch * (p.state + p.hidden)
+        if p.direction == "fwd":
+            out = p.seq * p.batch * p.dirs * p.state + states
+        else:
+            out = p.seq * p.batch * p.input + states + sum(int(np.prod(w.shape)) for w in ops.host.args[3]
+                                                           if w is not None)
+        return ops.host.nbytes + out * np.dtype(p.dtype).itemsize
+
+
 _GEMM, _CONV, _RNN = GemmHarness(), ConvHarness(), RnnHarness()
 _HARNESSES = {"gemm": _GEMM, "conv2d_fwd": _CONV, "conv2d_bwd_data": _CONV, "conv2d_bwd_filter": _CONV}
 _HARNESSES.update({f"{mode}_{d}": _RNN for mode in RNN_MODES for d in ("fwd", "bwd")})
@@ -320,7 +429,7 @@ def harness(p) -> Harness:
     if h is None:
         raise ValueError(f"autotune: operator {p.op!r} is not tunable; tunable ones: {sorted(_HARNESSES)}")
     if getattr(p, "device", "cpu") == "cuda":
-        return _DEVICE.setdefault(p.op, DeviceHarness(h))
+        return _DEVICE.setdefault(p.op, DeviceRnnHarness(h) if isinstance(h, RnnHarness) else DeviceHarness(h))
     return h
 
 
