@@ -6,7 +6,9 @@ find(p) is the autotuner's core and what `measure` mode and `dnnkit autotune` ru
   2. with pruning on (the default), a candidate the cost model predicts at more than `prune` times the
      best prediction, and at more than PRUNE_MIN_S, is not timed either ("pruned"); the model's error on
      ResNet-50 is far inside 4x, and a candidate predicted faster than PRUNE_MIN_S costs less to time
-     than the model's fixed costs (calls, launches), which its formulas leave out, may be wrong by;
+     than the model's fixed costs (calls, launches), which its formulas leave out, may be wrong by. On
+     the GPU nothing is pruned until every candidate's formula has a factor fitted from this device's
+     measurements;
   3. inputs are random (uniform in [-1, 1), never zeros), the same for every candidate. The oracle is
      reference.py's float64 NumPy formula on them, independent of every dnnkit kernel;
   4. each candidate runs once as a warm-up, its output is compared with the oracle (relative L2), and
@@ -35,7 +37,7 @@ from .._config import NAN_SEMANTICS, get_nan_semantics, get_workspace_limit
 from ..algos.base import settings_reason
 from ..reference import rel_l2
 from . import harness
-from .cost_model import predict
+from .cost_model import correction_factors, predict
 from .records import STATUSES, TuneRecord, TuneResult, format_bytes
 
 DEFAULT_BUDGET_S = 1.0   # timing budget per problem, shared by its candidates
@@ -167,6 +169,10 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
             runnable.append((a, rec))
 
     predictions = [r.predicted_s for _, r in runnable if r.predicted_s is not None]
+    if prune is not None and _backend(p) == "cuda":
+        fitted = correction_factors()
+        if not all((p.op, a.name) in fitted for a, _ in runnable):
+            prune = None  # the GPU formulas are nominal until this device's measurements have scaled them
     if prune is not None and len(predictions) >= 2:
         cut = prune * min(predictions)
         kept = []
