@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from numba import types
 
-from . import eltwise, gemm, gemm_tf32, rnn, rnn_backward, rnn_persistent
+from . import eltwise, gemm, gemm_tf32, probe, rnn, rnn_backward, rnn_persistent
 
 # Per SM, for the occupancy figures (sm_80 and sm_90 alike, but shared memory: 164 and 228 KiB).
 REGISTERS_PER_SM = 65536
@@ -86,6 +86,9 @@ def eltwise_variants() -> list[Variant]:
                            eltwise.SUM_COLUMNS * eltwise.SUM_ROWS, False, False))
         out.append(Variant(f"multiply_{dtype}", eltwise.multiply(dtype), (a1, a1, a1, i64), eltwise.ELTWISE_THREADS,
                            False, False))
+    # the ceilings' probe: nothing but FMAs in its loop
+    out.append(Variant("fma_peak_float32", probe.fma_peak("float32"),
+                       (_arr("float32", 1), types.int64, types.float32, types.float32), probe.THREADS, False, True))
     return out
 
 

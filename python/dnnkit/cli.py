@@ -230,7 +230,7 @@ def _cmd_autotune(args) -> int:
     from ._config import get_workspace_limit
     from .autotune.records import format_table
     from .autotune import cache
-    from .autotune.cost_model import measure_ceilings, plausible_peak
+    from .autotune.cost_model import measure_ceilings, measure_gpu_ceilings, plausible_peak
     from .autotune.tuner import find
 
     problems = _problems(args)
@@ -242,6 +242,9 @@ def _cmd_autotune(args) -> int:
     stored = store.get_ceilings()
     if stored is None or not plausible_peak(stored["peak_flops"]) or args.force:
         measure_ceilings(store)
+    if any(p.device == "cuda" for p in problems) and (
+            args.force or store.get_ceilings(cache.device_fingerprint("cuda")) is None):
+        measure_gpu_ceilings(store)
     results = []
     progress = _Progress(len(problems), not args.json)
     for i, p in enumerate(problems):

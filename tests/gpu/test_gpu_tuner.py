@@ -70,3 +70,22 @@ def test_tuner_times_the_gpu_rnn_algorithms(monkeypatch):
     assert [c.algorithm for c in e if c.chosen] == ["gpu_persistent"]
     back = tuner.find(RnnProblem("lstm", 2, 2, 3, 4, dirs=2, direction="bwd", device="cuda"), budget=0.01)
     assert [(r.algorithm, r.status) for r in back] == [("gpu_steps", "ok")] and back.best.error <= 1e-6
+
+
+def test_gpu_ceilings_are_measured_once_and_scale_the_formulas(monkeypatch, tmp_path):
+    """measure_ceilings runs the FMA probe and a device copy (here at toy sizes: the simulator's rates mean
+    nothing); measure_gpu_ceilings keeps them under the GPU's fingerprint, and the GPU formulas scale by
+    them from then on."""
+    from dnnkit.autotune import cache, cost_model
+
+    got = cuda_backend.measure_ceilings(seconds=0.0, copy_bytes=4096, repeats=1)
+    assert got["fp32_flops"] > 0 and got["bytes_per_s"] > 0
+    monkeypatch.setenv("DNNKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cuda_backend, "measure_ceilings", lambda: {"fp32_flops": 5e13, "bytes_per_s": 3e12})
+    p = GemmProblem(64, 64, 64, device="cuda")
+    cost_model.measure_gpu_ceilings()
+    assert cache.default_store().get_ceilings(cache.device_fingerprint("cuda")) == {"peak_flops": 5e13,
+                                                                                    "copy_bytes_per_s": 3e12}
+    c = cost_model.device_ceilings(p)
+    assert (c.peak_flops, c.bytes_per_s) == (5e13, 3e12)
+    assert cache.default_store().get_ceilings() is None  # the CPU's are its own

@@ -7,11 +7,13 @@ Ceilings (device_ceilings): on the CPU, the float32 FMA peak and the per-thread 
 `dnnkit autotune` (see measure_ceilings) and kept in the tuning cache per device; until they are
 measured, or where the stored peak is implausible (plausible_peak: under 40% of the nominal figure),
 nominal values (the active ISA's FMA width at 2.5 GHz per thread, 10 GB/s per thread) stand in.
-ceilings() says which are in use; `dnnkit info --peak` prints it. On the GPU, the device's nominal FP32,
-TF32 and DRAM figures (backends/cuda.py); without a GPU there is no prediction.
+ceilings() says which are in use; `dnnkit info --peak` prints it. On the GPU, its FP32 rate and copy
+bandwidth as `dnnkit autotune --device cuda` measures them (measure_gpu_ceilings), the TF32 rate scaled
+from the nominal by the measured clock, or until then the device's nominal FP32, TF32 and DRAM figures
+(backends/cuda.py); without a GPU there is no prediction.
 
 Correction: every algorithm gets a factor fitted from the measured records in the tuning cache for this
-device and version: the median of measured / predicted over its records (at least MIN_SAMPLES of them),
+device (the CPU's, or the GPU's for GPU problems) and version: the median of measured / predicted over its records (at least MIN_SAMPLES of them),
 clamped to [1/8, 8]. So the model improves as the cache grows.
 
 predict() returns None for an algorithm without a formula; dispatch then keeps the registry's order.
@@ -62,14 +64,19 @@ def ceilings() -> dict:
 
 def device_ceilings(p) -> Ceilings | None:
     """The ceilings the cost formulas scale by on p's device: on the CPU ceilings() and dnnkit's threads;
-    on the GPU its nominal FP32, TF32 and DRAM figures (backends/cuda.py), None without a GPU."""
+    on the GPU its FP32 rate and copy bandwidth as measured (measure_gpu_ceilings, kept in the cache under
+    the GPU's fingerprint) and the TF32 rate scaled from the nominal by the measured FP32 over the
+    nominal (the clock the SMs sustain), else its nominal FP32, TF32 and DRAM figures (backends/cuda.py);
+    None where there are neither."""
     if p.device == "cuda":
         from ..backends import cuda as _cuda
 
         g = _cuda.ceilings()
-        if g is None:
-            return None
-        return Ceilings(g["fp32_flops"], g["bytes_per_s"], 1, g["tf32_flops"])
+        m = _calibration("cuda")["ceilings"]
+        if m is None:
+            return None if g is None else Ceilings(g["fp32_flops"], g["bytes_per_s"], 1, g["tf32_flops"])
+        tf32 = g["tf32_flops"] * m["peak_flops"] / g["fp32_flops"] if g else 0.0
+        return Ceilings(m["peak_flops"], m["copy_bytes_per_s"], 1, tf32)
     used = ceilings()
     return Ceilings(used["peak_flops"], used["copy_bytes_per_s"], get_num_threads())
 
@@ -99,28 +106,35 @@ def predict(algorithm, p) -> float | None:
     t = _cost(algorithm, p)
     if t is None:
         return None
-    return t * _calibration()["factors"].get((p.op, algorithm.name), 1.0)
+    return t * _calibration(_backend(p))["factors"].get((p.op, algorithm.name), 1.0)
 
 
-def correction_factors() -> dict:
-    """{(op, algorithm): measured / predicted} fitted from the cache, for this device and version."""
-    return dict(_calibration()["factors"])
+def correction_factors(backend: str = "cpu") -> dict:
+    """{(op, algorithm): measured / predicted} fitted from the cache, for this device (the backend's) and
+    version."""
+    return dict(_calibration(backend)["factors"])
 
 
-# The fit, kept between calls: the store and device it is for, the highest rowid read, and per problem key
-# its (op, algorithm, measured / predicted) samples. A write adds or replaces rows, whose rowids are then
-# above the last one read: only those are parsed again. Fewer rows than problems fitted (a cleared cache)
-# means a fit from scratch.
-_fit: dict = {"for": None, "top": 0, "samples": {}, "generation": None, "value": None}
+def _backend(p) -> str:
+    return "cuda" if p.device == "cuda" else "cpu"
 
 
-def _calibration() -> dict:
-    """Ceilings and correction factors for this device and version, from the default cache, brought up to
-    date when the cache changes (incrementally: only rows written since the last fit are read)."""
+# The fits, per backend, kept between calls: the store and device it is for, the highest rowid read, and
+# per problem key its (op, algorithm, measured / predicted) samples. A write adds or replaces rows, whose
+# rowids are then above the last one read: only those are parsed again. Fewer rows than problems fitted (a
+# cleared cache) means a fit from scratch.
+_fits: dict = {}
+
+
+def _calibration(backend: str = "cpu") -> dict:
+    """Ceilings and correction factors for this device (the backend's: the CPU's, or the GPU's) and
+    version, from the default cache, brought up to date when the cache changes (incrementally: only rows
+    written since the last fit are read)."""
     from . import cache
 
+    _fit = _fits.setdefault(backend, {"for": None, "top": 0, "samples": {}, "generation": None, "value": None})
     generation = cache.generation()
-    device, version = cache.device_fingerprint(), cache._version()
+    device, version = cache.device_fingerprint(backend), cache._version()
     target = (str(cache.cache_path()), device, version)
     if _fit["for"] == target and _fit["generation"] == generation and _fit["value"] is not None:
         return _fit["value"]
@@ -130,7 +144,7 @@ def _calibration() -> dict:
     _fit["generation"], _fit["value"] = generation, value  # set first: the fit below calls the formulas
     try:
         store = cache.default_store()
-        value["ceilings"] = store.get_ceilings()
+        value["ceilings"] = store.get_ceilings(device)
         new, count, top = store.device_rows(device, version, _fit["top"])
         if top < _fit["top"]:  # another store, or rows renumbered: start over
             _fit.update({"top": 0, "samples": {}})
@@ -173,6 +187,18 @@ def _samples(cache, problem: str, records_json: str) -> list:
         if t and r.median_s:
             out.append(((p.op, r.algorithm), r.median_s / t))
     return out
+
+
+def measure_gpu_ceilings(store=None) -> dict:
+    """Measure the GPU's float32 FMA rate and copy bandwidth (backends/cuda.py measure_ceilings, well under
+    a second) and keep them in the cache under the GPU's fingerprint. Returns the figures."""
+    from ..backends import cuda as _cuda
+    from . import cache
+
+    m = _cuda.measure_ceilings()
+    (store or cache.default_store()).put_ceilings(m["fp32_flops"], m["bytes_per_s"],
+                                                  device=cache.device_fingerprint("cuda"))
+    return m
 
 
 def measure_ceilings(store=None, seconds: float = 0.2, attempts: int = 3) -> dict:

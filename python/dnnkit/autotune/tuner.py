@@ -170,7 +170,7 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
 
     predictions = [r.predicted_s for _, r in runnable if r.predicted_s is not None]
     if prune is not None and _backend(p) == "cuda":
-        fitted = correction_factors()
+        fitted = correction_factors("cuda")
         if not all((p.op, a.name) in fitted for a, _ in runnable):
             prune = None  # the GPU formulas are nominal until this device's measurements have scaled them
     if prune is not None and len(predictions) >= 2:

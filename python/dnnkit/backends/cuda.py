@@ -86,6 +86,42 @@ def ceilings(device: int = 0) -> dict | None:
             "bytes_per_s": 2.0 * d["memory_clock_khz"] * 1e3 * d["memory_bus_bits"] / 8}
 
 
+def measure_ceilings(seconds: float = 0.02, copy_bytes: int = 256 << 20, repeats: int = 3) -> dict:
+    """The GPU's float32 FMA rate and copy bandwidth, measured (CUDA events, best of `repeats`):
+    {"fp32_flops", "bytes_per_s"}. The rate: kernels/probe.py's FMA chains on 8 blocks of 256 threads an
+    SM, sized to run about `seconds`; the bandwidth: a device-to-device copy of copy_bytes (bytes read
+    plus bytes written, over the time)."""
+    import numpy as np
+
+    from dnnkit.kernels import probe
+
+    cuda = _cuda()
+    sms = 1 if simulator() else max(1, int(status()["devices"][0]["sm_count"]))
+    blocks = sms * (1 if simulator() else 8)
+    threads = blocks * probe.THREADS
+    out = cuda.device_array(threads, np.float32)
+    kern = probe.fma_peak("float32")
+    a, b = np.float32(0.999), np.float32(1e-3)
+    stream = cuda.default_stream()
+    n = probe.UNROLL * 4
+    best = 0.0
+    for _ in range(8):  # grow n until a launch takes a quarter of `seconds`, then time it
+        t = time_call(lambda: launch(kern, blocks, probe.THREADS, stream, out, n, a, b), stream)
+        if t >= seconds / 4 or simulator():
+            break
+        n = max(n * 2, int(n * seconds / max(t, 1e-7)) // probe.UNROLL * probe.UNROLL)
+    for _ in range(repeats):
+        t = time_call(lambda: launch(kern, blocks, probe.THREADS, stream, out, n, a, b), stream)
+        best = max(best, 2.0 * probe.CHAINS * n * threads / t)
+    elems = max(1, copy_bytes // 4)
+    src, dst = cuda.device_array(elems, np.float32), cuda.device_array(elems, np.float32)
+    bandwidth = 0.0
+    for _ in range(repeats):
+        t = time_call(lambda: copy(dst, src, stream), stream)
+        bandwidth = max(bandwidth, 2.0 * elems * 4 / t)
+    return {"fp32_flops": best, "bytes_per_s": bandwidth}
+
+
 # A nominal H100 (132 SMs, 227 KiB of shared memory a block), for sizing where no GPU can be asked.
 _NOMINAL_RESIDENT = (132, 227 * 1024)
 
