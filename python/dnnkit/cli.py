@@ -231,6 +231,7 @@ def _cmd_autotune(args) -> int:
     from .autotune.records import format_table
     from .autotune import cache
     from .autotune.cost_model import measure_ceilings, measure_gpu_ceilings, plausible_peak
+    from .backends import cuda as cuda_backend
     from .autotune.tuner import find
 
     problems = _problems(args)
@@ -242,7 +243,7 @@ def _cmd_autotune(args) -> int:
     stored = store.get_ceilings()
     if stored is None or not plausible_peak(stored["peak_flops"]) or args.force:
         measure_ceilings(store)
-    if any(p.device == "cuda" for p in problems) and (
+    if any(p.device == "cuda" for p in problems) and cuda_backend.status()["available"] and (
             args.force or store.get_ceilings(cache.device_fingerprint("cuda")) is None):
         measure_gpu_ceilings(store)
     results = []
