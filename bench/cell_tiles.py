@@ -2,20 +2,22 @@
 
     python bench/cell_tiles.py [--reps N] [--rounds N] [SHAPE ...]     SHAPE: mode:H:B, e.g. lstm:1024:64
 
-The tile path (bfloat16 parts, csrc/gemm/amx.h) and the FMA kernels are switched per call by
-DNNKIT_RNN_AMX, alternated round by round; each side's best round is reported (ms a call), with their
-ratio and the largest difference of the outputs. The input size is H. Without AMX tiles there is
-nothing to compare, and it says so.
+The tile path (algo="fused_amx": bfloat16 parts, csrc/gemm/amx.h) and the FMA kernels' path the rule
+takes without tiles (a fused_cell_* by name) alternate round by round; each side's best round is
+reported (ms a call), with their ratio and the largest difference of the outputs. The input size is H.
+Without AMX tiles there is nothing to compare, and it says so.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import numpy as np
 
 import dnnkit
+from dnnkit.algos.rnn_cpu import CELL_PATHS, shape_tuple
+from dnnkit.backends.cpu import ext
+from dnnkit.problem import RnnProblem
 
 GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 DEFAULT = ["lstm:256:64", "gru:256:64", "lstm:512:64", "gru:512:64", "lstm:768:64", "gru:1024:64", "lstm:1024:64",
@@ -32,19 +34,19 @@ def run(mode, H, B, reps, rounds, rng):
     b_ih, b_hh = (rng.uniform(-k, k, (2, G * H))).astype(np.float32)
     cell = getattr(dnnkit, mode + "_cell")
     state = (h, c) if mode == "lstm" else h
+    code = ext.rnn_cell_path(shape_tuple(RnnProblem(mode, 1, B, H, H)), 4)
+    sides = {"fma": next(n for n, c in CELL_PATHS.items() if c == code), "tiles": "fused_amx"}
     best, out = {}, {}
     for _ in range(rounds):
-        for side in ("0", "1"):
-            os.environ["DNNKIT_RNN_AMX"] = side
-            cell(x, state, w_ih, w_hh, b_ih, b_hh)
+        for side, algo in sides.items():
+            cell(x, state, w_ih, w_hh, b_ih, b_hh, algo=algo)
             t0 = time.perf_counter()
             for _ in range(reps):
-                o = cell(x, state, w_ih, w_hh, b_ih, b_hh)
+                o = cell(x, state, w_ih, w_hh, b_ih, b_hh, algo=algo)
             best[side] = min(best.get(side, np.inf), (time.perf_counter() - t0) / reps)
             out[side] = o if isinstance(o, tuple) else (o,)
-    os.environ.pop("DNNKIT_RNN_AMX", None)
-    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(out["0"], out["1"]))
-    return best["0"], best["1"], diff
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(out["fma"], out["tiles"]))
+    return best["fma"], best["tiles"], diff
 
 
 def main(argv=None):

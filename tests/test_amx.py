@@ -421,3 +421,59 @@ def test_a_sequence_of_one_step_runs_each_layer_and_direction_as_a_cell_on_tiles
     assert rel_l2(tiles[0], out_ref) <= 2 * rel_l2(fma[0], out_ref) + 1e-7
     for t, f, r in ((tiles[1][0], fma[1][0], h_ref), (tiles[1][1], fma[1][1], c_ref)):
         assert rel_l2(t, r) <= 2 * rel_l2(f, r) + 1e-7
+
+
+def _sequence(mode, B, threads, algo, T=5, I=24, H=40, L=1):
+    G = {"lstm": 4, "gru": 3, "rnn_tanh": 1}[mode]
+    rng = np.random.default_rng(B + H + T)
+    weights = []
+    for layer in range(L):
+        weights += [rng.standard_normal((G * H, I if layer == 0 else H)) / np.sqrt(H),
+                    rng.standard_normal((G * H, H)) / np.sqrt(H), 0.5 * rng.standard_normal(G * H),
+                    0.5 * rng.standard_normal(G * H)]
+    weights = [w.astype(np.float32) for w in weights]
+    x = rng.standard_normal((T, B, I)).astype(np.float32)
+    h0 = rng.standard_normal((L, B, H)).astype(np.float32)
+    c0 = rng.standard_normal((L, B, H)).astype(np.float32) if mode == "lstm" else None
+    previous = dnnkit.get_num_threads()
+    dnnkit.set_num_threads(threads)
+    try:
+        if mode == "lstm":
+            out = dnnkit.lstm(x, h0, c0, weights, num_layers=L, algo=algo)[0]
+        else:
+            out = (dnnkit.gru if mode == "gru" else dnnkit.rnn)(x, h0, weights, num_layers=L, algo=algo)[0]
+    finally:
+        dnnkit.set_num_threads(previous)
+    return out, rnn_sequence_ref(mode, x, h0, c0, weights, num_layers=L)[0]
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh"])
+def test_fused_amx_runs_the_time_loop_on_tiles_below_the_rules_batch(amx, mode):
+    """fused_amx: the recurrent products on the tiles at 8 batch rows, where fused's rule keeps the FMA
+    kernels (its result is the FMA path's, bit for bit); float32's error against float64 either way."""
+    rule, ref = _sequence(mode, 8, 1, "fused")
+    tiles, _ = _sequence(mode, 8, 1, "fused_amx")
+    fma, _ = _sequence(mode, 8, 1, "fused_units")
+    assert np.array_equal(rule, fma) and not np.array_equal(tiles, fma)
+    assert rel_l2(tiles, ref) <= 2e-5 and rel_l2(tiles, ref) <= 2 * rel_l2(fma, ref) + 1e-7
+
+
+def test_named_schedules_and_cell_paths_never_take_the_tiles(amx):
+    """Every entry but fused and fused_amx is the FMA kernels' path: at a batch where fused takes the tiles,
+    fused_units and fused_cell_gemm give the bits of the tiles switched off."""
+    on, _ = _sequence("lstm", 64, 1, "fused_units")
+    dnnkit.set_amx(False)
+    off, _ = _sequence("lstm", 64, 1, "fused_units")
+    dnnkit.set_amx(True)
+    tiles, _ = _sequence("lstm", 64, 1, "fused")
+    assert np.array_equal(on, off) and not np.array_equal(tiles, off)
+    args = cell_problem("gru", 96, 40, 70, 3)
+    named = dnnkit.gru_cell(*args[:2], *args[3:], algo="fused_cell_gemm")
+    dnnkit.set_amx(False)
+    assert np.array_equal(named, dnnkit.gru_cell(*args[:2], *args[3:], algo="fused_cell_gemm"))
+    dnnkit.set_amx(True)
+    small = cell_problem("gru", 16, 40, 70, 4)
+    fma = dnnkit.gru_cell(*small[:2], *small[3:], algo="fused")
+    tiles = dnnkit.gru_cell(*small[:2], *small[3:], algo="fused_amx")
+    assert not np.array_equal(fma, tiles)
+    assert rel_l2(tiles, gru_cell_ref(*small[:2], *small[3:])) <= 2e-5

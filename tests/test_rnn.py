@@ -539,7 +539,7 @@ def test_rnn_problem_descriptor_round_trip():
 def test_rnn_goes_through_the_registry_and_explain():
     assert [a.name for a in dnnkit.algos.algorithms("lstm_fwd", "cpu")] == [
         "fused", "fused_units", "fused_rows", "fused_wavefront", "fused_cell_direct", "fused_cell_dots",
-        "fused_cell_gemm"]
+        "fused_cell_gemm", "fused_amx"]
     assert [a.name for a in dnnkit.algos.algorithms("lstm_bwd", "cpu")] == ["fused", "fused_units", "fused_rows"]
     e = dnnkit.explain("lstm_l2t5mb3slc4sic6_bidir")
     assert e.problem.op == "lstm_fwd" and e[0].chosen and e[0].workspace_bytes > 0

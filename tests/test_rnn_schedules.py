@@ -351,3 +351,27 @@ def test_cell_paths_are_registered_tuned_and_explained(monkeypatch):
     assert {"fused", "fused_cell_dots", "fused_cell_gemm"} <= timed
     assert not {n for n in CELL_PATHS if algos.get(p.op, "cpu", n).supports(RnnProblem("lstm", 5, 4, 64, 32)) is None}
     assert os.environ["DNNKIT_CACHE_DIR"]
+
+
+def test_the_tiles_are_an_entry_of_their_own():
+    """fused_amx (the products on AMX tiles whatever the batch) is a forward entry that says why it cannot
+    run where there are no tiles, a projection or ReLU's unbounded state; its rule defers to fused; the
+    kernel's shape takes the tile choice as its eleventh entry and rejects an unknown one."""
+    from dnnkit.algos.rnn_cpu import shape_tuple
+    from dnnkit.backends.cpu import ext
+
+    names = {a.name for a in algos.algorithms("lstm_fwd", "cpu")}
+    assert "fused_amx" in names and "fused_amx" not in {a.name for a in algos.algorithms("lstm_bwd", "cpu")}
+    amx = algos.get("lstm_fwd", "cpu", "fused_amx")
+    p = RnnProblem("lstm", 5, 64, 32, 32)
+    assert "kernel's rule (fused)" in amx.rule(p)
+    assert "float32 only" in amx.supports(RnnProblem("lstm", 5, 64, 32, 32, dtype="float64"))
+    if not ext.amx_enabled():
+        assert "AMX-BF16" in amx.supports(p)
+    else:
+        assert "projection" in amx.supports(RnnProblem("lstm", 5, 64, 32, 32, proj=16))
+        assert "ReLU" in algos.get("rnn_relu_fwd", "cpu", "fused_amx").supports(RnnProblem("rnn_relu", 5, 64, 32, 32))
+    with pytest.raises(ValueError, match="tiles must be in 0..2"):
+        ext.rnn_cell_path(shape_tuple(p, 0, 0, 3), 4)
+    assert [a.tiles for a in algos.algorithms("gru_fwd", "cpu")] == [
+        0 if a.name == "fused" else 2 if a.name == "fused_amx" else 1 for a in algos.algorithms("gru_fwd", "cpu")]

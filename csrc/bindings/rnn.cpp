@@ -10,18 +10,20 @@ namespace {
 // The Python layer (dnnkit.rnn) validates shapes with operator-named errors and passes C-contiguous
 // arrays of one dtype; these checks only keep direct callers from crashing the process.
 
-// (cell, T, B, I, H, L, D[, P[, schedule]]) with cell 0 lstm, 1 gru, 2 rnn_tanh, 3 rnn_relu; P the LSTM
-// projection size (0 or absent: none); schedule an RnnSchedule (0 or absent: automatic).
+// (cell, T, B, I, H, L, D[, P[, schedule[, cell path[, tiles]]]]) with cell 0 lstm, 1 gru, 2 rnn_tanh,
+// 3 rnn_relu; P the LSTM projection size (0 or absent: none); schedule an RnnSchedule, cell path an
+// RnnCellPath, tiles an RnnTiles (each 0 or absent: automatic).
 RnnShape rnn_shape(const py::tuple& t) {
-  if (t.size() < 7 || t.size() > 10)
-    throw py::value_error("rnn: shape tuple must be (cell, T, B, I, H, L, D[, P[, schedule[, cell path]]])");
-  index_t v[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  if (t.size() < 7 || t.size() > 11)
+    throw py::value_error("rnn: shape tuple must be (cell, T, B, I, H, L, D[, P[, schedule[, cell path[, tiles]]]])");
+  index_t v[11] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   for (std::size_t i = 0; i < t.size(); ++i) v[i] = t[i].cast<index_t>();
   if (v[0] < 0 || v[0] > 3) throw py::value_error("rnn: cell code must be in 0..3");
-  for (int i = 1; i < 10; ++i)
+  for (int i = 1; i < 11; ++i)
     if (v[i] < 0) throw py::value_error("rnn: shape entries must be >= 0");
   if (v[8] > 3) throw py::value_error("rnn: schedule must be in 0..3");
   if (v[9] > 3) throw py::value_error("rnn: cell path must be in 0..3");
+  if (v[10] > 2) throw py::value_error("rnn: tiles must be in 0..2");
   if (v[4] < 1 || v[5] < 1 || (v[6] != 1 && v[6] != 2))
     throw py::value_error("rnn: need hidden >= 1, layers >= 1 and 1 or 2 directions");
   if (v[7] > 0 && (v[0] != 0 || v[7] >= v[4]))
@@ -37,6 +39,7 @@ RnnShape rnn_shape(const py::tuple& t) {
   s.proj = v[7];
   s.schedule = static_cast<RnnSchedule>(v[8]);
   s.cell_path = static_cast<RnnCellPath>(v[9]);
+  s.tiles = static_cast<RnnTiles>(v[10]);
   return s;
 }
 

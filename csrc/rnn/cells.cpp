@@ -99,11 +99,14 @@ void for_each_xh_panel(index_t B, F&& fn) {
 // (fused_cell_step_amx) and is repaid by the batch from 64 rows where I + H >= 512, from 96 below
 // (bench/cell_tiles.py against the FMA kernels). A batch whose B panels pass 3/4 of L2 stays on the
 // FMA kernels or the blocked GEMM.
-bool cell_on_tiles(index_t B, index_t I, const float* x, index_t S, const float* h0) {
-  if (!rnn_tiles_active() || !h0 || B < 64 || (I + S < 512 && B < 96)) return false;
-  const double panel_bytes = double(ceil_div(B, index_t(amx::kBlock))) *
-                             double(amx::panel_elems(I) + amx::panel_elems(S)) * sizeof(amx::bf16);
-  if (panel_bytes > 0.75 * double(l2_cache_bytes())) return false;
+bool cell_on_tiles(const RnnShape& s, index_t B, index_t I, const float* x, index_t S, const float* h0) {
+  if (!rnn_tiles_active(s) || !h0) return false;
+  if (s.tiles == RnnTiles::automatic) {
+    if (B < 64 || (I + S < 512 && B < 96)) return false;
+    const double panel_bytes = double(ceil_div(B, index_t(amx::kBlock))) *
+                               double(amx::panel_elems(I) + amx::panel_elems(S)) * sizeof(amx::bf16);
+    if (panel_bytes > 0.75 * double(l2_cache_bytes())) return false;
+  }
   return amx::splittable(B, I, x, I, 1) && amx::splittable(B, S, h0, S, 1);
 }
 
@@ -256,8 +259,8 @@ bool fused_packed_cell_fits(const RnnShape& s, const RnnWeights<T>& w) {
 // W_ih^T and h W_hh^T (GRU's gate n: the two apart, h's into gh) with the bias, one load and store of
 // the tiles each, then the post-GEMM.
 bool packed_cell_on_tiles(const RnnShape& s, const RnnWeights<float>& w, const float* x, const float* h0) {
-  if (!rnn_tiles_active() || !w.packed_ih->amx_panel(0) || !w.packed_hh->amx_panel(0) || !h0 ||
-      4 * s.batch < 3 * amx::kBlock)
+  if (!rnn_tiles_active(s) || !w.packed_ih->amx_panel(0) || !w.packed_hh->amx_panel(0) || !h0 ||
+      (s.tiles == RnnTiles::automatic && 4 * s.batch < 3 * amx::kBlock))
     return false;
   return amx::splittable(s.batch, s.input, x, s.input, 1) && amx::splittable(s.batch, s.hidden, h0, s.hidden, 1);
 }
@@ -370,7 +373,8 @@ void fused_packed_cell_step(const RnnShape& s, const RnnWeights<T>& w, const T* 
 }
 
 // Whether a float32 sequence's recurrent products run on AMX tiles (fused_step_amx): the tiles are
-// enabled, every thread's share of the batch fills at least 3/4 of a 32-row tile, h_t is bounded (LSTM,
+// enabled, every thread's share of the batch fills at least 3/4 of a 32-row tile (under the rule,
+// RnnTiles::automatic; RnnTiles::on takes any batch), h_t is bounded (LSTM,
 // GRU or tanh RNN without projection: |h| <= 1, so the only values the tiles would not split exactly
 // are NaN, which propagates, and |h| < 2^-100, whose lost low parts are below float32's resolution of
 // the pre-activation they join), and every W_hh and h0 split exactly (amx::splittable).
@@ -379,11 +383,11 @@ bool rnn_amx_fits(const RnnShape& s, const RnnWeights<T>& w, const T* h0) {
   if constexpr (!std::is_same_v<T, float>) {
     return false;
   } else {
-    if (!rnn_tiles_active() || s.proj > 0 || s.cell == RnnCell::rnn_relu) return false;
+    if (!rnn_tiles_active(s) || s.proj > 0 || s.cell == RnnCell::rnn_relu) return false;
     // The batch rows a thread of a direction gets split by rows, whichever way the time loop splits:
     // both ways then take the same kernels, and give the same bits.
     const int threads = get_num_threads(), group = s.dirs == 2 && threads >= 2 ? threads / 2 : threads;
-    if (4 * (s.batch / group) < 3 * amx::kBlock) return false;
+    if (s.tiles == RnnTiles::automatic && 4 * (s.batch / group) < 3 * amx::kBlock) return false;
     const index_t GH = rnn_gates(s.cell) * s.hidden, S = s.state();
     for (const float* whh : w.w_hh)
       if (!amx::splittable(GH, S, whh, S, 1)) return false;

@@ -72,7 +72,7 @@ void rnn_forward(const RnnShape& s, const RnnWeights<T>& w, const T* x, const T*
     bool tile_cell[2] = {false, false};
     if constexpr (std::is_same_v<T, float>)
       for (int d = 0; one_step && s.cell_path == RnnCellPath::automatic && d < D; ++d)
-        tile_cell[d] = cell_on_tiles(B, Il, xl, S, h0 + (l * D + d) * B * S);
+        tile_cell[d] = cell_on_tiles(s, B, Il, xl, S, h0 + (l * D + d) * B * S);
     const bool fused_cell = direct_cell || dot_cell || tile_cell[0] || tile_cell[1];
     const bool fused_packed = fused_packed_cell_fits<T>(s, w);
     // On weights packed by the caller (see RnnWeights), a cell's two products as one; GRU keeps W_hn h

@@ -62,10 +62,19 @@ enum class RnnSchedule : int { automatic = 0, units = 1, rows = 2, wavefront = 3
 //   gemm:   the input and recurrent products as two GEMMs, then the post-GEMM.
 enum class RnnCellPath : int { automatic = 0, direct = 1, dots = 2, gemm = 3 };
 
+// Whether a float32 problem's products run on AMX tiles (where amx::active()): `automatic` takes the rule
+// (the time loop where each thread's batch rows fill 3/4 of a tile, a cell from 64 rows (96 where I + S
+// < 512) whose panels fit L2, a cell on packed weights from 24 rows; the registry's fused), `off` never
+// (every other registry entry: the FMA kernels' paths), `on` wherever the tiles can compute it exactly,
+// whatever the batch (fused_amx): float32, no projection, not ReLU in the time loop, and values that
+// split exactly into three bfloat16 parts (amx::splittable; where they do not, the FMA kernels run).
+enum class RnnTiles : int { automatic = 0, off = 1, on = 2 };
+
 struct RnnShape {
   RnnCell cell = RnnCell::lstm;
   RnnSchedule schedule = RnnSchedule::automatic;
   RnnCellPath cell_path = RnnCellPath::automatic;
+  RnnTiles tiles = RnnTiles::automatic;
   index_t seq = 0, batch = 0, input = 0, hidden = 0;  // T, B, I, H
   int layers = 1, dirs = 1;                          // L, D
   index_t proj = 0;                                  // P: LSTM projection size (0: none)

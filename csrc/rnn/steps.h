@@ -293,12 +293,8 @@ void fused_step(const StepRows& s, NextUnit&& next_unit, const T* ap, const Pack
   }
 }
 
-// Whether the RNN kernels (time loop, packed cells) take AMX tiles: amx::active(), unless
-// DNNKIT_RNN_AMX=0.
-inline bool rnn_tiles_active() {
-  const char* e = std::getenv("DNNKIT_RNN_AMX");
-  return !(e && e[0] == '0') && amx::active();
-}
+// Whether s may run its products on AMX tiles at all (RnnTiles): amx::active(), unless s.tiles is off.
+inline bool rnn_tiles_active(const RnnShape& s) { return s.tiles != RnnTiles::off && amx::active(); }
 
 // fused_step on AMX tiles (float32, gemm/amx.h): a unit is 32 rows of h_{t-1} (one A panel of ap, panels
 // amx::panel_elems(K) apart) against 32 hidden units, every gate's 32 x 32 tile accumulated into xp (GRU's
@@ -454,7 +450,7 @@ inline StepShare step_share(bool by_rows, index_t B, index_t H, index_t S, bool 
 template <typename T>
 void fused_cell_step(const RnnShape& s, const RnnWeights<T>& w, int l, int d, const T* xl, const T* h0, const T* c0,
                      T* const* y, T* h_n, T* c_n, T* reserve, DirBuffers<T>& b, const T* zeros, bool dots);
-bool cell_on_tiles(index_t B, index_t I, const float* x, index_t S, const float* h0);
+bool cell_on_tiles(const RnnShape& s, index_t B, index_t I, const float* x, index_t S, const float* h0);
 void fused_cell_step_amx(const RnnShape& s, const RnnWeights<float>& w, int l, int d, const float* xl,
                          const float* h0, const float* c0, float* const* y, float* h_n, float* c_n, float* reserve,
                          DirBuffers<float>& b, const float* zeros);

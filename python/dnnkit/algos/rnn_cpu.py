@@ -20,29 +20,37 @@ ask for one path (a call without h0 runs the general path):
 fused_cell_direct: both products and the post-GEMM in one pass on the strided-A kernel, [x | h0] packed once;
 fused_cell_dots:   the same on dot products of the weights' rows (16 rows or fewer);
 fused_cell_gemm:   the input and recurrent products as two GEMMs, then the post-GEMM.
-(Where AMX tiles are on, fused's rule puts a float32 cell whose batch fills them, and whose x and h0
-split exactly, on the tiles.)
+
+AMX tiles (csrc/rnn/rnn.h RnnTiles), float32 where the CPU has them: fused's rule runs the time loop's
+recurrent products on them where each thread's batch rows fill 3/4 of a tile, and a cell where its batch
+fills them (64 rows or more); fused_amx runs them on the tiles whatever the batch (forward, no
+projection, not ReLU in the loop; values that do not split exactly into bfloat16 parts run on the FMA
+kernels); every other entry is the FMA kernels' path alone. The whole-sequence GEMMs follow the blocked
+GEMM's rule.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from .._config import get_num_threads
 from ..backends.cpu import ext as _cpu
 from ..problem import RNN_MODES
 from .base import Algorithm, cpu_float_reason
-from .gemm_cpu import STREAM_EFFICIENCY, gemm_efficiency, wt_direct_efficiency
+from .gemm_cpu import AMX_SPEEDUP, STREAM_EFFICIENCY, gemm_efficiency, wt_direct_efficiency
 
 _CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
 SCHEDULES = {"fused": 0, "fused_units": 1, "fused_rows": 2, "fused_wavefront": 3}  # RnnSchedule
 CELL_PATHS = {"fused_cell_direct": 1, "fused_cell_dots": 2, "fused_cell_gemm": 3}  # RnnCellPath
+TILES = {"fused": 0, "fused_amx": 2}  # RnnTiles: automatic, on; every other entry 1 (off)
 ROW_SPLIT_MIN_ROWS = 4  # csrc/rnn/rnn.cpp kRowSplitMinRows: batch rows each thread of a direction needs
 SMALL_CELL_ROWS = 16  # csrc/gemm/gemm.h kSmallCellRows: the most batch rows the dot-product cell takes
 
 
-def shape_tuple(p, schedule: int = 0, cell_path: int = 0) -> tuple:
-    """The kernels' shape: (cell code, T, B, I, H, L, D, P, schedule, cell path)."""
-    return (_CELL_CODES[p.mode], p.seq, p.batch, p.input, p.hidden, p.layers, p.dirs, p.proj, schedule, cell_path)
+def shape_tuple(p, schedule: int = 0, cell_path: int = 0, tiles: int = 0) -> tuple:
+    """The kernels' shape: (cell code, T, B, I, H, L, D, P, schedule, cell path, tiles)."""
+    return (_CELL_CODES[p.mode], p.seq, p.batch, p.input, p.hidden, p.layers, p.dirs, p.proj, schedule, cell_path,
+            tiles)
 
 
 # ----------------------------------------------------------------------------------------- cost model
@@ -103,10 +111,13 @@ class FusedRnn(Algorithm):
         self.op = f"{mode}_{direction}"
         self.schedule = SCHEDULES.get(name, 0)
         self.cell_path = CELL_PATHS.get(name, 0)
+        self.tiles = TILES.get(name, 1)
         if direction == "bwd":
             self.tolerance = 1e-4
 
     def rule(self, p) -> str | None:
+        if self.tiles == TILES["fused_amx"]:
+            return "the kernel's rule (fused) takes the tiles where the batch fills them; tuning times this one"
         if self.cell_path:
             return "the kernel's rule (fused) picks a cell's path where nothing measured decides; tuning times this one"
         if self.schedule != SCHEDULES["fused"]:
@@ -125,6 +136,8 @@ class FusedRnn(Algorithm):
 
     def supports(self, p) -> str | None:
         reason = cpu_float_reason(p)
+        if reason is None and self.tiles == TILES["fused_amx"]:
+            return self._tile_reason(p)
         if reason is None and self.cell_path:
             return self._cell_reason(p)
         if reason or self.schedule in (SCHEDULES["fused"], SCHEDULES["fused_units"]):
@@ -147,6 +160,19 @@ class FusedRnn(Algorithm):
             return "needs 2 threads or more"
         return None
 
+    @staticmethod
+    def _tile_reason(p) -> str | None:
+        """Why the tiles cannot run p's products, or None."""
+        if p.dtype != "float32":
+            return "float32 only (the tiles multiply bfloat16 parts of float32 values)"
+        if not _cpu.amx_enabled():
+            return "needs AMX-BF16 tiles, which this CPU (or dnnkit.set_amx, DNNKIT_ISA) does not offer"
+        if p.proj:
+            return "no projection (h_t must be bounded to split exactly)"
+        if p.seq > 1 and p.mode == "rnn_relu":
+            return "ReLU's h_t is unbounded: its parts would not split exactly in the time loop"
+        return None
+
     def _schedule_for(self, p) -> int:
         """The schedule this algorithm runs p with (for fused: the kernel's rule)."""
         if self.schedule != SCHEDULES["fused"]:
@@ -165,6 +191,8 @@ class FusedRnn(Algorithm):
         layer each, the layers pipelined); the two directions of a layer on their own threads. Backward:
         the step loop once more (dh = dgates W_hh^T), and dx and the weight gradients as whole-sequence
         GEMMs."""
+        if self.tiles == TILES["fused_amx"]:  # the products at the tiles' rate
+            c = dataclasses.replace(c, peak_flops=c.peak_flops * AMX_SPEEDUP)
         if self.cell_path:
             return self._cell_cost(p, c, self.name)
         if p.seq == 1 and not p.proj and self.direction == "fwd":  # a cell: the path the kernel's rule takes
@@ -226,7 +254,7 @@ class FusedRnn(Algorithm):
         reserve; bwd: (x, h0, c0, weights, ys, reserve, dy, dh_n, dc_n) with out = (dx, dh0, dc0, grads) and
         param accumulate (add the weight gradients to grads rather than overwrite them).
         Arrays as the _cpu.rnn_forward / rnn_backward bindings take them (None where optional)."""
-        shape = shape_tuple(p, self.schedule, self.cell_path)
+        shape = shape_tuple(p, self.schedule, self.cell_path, self.tiles)
         if self.direction == "fwd":
             x, h0, c0, weights = arrays
             _cpu.rnn_forward(shape, x, h0, c0, weights, out, params["h_n"], params["c_n"], params["reserve"])
@@ -242,8 +270,8 @@ def all_fused() -> list:
     """Every schedule of every mode and direction, the kernel's rule first (the default where nothing
     else decides), and the forward's cell paths."""
     return [FusedRnn(mode, direction, name) for mode in RNN_MODES for direction in ("fwd", "bwd")
-            for name in (*SCHEDULES, *CELL_PATHS)
-            if direction == "fwd" or name not in ("fused_wavefront", *CELL_PATHS)]
+            for name in (*SCHEDULES, *CELL_PATHS, "fused_amx")
+            if direction == "fwd" or name not in ("fused_wavefront", *CELL_PATHS, "fused_amx")]
 
 
 ALGORITHMS = all_fused()  # the registry's RNN algorithms (algos/__init__.py registers them)
