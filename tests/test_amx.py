@@ -183,15 +183,10 @@ def test_values_the_tiles_cannot_split_fall_back_to_the_fma_kernels(num_threads,
         assert np.isinf(tiles[7] if where == "a" else tiles[:, 9]).all()
 
 
-@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh"])
-@pytest.mark.parametrize("B,threads", [(64, 2), (37, 1), (32, 1)])
-def test_rnn_time_loop_on_tiles_matches_float64(mode, B, threads):
-    """A sequence whose recurrent products run on the tiles (float32, batch rows filling a 32-row tile per
-    thread): outputs and final states against float64 within the float32 tolerance of the FMA kernels'
-    tests, and within 2x (plus a rounding) of their error on the same problem."""
-    T, I, H, L = 6, 40, 70, 2
+def _sequence(mode, B, threads, algo="auto", T=5, I=24, H=40, L=1):
+    """A float32 sequence's (output, h_n) on `threads` threads by algo, and the float64 reference's."""
     G = {"lstm": 4, "gru": 3, "rnn_tanh": 1}[mode]
-    rng = np.random.default_rng(B + H)
+    rng = np.random.default_rng(B + H + T)
     weights = []
     for layer in range(L):
         weights += [rng.standard_normal((G * H, I if layer == 0 else H)) / np.sqrt(H),
@@ -204,20 +199,26 @@ def test_rnn_time_loop_on_tiles_matches_float64(mode, B, threads):
     previous = dnnkit.get_num_threads()
     dnnkit.set_num_threads(threads)
     try:
-        def run():
-            if mode == "lstm":
-                return dnnkit.lstm(x, h0, c0, weights, num_layers=L)
-            if mode == "gru":
-                return dnnkit.gru(x, h0, weights, num_layers=L)
-            return dnnkit.rnn(x, h0, weights, num_layers=L)
-        fma, tiles = fma_and_amx(run)
+        if mode == "lstm":
+            out, (h_n, _) = dnnkit.lstm(x, h0, c0, weights, num_layers=L, algo=algo)
+        else:
+            out, h_n = (dnnkit.gru if mode == "gru" else dnnkit.rnn)(x, h0, weights, num_layers=L, algo=algo)
     finally:
         dnnkit.set_num_threads(previous)
-    out_ref, h_ref, _ = rnn_sequence_ref(mode, x, h0, c0, weights, num_layers=L)
+    return (out, h_n), rnn_sequence_ref(mode, x, h0, c0, weights, num_layers=L)[:2]
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh"])
+@pytest.mark.parametrize("B,threads", [(64, 2), (37, 1), (32, 1)])
+def test_rnn_time_loop_on_tiles_matches_float64(mode, B, threads):
+    """A sequence whose recurrent products run on the tiles (float32, batch rows filling a 32-row tile per
+    thread): outputs and final states against float64 within the float32 tolerance of the FMA kernels'
+    tests, and within 2x (plus a rounding) of their error on the same problem."""
+    fma, tiles = fma_and_amx(lambda: _sequence(mode, B, threads, T=6, I=40, H=70, L=2))
+    (out_ref, h_ref), (fma, tiles) = tiles[1], (fma[0], tiles[0])
     e_fma, e_amx = rel_l2(fma[0], out_ref), rel_l2(tiles[0], out_ref)
     assert e_amx <= 2e-5 and e_amx <= 2 * e_fma + 1e-7, (e_amx, e_fma)
-    h_n = tiles[1][0] if mode == "lstm" else tiles[1]
-    assert rel_l2(h_n, h_ref) <= 2e-5
+    assert rel_l2(tiles[1], h_ref) <= 2e-5
     assert not np.array_equal(fma[0], tiles[0])  # the tiles did run
 
 
@@ -423,37 +424,14 @@ def test_a_sequence_of_one_step_runs_each_layer_and_direction_as_a_cell_on_tiles
         assert rel_l2(t, r) <= 2 * rel_l2(f, r) + 1e-7
 
 
-def _sequence(mode, B, threads, algo, T=5, I=24, H=40, L=1):
-    G = {"lstm": 4, "gru": 3, "rnn_tanh": 1}[mode]
-    rng = np.random.default_rng(B + H + T)
-    weights = []
-    for layer in range(L):
-        weights += [rng.standard_normal((G * H, I if layer == 0 else H)) / np.sqrt(H),
-                    rng.standard_normal((G * H, H)) / np.sqrt(H), 0.5 * rng.standard_normal(G * H),
-                    0.5 * rng.standard_normal(G * H)]
-    weights = [w.astype(np.float32) for w in weights]
-    x = rng.standard_normal((T, B, I)).astype(np.float32)
-    h0 = rng.standard_normal((L, B, H)).astype(np.float32)
-    c0 = rng.standard_normal((L, B, H)).astype(np.float32) if mode == "lstm" else None
-    previous = dnnkit.get_num_threads()
-    dnnkit.set_num_threads(threads)
-    try:
-        if mode == "lstm":
-            out = dnnkit.lstm(x, h0, c0, weights, num_layers=L, algo=algo)[0]
-        else:
-            out = (dnnkit.gru if mode == "gru" else dnnkit.rnn)(x, h0, weights, num_layers=L, algo=algo)[0]
-    finally:
-        dnnkit.set_num_threads(previous)
-    return out, rnn_sequence_ref(mode, x, h0, c0, weights, num_layers=L)[0]
-
 
 @pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh"])
 def test_fused_amx_runs_the_time_loop_on_tiles_below_the_rules_batch(amx, mode):
     """fused_amx: the recurrent products on the tiles at 8 batch rows, where fused's rule keeps the FMA
     kernels (its result is the FMA path's, bit for bit); float32's error against float64 either way."""
-    rule, ref = _sequence(mode, 8, 1, "fused")
-    tiles, _ = _sequence(mode, 8, 1, "fused_amx")
-    fma, _ = _sequence(mode, 8, 1, "fused_units")
+    (rule, _), (ref, _) = _sequence(mode, 8, 1, "fused")
+    (tiles, _), _ = _sequence(mode, 8, 1, "fused_amx")
+    (fma, _), _ = _sequence(mode, 8, 1, "fused_units")
     assert np.array_equal(rule, fma) and not np.array_equal(tiles, fma)
     assert rel_l2(tiles, ref) <= 2e-5 and rel_l2(tiles, ref) <= 2 * rel_l2(fma, ref) + 1e-7
 
@@ -461,11 +439,11 @@ def test_fused_amx_runs_the_time_loop_on_tiles_below_the_rules_batch(amx, mode):
 def test_named_schedules_and_cell_paths_never_take_the_tiles(amx):
     """Every entry but fused and fused_amx is the FMA kernels' path: at a batch where fused takes the tiles,
     fused_units and fused_cell_gemm give the bits of the tiles switched off."""
-    on, _ = _sequence("lstm", 64, 1, "fused_units")
+    (on, _), _ = _sequence("lstm", 64, 1, "fused_units")
     dnnkit.set_amx(False)
-    off, _ = _sequence("lstm", 64, 1, "fused_units")
+    (off, _), _ = _sequence("lstm", 64, 1, "fused_units")
     dnnkit.set_amx(True)
-    tiles, _ = _sequence("lstm", 64, 1, "fused")
+    (tiles, _), _ = _sequence("lstm", 64, 1, "fused")
     assert np.array_equal(on, off) and not np.array_equal(tiles, off)
     args = cell_problem("gru", 96, 40, 70, 3)
     named = dnnkit.gru_cell(*args[:2], *args[3:], algo="fused_cell_gemm")

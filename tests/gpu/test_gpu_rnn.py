@@ -26,6 +26,18 @@ def _weights(rng, mode, I, H, L, D, bias, dtype):
     return ws
 
 
+def _case_arrays(case, dtype):
+    """(rng, x, weights, h0, c0) of a case (mode, T, B, I, H, L, D, bias, states, batch_first), time-major;
+    the rng goes on for the case's other arrays."""
+    mode, T, B, I, H, L, D, bias, states, _ = case
+    rng = np.random.default_rng(hash(case) % 2**32)
+    x = rand(rng, (T, B, I), dtype)
+    ws = _weights(rng, mode, I, H, L, D, bias, dtype)
+    h0 = rand(rng, (L * D, B, H), dtype) if states else None
+    c0 = rand(rng, (L * D, B, H), dtype) if states and mode == "lstm" else None
+    return rng, x, ws, h0, c0
+
+
 def _call(mode, x, h0, c0, ws, **kw):
     if mode == "lstm":
         out, (h_n, c_n) = dnnkit.lstm(x, h0, c0, ws, **kw)
@@ -52,11 +64,7 @@ CASES = [  # mode, T, B, I, H, L, D, bias, states, batch_first
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sequences_match_the_reference(case, dtype):
     mode, T, B, I, H, L, D, bias, states, batch_first = case
-    rng = np.random.default_rng(hash(case) % 2**32)
-    x = rand(rng, (T, B, I), dtype)
-    ws = _weights(rng, mode, I, H, L, D, bias, dtype)
-    h0 = rand(rng, (L * D, B, H), dtype) if states else None
-    c0 = rand(rng, (L * D, B, H), dtype) if states and mode == "lstm" else None
+    rng, x, ws, h0, c0 = _case_arrays(case, dtype)
     want_out, want_h, want_c = ref.rnn_sequence_ref(mode, x, h0, c0, ws, num_layers=L, bidirectional=D == 2)
     xin = np.ascontiguousarray(x.transpose(1, 0, 2)) if batch_first else x
     out, h_n, c_n = _call(mode, dev(xin), None if h0 is None else dev(h0), None if c0 is None else dev(c0),
@@ -134,11 +142,7 @@ def test_persistent_sequences(case):
     (whose saves the backward of gpu_steps reads) with every gradient checked."""
     mode, T, B, I, H, L, D, bias, states, batch_first = case
     dtype = np.float64
-    rng = np.random.default_rng(hash(case) % 2**32)
-    x = rand(rng, (T, B, I), dtype)
-    ws = _weights(rng, mode, I, H, L, D, bias, dtype)
-    h0 = rand(rng, (L * D, B, H), dtype) if states else None
-    c0 = rand(rng, (L * D, B, H), dtype) if states and mode == "lstm" else None
+    rng, x, ws, h0, c0 = _case_arrays(case, dtype)
     want_out, want_h, want_c = ref.rnn_sequence_ref(mode, x, h0, c0, ws, num_layers=L, bidirectional=D == 2)
     bf = (lambda a: np.ascontiguousarray(a.transpose(1, 0, 2))) if batch_first else (lambda a: a)
     d = (lambda a: None if a is None else dev(a))
@@ -278,11 +282,7 @@ def test_training_forward_and_backward(case):
     float64 reference (grad_output, grad_h_n and grad_c_n all flowing in)."""
     mode, T, B, I, H, L, D, bias, states, batch_first = case
     dtype = np.float64
-    rng = np.random.default_rng(hash(case) % 2**32)
-    x = rand(rng, (T, B, I), dtype)
-    ws = _weights(rng, mode, I, H, L, D, bias, dtype)
-    h0 = rand(rng, (L * D, B, H), dtype) if states else None
-    c0 = rand(rng, (L * D, B, H), dtype) if states and mode == "lstm" else None
+    rng, x, ws, h0, c0 = _case_arrays(case, dtype)
     gy, gh = rand(rng, (T, B, D * H), dtype), rand(rng, (L * D, B, H), dtype)
     gc = rand(rng, (L * D, B, H), dtype) if mode == "lstm" else None
     want = ref.rnn_sequence_backward_ref(mode, x, h0, c0, ws, gy, gh, gc, num_layers=L, bidirectional=D == 2)
