@@ -433,3 +433,13 @@ def test_lstm_projections(L, D, batch_first):
     assert len(gw) == len(ws)
     for g, w in zip(gw, bwant[3]):
         assert close(host(g), w, np.float64)
+
+
+def test_cells_take_a_gpu_algorithm_by_name():
+    rng = np.random.default_rng(23)
+    x, h = rand(rng, (2, 3), np.float64), rand(rng, (2, 4), np.float64)
+    w_ih, w_hh = rand(rng, (12, 3), np.float64), rand(rng, (12, 4), np.float64)
+    got = dnnkit.gru_cell(dev(x), dev(h), dev(w_ih), dev(w_hh), algo="gpu_persistent")
+    assert close(host(got), ref.gru_cell_ref(x, h, w_ih, w_hh), np.float64)
+    with pytest.raises(ValueError, match=r"gru_cell: algo must be 'auto' or one of \['gpu_steps'"):
+        dnnkit.gru_cell(dev(x), dev(h), dev(w_ih), dev(w_hh), algo="fused_cell_direct")

@@ -266,8 +266,9 @@ def _contiguous(d) -> bool:
     return True
 
 
-def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, stream=None):
-    """The cells (lstm_cell, gru_cell, rnn_*_cell) on GPU arrays: a one-step, one-layer sequence."""
+def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo="auto", stream=None):
+    """The cells (lstm_cell, gru_cell, rnn_*_cell) on GPU arrays: a one-step, one-layer sequence, run by the
+    GPU sequence algorithm algo names ("auto": dispatch's choice)."""
     names = ("hx[0]", "hx[1]") if mode == "lstm" else ("hx", "c")
     arrays = {"input": x, names[0]: h, names[1]: c, "w_ih": w_ih, "w_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh}
     if any(device_of(a) != "cuda" for a in arrays.values() if a is not None):
@@ -310,7 +311,7 @@ def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, stream=None):
             raise ValueError(f"{op}: {name} must have shape {state}, got {tuple(d.shape)}")
         states.append(d.reshape((1, B, H)))
     p = RnnProblem(mode, 1, B, I, H, bias=b_ih is not None, dtype=dtype, device="cuda")
-    plan = _plan(op, p, "auto")
+    plan = _plan(op, p, algo)
     s = _cuda.stream_for(op, stream, x)
     h_new, dh = _cuda.empty(op, x, state, dtype, s)
     dh3 = dh.reshape((1, B, H))

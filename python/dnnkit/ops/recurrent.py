@@ -304,12 +304,12 @@ def lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=F
     proj_size P > 0: torch.nn.LSTM's projections, h_t = W_hr (o * tanh(c_t)); output (T, B, D*P), h0 and
     h_n (num_layers*D, B, P), weights with weight_hr_l{k} (P, H) after each layer-direction's biases.
     algo: "auto" (dispatch: the tuning cache, else the kernel's rule) or how the threads share the time loop:
-    "fused" (the kernel's rule), "fused_units", "fused_rows", "fused_wavefront" (see
+    "fused" (the kernel's rule), "fused_units", "fused_rows", "fused_wavefront", "fused_amx" (see
     dnnkit.explain("lstm_l2t50mb16slc512sic512") for which can run a shape, and why not). Training with
     dropout between layers, or with recompute, runs the layers one call each: no wavefront there.
-    GPU arrays (CuPy, PyTorch CUDA tensors, Numba) run on the GPU (algo "gpu_steps"; train=True and
-    lstm_backward too, but not recompute), on `stream` or the caller's current stream; results are arrays
-    of the input's kind."""
+    GPU arrays (CuPy, PyTorch CUDA tensors, Numba) run on the GPU (algo "gpu_steps", "gpu_wavefront" or
+    "gpu_persistent"; train=True, recompute and lstm_backward too), on `stream` or the caller's current
+    stream; results are arrays of the input's kind."""
     return _sequence("lstm", "lstm", x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
                      generator, recompute, proj_size, algo, stream)
 
@@ -586,9 +586,7 @@ def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo):
         if device_of(x) == "cuda" and not any(isinstance(w, PackedWeight) for w in (w_ih, w_hh)):
             from . import gpu_recurrent
 
-            if algo not in ("auto", "gpu_steps"):
-                raise ValueError(f"{op}: algo must be 'auto' or 'gpu_steps' on GPU arrays, got {algo!r}") from None
-            return gpu_recurrent.cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train)
+            return gpu_recurrent.cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo)
         names = ("hx[0]", "hx[1]") if mode == "lstm" else ("hx", "")
         raise placement_error(op, input=x, **{names[0]: h}, **({names[1]: c} if c is not None else {}), w_ih=w_ih,
                               w_hh=w_hh, b_ih=b_ih, b_hh=b_hh) from None
