@@ -89,6 +89,10 @@ def subset() -> None:
               "gru": lambda: dnnkit.gru(r(5, 3, 9), None, ws, bidirectional=True),
               "rnn_tanh": lambda: dnnkit.rnn(r(5, 3, 9), None, ws, bidirectional=True)}[mode]
         fn()
+    ws = [r(4 * 40, 9), r(4 * 40, 40), r(4 * 40), r(4 * 40), r(4 * 40, 40), r(4 * 40, 40), r(4 * 40), r(4 * 40)]
+    for algo in ("gpu_persistent", "gpu_wavefront"):  # every SM's block behind the grid barrier; streams
+        out, _, reserve = dnnkit.lstm(r(6, 3, 9), None, None, ws, num_layers=2, train=True, algo=algo)
+        dnnkit.lstm_backward(r(6, 3, 40), None, None, reserve)
     torch.cuda.synchronize()
     print("subset done")
 
