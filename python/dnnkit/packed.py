@@ -74,11 +74,12 @@ class GpuPackedWeight:
         """Copies `weight` (default: the array this was packed from, after an in-place update) in place of
         the current copy; the shape and dtype must stay."""
         from .backends import cuda as _cuda
-        from .kernels import _jit, rnn
 
         op = "pack_weight"
         new = self.weight if weight is None else weight
-        d = _cuda.adopt(op, "weight", new, ndim=2)
+        d = _cuda.adopt(op, "weight", new, ndim=2)  # first: says why where the GPU backend is unavailable
+        from .kernels import _jit, rnn
+
         shape, dtype = tuple(d.shape), _cuda.dtype_name(d)
         if self.weight is not None and (shape != self.shape or np.dtype(dtype) != self.dtype):
             raise ValueError(f"pack_weight: repack needs a weight of shape {self.shape} and dtype {self.dtype}, "
