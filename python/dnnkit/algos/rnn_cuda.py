@@ -253,16 +253,15 @@ class GpuWavefront(GpuSteps):
             return out
         dt = p.dtype
         chunk = -(-T // self.CHUNKS)
-        bounds = [(c0_, min(T, c0_ + chunk)) for c0_ in range(0, T, chunk)]
+        bounds = [(t0, min(T, t0 + chunk)) for t0 in range(0, T, chunk)]
         streams = _cuda.fork(stream, L)
-        launch0, _ = _step_launcher(p, streams[0])
         zeros = None
         if h0 is None or (p.mode == "lstm" and c0 is None):
             zeros = _cuda.scratch((B, H), dt, streams[0])
-            launch0(kr.fill(dt), zeros, np.dtype(dt).type(0.0), B, H)
-        ready = [_cuda.signal(streams[0])]
+            _step_launcher(p, streams[0])[0](kr.fill(dt), zeros, np.dtype(dt).type(0.0), B, H)
+        zeroed = _cuda.signal(streams[0])  # every layer's stream may read zeros from here on
         for st in streams[1:]:
-            _cuda.wait(ready[0], st)
+            _cuda.wait(zeroed, st)
         train = saves is not None
         outs = ys if ys is not None else [_cuda.scratch(out.shape, dt, streams[l]) for l in range(L - 1)] + [out]
         state = []
@@ -273,13 +272,13 @@ class GpuWavefront(GpuSteps):
             inp = x if layer == 0 else dropped[layer - 1] if masks is not None else outs[layer - 1]
             feats = inp.shape[2]
             gx = _cuda.scratch((T * B, G * H), dt, st)
-            c = None
             launch, _ = _step_launcher(p, st)
+            c = None
             if p.mode == "lstm":
                 c = c_n[layer]
                 launch(kr.copy(dt), zeros if c0 is None else c0[layer], c, B, H)
             m = _cuda.scratch((B, H), dt, st) if P and not train else None
-            state.append(dict(st=st, w=w, inp=inp, feats=feats, gx=gx, c=c, m=m, has_bias=has_bias,
+            state.append(dict(st=st, launch=launch, w=w, inp=inp, feats=feats, gx=gx, c=c, m=m, has_bias=has_bias,
                               loop=self._loop(p, has_bias, gemm_plan, st), events=[],
                               h=((zeros[:, :S] if P else zeros) if h0 is None else h0[layer])))
         first = state[0]  # layer 0's input is all there: its projections as one GEMM
@@ -299,7 +298,7 @@ class GpuWavefront(GpuSteps):
                                      steps=range(s0, s1))
                 ls["events"].append(_cuda.signal(st))
         for layer, ls in enumerate(state):
-            _step_launcher(p, ls["st"])[0](kr.copy(dt), ls["h"], h_n[layer], B, S)
+            ls["launch"](kr.copy(dt), ls["h"], h_n[layer], B, S)
         _cuda.join(streams, stream)
         return out
 
