@@ -19,6 +19,8 @@ from .gemm_cuda import LAUNCH_S, multiply
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 SAVED = {"lstm": 5, "gru": 4, "rnn_tanh": 0, "rnn_relu": 0}  # per unit a step: LSTM i, f, g, o, c; GRU r, z, n, hn
 _INT32 = 2**31 - 1
+# Why the other sequence algorithms defer to gpu_steps where nothing measured decides.
+STEPS_RULE = "gpu_steps is the rule where nothing measured decides; tuning times this one"
 
 
 def _kernels():
@@ -221,7 +223,7 @@ class GpuWavefront(GpuSteps):
         return None
 
     def rule(self, p) -> str | None:
-        return "gpu_steps is the rule where nothing measured decides; tuning times this one"
+        return STEPS_RULE
 
     def cost(self, p, c) -> float:
         """gpu_steps' launches and products, the per-chunk projections (CHUNKS GEMMs a layer above the
@@ -381,18 +383,18 @@ class GpuPersistent(GpuSteps):
         return layout if isinstance(layout, str) else None
 
     def rule(self, p) -> str | None:
-        return "gpu_steps is the rule where nothing measured decides; tuning times this one"
+        return STEPS_RULE
 
     def cost(self, p, c) -> float:
         """Per layer-direction the input projection's GEMM, one launch, and per step: the block's k-loop
         (per batch tile, H depth steps of its warps' RT + BT shared loads and RT x BT FMAs, issued four
         warp instructions a clock) and the grid barrier. W_hh is read from DRAM once."""
-        layout = persistent_layout(p, *_cuda.resident_limits())
+        sms, shared_limit = _cuda.resident_limits()
+        layout = persistent_layout(p, sms, shared_limit)
         if isinstance(layout, str):
             return None
         _, _, rt, bt, _ = layout
         G, H, T, B = _GATES[p.mode], p.hidden, p.seq, p.batch
-        sms = _cuda.resident_limits()[0]
         clock = c.peak_flops / (2.0 * 128 * sms)
         tiles = -(-B // bt)
         step = tiles * H * (rt + bt + rt * bt) / (ISSUE_PER_CLOCK * clock) + GRID_SYNC_S
