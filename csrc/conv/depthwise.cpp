@@ -3,8 +3,8 @@
 // Per (image, group): the input plane is copied once into a zero-padded buffer (caller workspace, one
 // plane per thread) wide enough that every output vector reads its window with no edge case; then each
 // output channel of the group is computed from it with the R x S weights as scalars and the outputs as
-// vectors: kRows output rows x one vector of columns at a time, so kRows independent accumulators hide
-// the multiply-add latency. The work is a few multiply-adds per element moved, so the plane copy and
+// vectors: kRows output rows x a block of kColVecs<T> register vectors of columns at a time, so that
+// many independent accumulators, all in registers, hide the multiply-add latency. The work is a few multiply-adds per element moved, so the plane copy and
 // the output write bound it: one pass over the input and one over the output.
 #include <algorithm>
 #include <cstring>
@@ -17,6 +17,13 @@ namespace dnnkit {
 namespace {
 
 constexpr index_t kRows = 4;
+// Register vectors of columns a block: up to 64 bytes of them, the accumulators (kRows of them each)
+// within half the register file.
+template <typename T>
+constexpr index_t kColVecs = std::max(1, std::min(64 / kRegBytes, kVecRegs / 2 / static_cast<int>(kRows)));
+// Columns a block.
+template <typename T>
+constexpr index_t kBlockCols = kColVecs<T> * RegVec<T>::lanes;
 
 struct Plane {
   index_t rows, cols;  // padded plane: rows x cols, row stride cols
@@ -24,52 +31,55 @@ struct Plane {
 
 template <typename T>
 Plane padded_plane(const ConvShape& sh) {
-  constexpr index_t L = sizeof(vec_t<T>) / sizeof(T);
-  const index_t qv = round_up(std::max<index_t>(sh.q, 1), L);          // outputs per row, whole vectors
+  const index_t qv = round_up(std::max<index_t>(sh.q, 1), kBlockCols<T>);  // outputs per row, whole blocks
   const index_t pr = round_up(std::max<index_t>(sh.p, 1), kRows);      // output rows, whole row blocks
   return {(pr - 1) * sh.sh + (sh.r - 1) * sh.dh + 1, (qv - 1) * sh.sw + (sh.s - 1) * sh.dw + 1};
 }
 
-// One output plane from the padded input plane: kRows output rows x one vector of columns at a time.
+// One output plane from the padded input plane: kRows output rows x one block of columns at a time.
 // RS, SS > 0: the filter size and unit stride/dilation along the row fixed at compile time.
 template <typename T, int RS, int SS>
 void plane_rows(const ConvShape& sh, const Plane& pl, const T* buf, const T* wk, T b, T* yk) {
-  using V = vec_t<T>;
-  constexpr index_t L = sizeof(V) / sizeof(T);
+  using V = reg_vec_t<T>;
+  constexpr index_t L = RegVec<T>::lanes, NV = kColVecs<T>, CB = kBlockCols<T>;
   const index_t R = RS > 0 ? RS : sh.r, S = SS > 0 ? SS : sh.s, P = sh.p, Q = sh.q;
   const index_t sw = SS > 0 ? 1 : sh.sw, dw = SS > 0 ? 1 : sh.dw;
   const index_t row_step = sh.sh * pl.cols;
   for (index_t p0 = 0; p0 < P; p0 += kRows) {
     const index_t pn = std::min(kRows, P - p0);
-    for (index_t q0 = 0; q0 < Q; q0 += L) {
-      V acc[kRows];
+    for (index_t q0 = 0; q0 < Q; q0 += CB) {
+      V acc[kRows][NV];
 #pragma GCC unroll 4
-      for (index_t i = 0; i < kRows; ++i) acc[i] = V{} + b;
+      for (index_t i = 0; i < kRows; ++i)
+#pragma GCC unroll 4
+        for (index_t v = 0; v < NV; ++v) acc[i][v] = splat<V>(b);
 #pragma GCC unroll 3
       for (index_t r = 0; r < R; ++r)
 #pragma GCC unroll 3
         for (index_t s = 0; s < S; ++s) {
-          const T wv = wk[r * S + s];
+          const V wv = splat<V>(wk[r * S + s]);
           const T* src = buf + (p0 * sh.sh + r * sh.dh) * pl.cols + q0 * sw + s * dw;
 #pragma GCC unroll 4
-          for (index_t i = 0; i < kRows; ++i) {
-            V xv;
-            if (sw == 1) {
-              std::memcpy(&xv, src + i * row_step, sizeof(V));
-            } else {
-              for (index_t l = 0; l < L; ++l) xv[l] = src[i * row_step + l * sw];
+          for (index_t i = 0; i < kRows; ++i)
+#pragma GCC unroll 4
+            for (index_t v = 0; v < NV; ++v) {
+              V xv;
+              if (sw == 1) {
+                std::memcpy(&xv, src + i * row_step + v * L, sizeof(V));
+              } else {
+                for (index_t l = 0; l < L; ++l) xv[l] = src[i * row_step + (v * L + l) * sw];
+              }
+              acc[i][v] += xv * wv;
             }
-            acc[i] += xv * wv;
-          }
         }
-      const index_t qn = std::min(L, Q - q0);
+      const index_t qn = std::min(CB, Q - q0);
       for (index_t i = 0; i < pn; ++i) {
         T* dst = yk + (p0 + i) * Q + q0;
-        if (qn == L) {
-          std::memcpy(dst, &acc[i], sizeof(V));
+        if (qn == CB) {
+          std::memcpy(dst, acc[i], sizeof(V) * NV);
         } else {
-          alignas(64) T lanes[L];
-          std::memcpy(lanes, &acc[i], sizeof(V));
+          alignas(64) T lanes[CB];
+          std::memcpy(lanes, acc[i], sizeof(V) * NV);
           std::memcpy(dst, lanes, sizeof(T) * qn);
         }
       }
@@ -80,7 +90,7 @@ void plane_rows(const ConvShape& sh, const Plane& pl, const T* buf, const T* wk,
 }  // namespace
 
 index_t depthwise_workspace_elems(const ConvShape& sh, int nthreads) {
-  // Sized for float32's vector width, which needs more padding columns than float64's.
+  // Sized for float32's block, which needs more padding columns than float64's.
   const Plane pl = padded_plane<float>(sh);
   return std::max<index_t>(1, nthreads) * pl.rows * pl.cols;
 }

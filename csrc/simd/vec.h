@@ -1,6 +1,7 @@
 // Generic vectors (GCC's vector extension; csrc/simd/README.md): code written once with them and
 // compiled in every module gets that module's instructions. 64-byte vectors of T (Vec<T>, vec_t<T>),
-// 32-byte ones (TransposeVec<T>), their loads and stores, and transposes held in registers.
+// one register's vectors (reg_vec_t<T>), 32-byte ones (TransposeVec<T>), their loads and stores, and
+// transposes held in registers.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -57,7 +58,15 @@ inline void copy_lanes(T* dst, const T* src, int n) {
     _mm512_mask_storeu_pd(dst, k, _mm512_maskz_loadu_pd(k, src));
   }
 #else
-  for (int i = 0; i < n; ++i) dst[i] = src[i];
+  // Pieces of a power-of-two size each, the largest first: every piece one or two moves of a known size
+  // (a loop of run-time length would be a call to memcpy).
+  int i = 0;
+#pragma GCC unroll 8
+  for (int w = Vec<T>::lanes; w >= 1; w /= 2)
+    if (n & w) {
+      std::memcpy(dst + i, src + i, sizeof(T) * w);
+      i += w;
+    }
 #endif
 }
 
@@ -89,6 +98,35 @@ inline void transpose_lanes(typename Vec<T>::type* r) {
 // The 64-byte vector of T itself.
 template <typename T>
 using vec_t = typename Vec<T>::type;
+
+// One register's vector: the widest the module's instructions hold in one register (64 bytes with
+// AVX-512, 32 with AVX, 16 below), and how many such registers there are. A kernel that keeps a block of
+// accumulators in registers sizes the block by these: a 64-byte vector is two registers on AVX2, and
+// GCC holds a block of them that outgrows the register file on the stack.
+#if defined(__AVX512F__)
+constexpr int kRegBytes = 64;
+constexpr int kVecRegs = 32;
+#elif defined(__AVX__)
+constexpr int kRegBytes = 32;
+constexpr int kVecRegs = 16;
+#else
+constexpr int kRegBytes = 16;
+constexpr int kVecRegs = 16;
+#endif
+template <typename T>
+struct RegVec {
+  typedef T type __attribute__((vector_size(kRegBytes)));
+  static constexpr int lanes = kRegBytes / sizeof(T);
+};
+template <typename T>
+using reg_vec_t = typename RegVec<T>::type;
+
+// x in every lane of a generic vector: x - (+0) is x exactly (-0 and NaN included), so the subtraction
+// folds away where 0 + x (which turns -0 into +0) would be computed.
+template <typename V, typename T>
+inline V splat(T x) {
+  return x - V{};
+}
 
 // Transposes of W x W blocks (W = 8 floats or 4 doubles, 32 bytes a row) in vector registers, written
 // with GCC's generic vectors so that every ISA the translation unit is built for gets its own shuffles.
