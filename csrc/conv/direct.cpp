@@ -11,75 +11,91 @@
 
 namespace dnnkit {
 namespace {
-constexpr index_t kQB = 32;  // forward: output columns per register block (channels: 8, 4 or 1)
-}
+// Forward: register vectors of output columns in a block of KB output channels: as many as fit the
+// register file beside the block's one vector of inputs each and a weight (KB*NV + NV + 1 registers), at
+// most 64 bytes' worth twice over.
+template <int KB>
+constexpr int kColVecs = std::max(1, std::min((kVecRegs - 1) / (KB + 1), 2 * 64 / kRegBytes));
+}  // namespace
 
 template <typename T, int KB>
 void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y) {
   // Register blocking: an accumulator block of KB output channels x kQB output columns of one output
   // row stays in registers across the whole (c, r, s) reduction; each step loads one kQB-wide input
   // row segment and KB weights, and does KB x kQB multiply-adds.
+  using V = reg_vec_t<T>;
+  constexpr int L = RegVec<T>::lanes;  // lanes per vector
+  constexpr int NV = kColVecs<KB>;     // vectors per accumulator row
+  constexpr index_t kQB = NV * L;      // output columns per block
   const index_t Kg = sh.kg(), Cg = sh.cg(), R = sh.r, S = sh.s, P = sh.p, Q = sh.q, H = sh.h, W = sh.w;
   const index_t kblocks = ceil_div(Kg, KB), qblocks = ceil_div(Q, kQB);
-  const index_t tasks = sh.n * sh.g * kblocks * P;
-#pragma omp parallel for schedule(dynamic, 4) num_threads(get_num_threads()) if (tasks > 1)
-  for (index_t t = 0; t < tasks; ++t) {
-    const index_t p = t % P, kb = (t / P) % kblocks, g = (t / (P * kblocks)) % sh.g, n = t / (P * kblocks * sh.g);
-    const index_t k0 = g * Kg + kb * KB, kn = std::min<index_t>(KB, Kg - kb * KB);
-    const T* xn = x + (n * sh.c + g * Cg) * H * W;
-    index_t r_lo = 0, r_hi = R;  // filter rows that land inside the image for this output row
-    while (r_lo < R && p * sh.sh - sh.ph + r_lo * sh.dh < 0) ++r_lo;
-    while (r_hi > r_lo && p * sh.sh - sh.ph + (r_hi - 1) * sh.dh >= H) --r_hi;
-    using V = vec_t<T>;
-    constexpr int L = static_cast<int>(sizeof(V) / sizeof(T));  // lanes per vector
-    constexpr int NV = static_cast<int>(kQB) / L;                // vectors per accumulator row
-    // One zero-padded copy of an input row: rowbuf[u] = x[.., u - pw] (0 outside), long enough for every
-    // window of the row, so each step reads its kQB inputs contiguously (stride 1) with no edge cases.
-    const index_t row_len = (qblocks * kQB - 1) * sh.sw + (S - 1) * sh.dw + 1;
-    std::vector<T> rowbuf(static_cast<std::size_t>(row_len));
+  // Zero-padded copies of the input rows an output row reads: pad[(c*nr + r - r_lo)*row_len + u] =
+  // x[.., c, ih(r), u - pw] (0 outside), long enough for every window of the row, so each step reads its
+  // kQB inputs contiguously (stride 1) with no edge cases. Made once a task, read by every block of it.
+  const index_t row_len = (qblocks * kQB - 1) * sh.sw + (S - 1) * sh.dw + 1;
+  const index_t tasks = sh.n * sh.g * P;
+#pragma omp parallel num_threads(get_num_threads()) if (tasks > 1)
+  {
+    std::vector<T> pad;
     alignas(64) T xv[kQB];
-    for (index_t qb = 0; qb < qblocks; ++qb) {
-      const index_t q0 = qb * kQB, qn = std::min(kQB, Q - q0);
-      V acc[KB][NV];
-#pragma GCC unroll 8
-      for (int i = 0; i < KB; ++i) {
-        const T b = (bias && i < kn) ? bias[k0 + i] : T(0);
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[i][v] = V{} + b;
-      }
+#pragma omp for schedule(dynamic, 2)
+    for (index_t t = 0; t < tasks; ++t) {
+      const index_t p = t % P, g = (t / P) % sh.g, n = t / (P * sh.g);
+      const T* xn = x + (n * sh.c + g * Cg) * H * W;
+      index_t r_lo = 0, r_hi = R;  // filter rows that land inside the image for this output row
+      while (r_lo < R && p * sh.sh - sh.ph + r_lo * sh.dh < 0) ++r_lo;
+      while (r_hi > r_lo && p * sh.sh - sh.ph + (r_hi - 1) * sh.dh >= H) --r_hi;
+      const index_t nr = r_hi - r_lo;
+      pad.assign(static_cast<std::size_t>(std::max<index_t>(1, Cg * nr * row_len)), T(0));
+      const index_t u_lo = std::min(row_len, sh.pw), u_hi = std::min(row_len, sh.pw + W);  // u - pw in [0, W)
       for (index_t c = 0; c < Cg; ++c)
-        for (index_t r = r_lo; r < r_hi; ++r) {
-          const T* xr = xn + (c * H + p * sh.sh - sh.ph + r * sh.dh) * W;
-          const T* wr = w + ((k0 * Cg + c) * R + r) * S;  // w[k0 + i, c, r, s] = wr[i*Cg*R*S + s]
-          const index_t wstride = Cg * R * S;
-          const index_t u0 = q0 * sh.sw;  // rowbuf index of this block's first window
-          const index_t u1 = std::min(row_len, u0 + (kQB - 1) * sh.sw + (S - 1) * sh.dw + 1);
-          for (index_t u = u0; u < u1; ++u) {
-            const index_t iw = u - sh.pw;
-            rowbuf[u] = (iw >= 0 && iw < W) ? xr[iw] : T(0);
-          }
-          for (index_t s = 0; s < S; ++s) {
-            const T* src = rowbuf.data() + u0 + s * sh.dw;
-            if (sh.sw != 1) {
-              for (index_t j = 0; j < kQB; ++j) xv[j] = src[j * sh.sw];
-              src = xv;
-            }
-            V x_[NV];
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; ++v) std::memcpy(&x_[v], src + v * L, sizeof(V));
+        for (index_t r = r_lo; r < r_hi; ++r)
+          std::copy(xn + (c * H + p * sh.sh - sh.ph + r * sh.dh) * W + (u_lo - sh.pw),
+                    xn + (c * H + p * sh.sh - sh.ph + r * sh.dh) * W + (u_hi - sh.pw),
+                    pad.data() + (c * nr + r - r_lo) * row_len + u_lo);
+      for (index_t kb = 0; kb < kblocks; ++kb) {
+        const index_t k0 = g * Kg + kb * KB, kn = std::min<index_t>(KB, Kg - kb * KB);
+        for (index_t qb = 0; qb < qblocks; ++qb) {
+          const index_t q0 = qb * kQB, qn = std::min(kQB, Q - q0);
+          V acc[KB][NV];
+          // Row i of the block's weights at wr + woff[i]: rows past kn repeat the last (their sums are
+          // never stored), so the inner loop has no branch.
+          index_t woff[KB];
 #pragma GCC unroll 8
-            for (int i = 0; i < KB; ++i) {
-              const T wi = i < kn ? wr[i * wstride + s] : T(0);
-#pragma GCC unroll 4
-              for (int v = 0; v < NV; ++v) acc[i][v] += x_[v] * wi;
+          for (int i = 0; i < KB; ++i) {
+            woff[i] = std::min<index_t>(i, kn - 1) * Cg * R * S;
+            const T b = (bias && i < kn) ? bias[k0 + i] : T(0);
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) acc[i][v] = splat<V>(b);
+          }
+          for (index_t c = 0; c < Cg; ++c)
+            for (index_t r = r_lo; r < r_hi; ++r) {
+              const T* row = pad.data() + (c * nr + r - r_lo) * row_len + q0 * sh.sw;  // this block's first window
+              const T* wr = w + ((k0 * Cg + c) * R + r) * S;  // w[k0 + i, c, r, s] = wr[woff[i] + s]
+              for (index_t s = 0; s < S; ++s) {
+                const T* src = row + s * sh.dw;
+                if (sh.sw != 1) {
+                  for (index_t j = 0; j < kQB; ++j) xv[j] = src[j * sh.sw];
+                  src = xv;
+                }
+                V x_[NV];
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; ++v) std::memcpy(&x_[v], src + v * L, sizeof(V));
+#pragma GCC unroll 8
+                for (int i = 0; i < KB; ++i) {
+                  const V wi = splat<V>(wr[woff[i] + s]);
+#pragma GCC unroll 8
+                  for (int v = 0; v < NV; ++v) acc[i][v] += x_[v] * wi;
+                }
+              }
             }
+          for (index_t i = 0; i < kn; ++i) {
+            T* yr = y + ((n * sh.k + k0 + i) * P + p) * Q + q0;
+            alignas(64) T out[kQB];
+            std::memcpy(out, acc[i], sizeof(V) * NV);
+            std::copy(out, out + qn, yr);
           }
         }
-      for (index_t i = 0; i < kn; ++i) {
-        T* yr = y + ((n * sh.k + k0 + i) * P + p) * Q + q0;
-        alignas(64) T row[kQB];
-        for (int v = 0; v < NV; ++v) std::memcpy(row + v * L, &acc[i][v], sizeof(V));
-        for (index_t j = 0; j < qn; ++j) yr[j] = row[j];
       }
     }
   }
@@ -88,8 +104,8 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
 template <typename T>
 void conv2d_fwd_direct(const ConvShape& sh, const T* x, const T* w, const T* bias, T* y) {
   // The tallest block a group's output channels fill: depthwise (one channel per group) gets KB = 1
-  // instead of computing 7 rows of zeros.
-  if (sh.kg() >= 8)
+  // instead of computing 7 rows of zeros. 8 channels where the registers hold 8 rows of two vectors.
+  if (sh.kg() >= 8 && kColVecs<8> >= 2)
     conv2d_fwd_direct_kb<T, 8>(sh, x, w, bias, y);
   else if (sh.kg() >= 4)
     conv2d_fwd_direct_kb<T, 4>(sh, x, w, bias, y);
@@ -133,8 +149,117 @@ void conv2d_bwd_data_direct(const ConvShape& sh, const T* w, const T* dy, T* dx)
   }
 }
 
+namespace {
+// Backward filter, unit stride along the row: the sums of NT taps of one filter at once, over one image's
+// output rows. xp is the zero-padded input plane (row stride wp), off[t] tap t's offset in it from an
+// output position's window; every row is read as whole vectors, the last one's dy lanes past Q zero.
+// The NT vector sums (NT accumulators, one dy vector, one x vector in registers) are added into sums.
+template <typename T, int NT>
+void filter_taps(const T* xp, index_t row_step, const index_t* off, const T* dyk, index_t P, index_t Q, T* sums) {
+  using V = reg_vec_t<T>;
+  constexpr index_t L = RegVec<T>::lanes;
+  V acc[NT];
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) acc[t] = V{};
+  for (index_t p = 0; p < P; ++p) {
+    const T* xt[NT];  // tap t's window of this row
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) xt[t] = xp + p * row_step + off[t];
+    const T* dyr = dyk + p * Q;
+    for (index_t q = 0; q < Q; q += L) {
+      V d;
+      if (q + L <= Q) {
+        std::memcpy(&d, dyr + q, sizeof(V));
+      } else {
+        alignas(64) T tail[L] = {};
+        std::copy(dyr + q, dyr + Q, tail);
+        std::memcpy(&d, tail, sizeof(V));
+      }
+#pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t) {
+        V xv;
+        std::memcpy(&xv, xt[t] + q, sizeof(V));
+        acc[t] += d * xv;
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+    T sum = T(0);
+    for (index_t l = 0; l < L; ++l) sum += acc[t][l];
+    sums[t] += sum;
+  }
+}
+
+// Taps a block of filter_taps: its accumulators and two vectors within the register file, at most 9 (a
+// 3 x 3 filter in one pass).
+constexpr int kTapBlock = std::min(9, kVecRegs - 2);
+
+template <typename T, int NT = kTapBlock>
+void filter_taps_n(int nt, const T* xp, index_t row_step, const index_t* off, const T* dyk, index_t P, index_t Q,
+                   T* sums) {
+  if constexpr (NT > 1) {
+    if (nt < NT) return filter_taps_n<T, NT - 1>(nt, xp, row_step, off, dyk, P, Q, sums);
+  }
+  filter_taps<T, NT>(xp, row_step, off, dyk, P, Q, sums);
+}
+
+// Output channels a task of the unit-stride path: one padded input plane an image is read by all of them.
+constexpr index_t kFilterChunk = 16;
+
+template <typename T>
+void bwd_filter_unit_stride(const ConvShape& sh, const T* x, const T* dy, T* dw) {
+  constexpr index_t L = RegVec<T>::lanes;
+  const index_t Kg = sh.kg(), Cg = sh.cg(), R = sh.r, S = sh.s, P = sh.p, Q = sh.q, H = sh.h, W = sh.w;
+  const index_t taps = R * S;
+  // The padded plane: xp[u][v] = x[n, ci, u - ph, v - pw] (0 outside the image), rows for every output
+  // row's window, and columns for whole vectors of every row's taps.
+  const index_t hp = (P - 1) * sh.sh + (R - 1) * sh.dh + 1, wp = round_up(Q, L) + (S - 1) * sh.dw;
+  std::vector<index_t> off(static_cast<std::size_t>(taps));
+  for (index_t r = 0; r < R; ++r)
+    for (index_t s = 0; s < S; ++s) off[r * S + s] = r * sh.dh * wp + s * sh.dw;
+  const index_t chunks = ceil_div(Kg, kFilterChunk), tasks = sh.c * chunks;
+#pragma omp parallel num_threads(get_num_threads()) if (tasks > 1)
+  {
+    std::vector<T> xp(static_cast<std::size_t>(hp * wp));
+    std::vector<T> sums(static_cast<std::size_t>(kFilterChunk * taps));
+#pragma omp for schedule(dynamic)
+    for (index_t t = 0; t < tasks; ++t) {
+      const index_t ci = t / chunks, g = ci / Cg, c = ci % Cg;
+      const index_t k0 = g * Kg + (t % chunks) * kFilterChunk, kn = std::min(kFilterChunk, g * Kg + Kg - k0);
+      std::fill(sums.begin(), sums.end(), T(0));
+      for (index_t n = 0; n < sh.n; ++n) {
+        const T* xc = x + (n * sh.c + ci) * H * W;
+        const index_t v_lo = std::min(wp, sh.pw), v_hi = std::max(v_lo, std::min(wp, sh.pw + W));
+        for (index_t u = 0; u < hp; ++u) {
+          T* row = xp.data() + u * wp;
+          const index_t ih = u - sh.ph;
+          if (ih < 0 || ih >= H) {
+            std::fill(row, row + wp, T(0));
+            continue;
+          }
+          std::fill(row, row + v_lo, T(0));
+          std::copy(xc + ih * W + (v_lo - sh.pw), xc + ih * W + (v_hi - sh.pw), row + v_lo);
+          std::fill(row + v_hi, row + wp, T(0));
+        }
+        for (index_t kk = 0; kk < kn; ++kk) {
+          const T* dyk = dy + (n * sh.k + k0 + kk) * P * Q;
+          for (index_t t0 = 0; t0 < taps; t0 += kTapBlock) {
+            const int nt = static_cast<int>(std::min<index_t>(kTapBlock, taps - t0));
+            filter_taps_n<T>(nt, xp.data(), sh.sh * wp, off.data() + t0, dyk, P, Q, sums.data() + kk * taps + t0);
+          }
+        }
+      }
+      for (index_t kk = 0; kk < kn; ++kk)
+        std::copy(sums.data() + kk * taps, sums.data() + (kk + 1) * taps, dw + ((k0 + kk) * Cg + c) * taps);
+    }
+  }
+}
+}  // namespace
+
 template <typename T>
 void conv2d_bwd_filter_direct(const ConvShape& sh, const T* x, const T* dy, T* dw) {
+  if (sh.sw == 1) return bwd_filter_unit_stride<T>(sh, x, dy, dw);
   // dw[k, c, r, s] = sum_{n, p, q} dy[n, k, p, q] * x[n, g*Cg + c, p*sh - ph + r*dh, q*sw - pw + s*dw]
   const index_t Kg = sh.kg(), Cg = sh.cg(), R = sh.r, S = sh.s, P = sh.p, Q = sh.q, H = sh.h, W = sh.w;
   const index_t tasks = sh.k * Cg;
