@@ -122,7 +122,8 @@ void conv2d_bwd_filter_winograd_impl(const ConvShape& sh, const T* x, const T* d
         // per item; their vectors (lanes = tiles) are L x L transposed so that each store writes one
         // tile's L channels, the run the panels hold together (tile t of the chunk at depth t).
         const index_t vgroups = ceil_div(Cg, L), ygroups = kpanels * ceil_div(mr, L);
-#pragma omp for schedule(static)
+        // Dynamic: an item of V (L input channels) costs more than one of Y (a panel's rows).
+#pragma omp for schedule(dynamic)
         for (index_t item = 0; item < (vgroups + ygroups) * subs; ++item) {
           const index_t grp = item / subs, s = item % subs, ts = s * kTileBlock;
           const int nb = static_cast<int>(std::min(kTileBlock, dd - ts));
