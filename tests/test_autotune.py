@@ -115,7 +115,7 @@ def test_inputs_are_random_not_zeros():
 def test_an_inaccurate_candidate_is_excluded(planted, fresh_cache):
     bad = planted(_Planted("planted_noisy", noise=1e-2))
     p = ConvProblem.parse(SMALL_CONV)
-    result = find(p, **QUICK)
+    result = find(p, prune=None, **QUICK)  # timed whatever the model predicts of im2col_gemm's clone
     rec = next(r for r in result if r.algorithm == bad.name)
     assert rec.status == "inaccurate" and rec.error > rec.tolerance and "tolerance" in rec.reason
     assert math.isinf(rec.median_s)
@@ -127,7 +127,7 @@ def test_an_inaccurate_candidate_is_excluded(planted, fresh_cache):
 def test_a_failing_candidate_does_not_stop_tuning(error, planted, fresh_cache):
     bad = planted(_Planted("planted_failing", fail=error))
     p = ConvProblem.parse(SMALL_CONV)
-    result = find(p, **QUICK)
+    result = find(p, prune=None, **QUICK)
     rec = next(r for r in result if r.algorithm == bad.name)
     assert rec.status == "failed" and type(error).__name__ in rec.reason and str(error) in rec.reason
     assert result.best is not None and result.best.algorithm != bad.name

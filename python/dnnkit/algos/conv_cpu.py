@@ -24,11 +24,16 @@ fft (fwd): real 2-D FFTs of the padded input and of the dilated, zero-padded fil
     multithreaded), the per-frequency channel reduction in dnnkit's kernel, one inverse FFT per output
     channel; images in chunks so memory stays bounded. Meant for large filters; a stride above 1 is
     computed at stride 1 and subsampled.
-direct: loops over the output with the padding bounds hoisted and the inner loop along an output row;
-    no workspace; every shape.
+direct: no workspace; every shape. Forward: a block of output channels by output columns of one row
+    held in registers over the whole reduction (4 x 24 with AVX2's 16 vector registers, 8 x 32 with
+    AVX-512's 32), reading zero-padded copies of the input rows the output row needs. Backward filter
+    at unit stride along the row: a filter's taps summed at once (up to 9 accumulators) over a
+    zero-padded input plane; other strides and backward data: loops with the padding bounds hoisted and
+    the inner loop along an output row.
 depthwise (fwd): one input channel per group (depthwise and channel-multiplier convolutions): each
     input plane copied once, zero-padded, into a per-thread workspace plane, then several output rows
-    by one vector of columns at a time in registers; memory-bound, one pass over input and output.
+    by a block of columns (up to 64 bytes) at a time in registers; memory-bound, one pass over input and
+    output.
 """
 from __future__ import annotations
 
@@ -445,11 +450,14 @@ class DirectFwd(_Direct):
     name, op, direction = "direct", "conv2d_fwd", "fwd"
 
     def cost(self, p, c) -> float:
-        """The kernel's 8-channel x 32-column register block is full only with 8 or more output channels a
-        group and 32 or more output columns."""
+        """The register block (taken as AVX2's, 4 channels x 24 columns) is full with 4 or more output
+        channels a group and columns in multiples of 24; each input row's copy and loop are shared by
+        the filter's taps along it, so wide filters run nearer the peak; a stride along the row gathers
+        the inputs of every tap (bench/RESULTS.md, the direct algorithm's efficiency)."""
         n, ch, k, g, cg, kg, pq, direct = _dims(p)
-        eff = 0.13 * min(1.0, kg / 8) * min(1.0, p.ow / 32) ** 0.7
-        return direct / (c.peak(p) * eff)
+        taps = p.kh * p.kw
+        eff = 0.6 * taps / (taps + 1.7) * min(1.0, kg / 4) * p.ow / (24 * math.ceil(p.ow / 24))
+        return direct / (c.peak(p) * eff * (0.3 if p.sw > 1 else 1.0))
 
 
 class DirectBwdData(_Direct):
@@ -459,8 +467,16 @@ class DirectBwdData(_Direct):
         return _dims(p)[-1] / (c.peak(p) * 0.06)
 
 
-class DirectBwdFilter(DirectBwdData):
+class DirectBwdFilter(_Direct):
     name, op, direction = "direct", "conv2d_bwd_filter", "bwd_filter"
+
+    def cost(self, p, c) -> float:
+        """At unit stride along the row: one accumulator a tap (the multiply-add latency is hidden from
+        about 9 taps on), each output row's vectors summed apart, so short rows pay their tails and the
+        per-row overhead; other strides: a scalar loop."""
+        taps = p.kh * p.kw
+        eff = 0.6 * min(1.0, (taps + 1) / 10) * (p.ow / (p.ow + 24)) ** 1.5 if p.sw == 1 else 0.015
+        return _dims(p)[-1] / (c.peak(p) * eff)
 
 
 # The registry's convolution algorithms, per direction in order of preference (algos/__init__.py
