@@ -38,6 +38,7 @@ depthwise (fwd): one input channel per group (depthwise and channel-multiplier c
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 
 import numpy as np
 
@@ -356,6 +357,19 @@ class DepthwiseFwd(_CpuConv):
         return moved / c.bandwidth + direct / (c.peak(p) * 0.1)
 
 
+def _fast_len(n: int) -> int:
+    """The smallest 5-smooth length (2^a 3^b 5^c) >= n: a real transform's fast sizes."""
+    m = max(1, n)
+    while True:
+        r = m
+        for f in (2, 3, 5):
+            while r % f == 0:
+                r //= f
+        if r == 1:
+            return m
+        m += 1
+
+
 class FftFwd(_CpuConv):
     nonfinite = "all"
     name = "fft"
@@ -367,18 +381,16 @@ class FftFwd(_CpuConv):
         reason = super().supports(p)
         if reason:
             return reason
-        try:
-            import scipy.fft  # noqa: F401
-        except ImportError:
+        # Asked without importing it: scipy loads an OpenBLAS of its own, with its own threads, into the
+        # process, which only a run of this algorithm needs.
+        if importlib.util.find_spec("scipy") is None:
             return "needs scipy (pip install scipy)"
         return None
 
     @staticmethod
     def _sizes(p):
-        import scipy.fft as sfft
-
-        hf = sfft.next_fast_len(p.ih + 2 * p.ph, real=True)
-        wf = sfft.next_fast_len(p.iw + 2 * p.pw, real=True)
+        hf = _fast_len(p.ih + 2 * p.ph)
+        wf = _fast_len(p.iw + 2 * p.pw)
         return hf, wf, hf * (wf // 2 + 1)
 
     def _images_per_chunk(self, p) -> int:
