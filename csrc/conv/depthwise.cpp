@@ -4,8 +4,9 @@
 // plane per thread) wide enough that every output vector reads its window with no edge case; then each
 // output channel of the group is computed from it with the R x S weights as scalars and the outputs as
 // vectors: kRows output rows x a block of kColVecs<T> register vectors of columns at a time, so that
-// many independent accumulators, all in registers, hide the multiply-add latency. The work is a few multiply-adds per element moved, so the plane copy and
-// the output write bound it: one pass over the input and one over the output.
+// many independent accumulators, all in registers, hide the multiply-add latency. The work is a few
+// multiply-adds per element moved, so the plane copy and the output write bound it: one pass over the
+// input and one over the output.
 #include <algorithm>
 #include <cstring>
 

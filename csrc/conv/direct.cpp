@@ -150,50 +150,63 @@ void conv2d_bwd_data_direct(const ConvShape& sh, const T* w, const T* dy, T* dx)
 }
 
 namespace {
-// Backward filter, unit stride along the row: the sums of NT taps of one filter at once, over one image's
-// output rows. xp is the zero-padded input plane (row stride wp), off[t] tap t's offset in it from an
-// output position's window; every row is read as whole vectors, the last one's dy lanes past Q zero.
-// The NT vector sums (NT accumulators, one dy vector, one x vector in registers) are added into sums.
-template <typename T, int NT>
-void filter_taps(const T* xp, index_t row_step, const index_t* off, const T* dyk, index_t P, index_t Q, T* sums) {
+// Backward filter, unit stride along the row: the sums of NT taps of KK filters (output channels, cs
+// apart in dy, ss apart in sums) at once, over one image's output rows. xp is the zero-padded input plane
+// (row stride wp), off[t] tap t's offset in it from an output position's window; every row is read as
+// whole vectors, the last one's dy lanes past Q zero. KK*NT accumulators, KK dy vectors and one x vector
+// in registers; the vector sums are added into sums.
+template <typename T, int KK, int NT>
+void filter_taps(const T* xp, index_t row_step, const index_t* off, const T* dyk, index_t cs, index_t P, index_t Q,
+                 T* sums, index_t ss) {
   using V = reg_vec_t<T>;
   constexpr index_t L = RegVec<T>::lanes;
-  V acc[NT];
+  V acc[KK][NT];
 #pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t) acc[t] = V{};
+  for (int c = 0; c < KK; ++c)
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) acc[c][t] = V{};
   for (index_t p = 0; p < P; ++p) {
     const T* xt[NT];  // tap t's window of this row
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) xt[t] = xp + p * row_step + off[t];
     const T* dyr = dyk + p * Q;
     for (index_t q = 0; q < Q; q += L) {
-      V d;
+      V d[KK];
       if (q + L <= Q) {
-        std::memcpy(&d, dyr + q, sizeof(V));
+#pragma GCC unroll 16
+        for (int c = 0; c < KK; ++c) std::memcpy(&d[c], dyr + c * cs + q, sizeof(V));
       } else {
-        alignas(64) T tail[L] = {};
-        std::copy(dyr + q, dyr + Q, tail);
-        std::memcpy(&d, tail, sizeof(V));
+        for (int c = 0; c < KK; ++c) {
+          alignas(64) T tail[L] = {};
+          std::copy(dyr + c * cs + q, dyr + c * cs + Q, tail);
+          std::memcpy(&d[c], tail, sizeof(V));
+        }
       }
 #pragma GCC unroll 16
       for (int t = 0; t < NT; ++t) {
         V xv;
         std::memcpy(&xv, xt[t] + q, sizeof(V));
-        acc[t] += d * xv;
+#pragma GCC unroll 16
+        for (int c = 0; c < KK; ++c) acc[c][t] += d[c] * xv;
       }
     }
   }
+  for (int c = 0; c < KK; ++c)
 #pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t) {
-    T sum = T(0);
-    for (index_t l = 0; l < L; ++l) sum += acc[t][l];
-    sums[t] += sum;
-  }
+    for (int t = 0; t < NT; ++t) {
+      T sum = T(0);
+      for (index_t l = 0; l < L; ++l) sum += acc[c][t][l];
+      sums[c * ss + t] += sum;
+    }
 }
 
-// Taps a block of filter_taps: its accumulators and two vectors within the register file, at most 9 (a
+// Taps a block of one filter: its accumulators and two vectors within the register file, at most 9 (a
 // 3 x 3 filter in one pass).
 constexpr int kTapBlock = std::min(9, kVecRegs - 2);
+// Filters a block of a filter with NT <= 3 taps: KK*NT accumulators, KK dy vectors and an x vector within
+// the register file, so that enough independent sums hide the multiply-add latency.
+template <int NT>
+constexpr int kFilterBlock = std::min(8, (kVecRegs - 1) / (NT + 1));
 
 template <typename T, int NT = kTapBlock>
 void filter_taps_n(int nt, const T* xp, index_t row_step, const index_t* off, const T* dyk, index_t P, index_t Q,
@@ -201,7 +214,28 @@ void filter_taps_n(int nt, const T* xp, index_t row_step, const index_t* off, co
   if constexpr (NT > 1) {
     if (nt < NT) return filter_taps_n<T, NT - 1>(nt, xp, row_step, off, dyk, P, Q, sums);
   }
-  filter_taps<T, NT>(xp, row_step, off, dyk, P, Q, sums);
+  filter_taps<T, 1, NT>(xp, row_step, off, dyk, 0, P, Q, sums, 0);
+}
+
+// Filters [0, kn) of a task, taps (all of them) each: blocks of kFilterBlock filters where a filter has
+// at most 3 taps, else one filter at a time in blocks of taps. dyk is filter 0's, cs apart; sums taps
+// apart.
+template <typename T, int NT = 3>
+void filter_block(index_t kn, index_t taps, const T* xp, index_t row_step, const index_t* off, const T* dyk,
+                  index_t cs, index_t P, index_t Q, T* sums) {
+  if constexpr (NT > 1) {
+    if (taps < NT) return filter_block<T, NT - 1>(kn, taps, xp, row_step, off, dyk, cs, P, Q, sums);
+  }
+  constexpr int KK = kFilterBlock<NT>;
+  index_t k = 0;
+  if (taps == NT)
+    for (; k + KK <= kn; k += KK)
+      filter_taps<T, KK, NT>(xp, row_step, off, dyk + k * cs, cs, P, Q, sums + k * taps, taps);
+  for (; k < kn; ++k)
+    for (index_t t0 = 0; t0 < taps; t0 += kTapBlock) {
+      const int nt = static_cast<int>(std::min<index_t>(kTapBlock, taps - t0));
+      filter_taps_n<T>(nt, xp, row_step, off + t0, dyk + k * cs, P, Q, sums + k * taps + t0);
+    }
 }
 
 // Output channels a task of the unit-stride path: one padded input plane an image is read by all of them.
@@ -242,13 +276,8 @@ void bwd_filter_unit_stride(const ConvShape& sh, const T* x, const T* dy, T* dw)
           std::copy(xc + ih * W + (v_lo - sh.pw), xc + ih * W + (v_hi - sh.pw), row + v_lo);
           std::fill(row + v_hi, row + wp, T(0));
         }
-        for (index_t kk = 0; kk < kn; ++kk) {
-          const T* dyk = dy + (n * sh.k + k0 + kk) * P * Q;
-          for (index_t t0 = 0; t0 < taps; t0 += kTapBlock) {
-            const int nt = static_cast<int>(std::min<index_t>(kTapBlock, taps - t0));
-            filter_taps_n<T>(nt, xp.data(), sh.sh * wp, off.data() + t0, dyk, P, Q, sums.data() + kk * taps + t0);
-          }
-        }
+        filter_block<T>(kn, taps, xp.data(), sh.sh * wp, off.data(), dy + (n * sh.k + k0) * P * Q, P * Q, P, Q,
+                        sums.data());
       }
       for (index_t kk = 0; kk < kn; ++kk)
         std::copy(sums.data() + kk * taps, sums.data() + (kk + 1) * taps, dw + ((k0 + kk) * Cg + c) * taps);

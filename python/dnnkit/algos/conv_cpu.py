@@ -483,11 +483,11 @@ class DirectBwdFilter(_Direct):
     name, op, direction = "direct", "conv2d_bwd_filter", "bwd_filter"
 
     def cost(self, p, c) -> float:
-        """At unit stride along the row: one accumulator a tap (the multiply-add latency is hidden from
-        about 9 taps on), each output row's vectors summed apart, so short rows pay their tails and the
-        per-row overhead; other strides: a scalar loop."""
+        """At unit stride along the row: an accumulator a tap (filters of up to 3 taps several filters at
+        once), each output row's vectors summed apart, so short rows pay their tails and the per-row
+        overhead, and a filter of few taps the padded plane's copy; other strides: a scalar loop."""
         taps = p.kh * p.kw
-        eff = 0.6 * min(1.0, (taps + 1) / 10) * (p.ow / (p.ow + 24)) ** 1.5 if p.sw == 1 else 0.015
+        eff = 0.6 * min(1.0, (taps + 2) / 10) * (p.ow / (p.ow + 24)) ** 1.5 if p.sw == 1 else 0.015
         return _dims(p)[-1] / (c.peak(p) * eff)
 
 
