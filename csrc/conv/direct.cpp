@@ -3,6 +3,7 @@
 // the padding bounds hoisted out, a contiguous multiply-add for stride 1.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "../simd/vec.h"
@@ -153,8 +154,9 @@ namespace {
 // Backward filter, unit stride along the row: the sums of NT taps of KK filters (output channels, cs
 // apart in dy, ss apart in sums) at once, over one image's output rows. xp is the zero-padded input plane
 // (row stride wp), off[t] tap t's offset in it from an output position's window; every row is read as
-// whole vectors, the last one's dy lanes past Q zero. KK*NT accumulators, KK dy vectors and one x vector
-// in registers; the vector sums are added into sums.
+// whole vectors, the last one's dy lanes past Q zero. In registers: the KK*NT accumulators, and per step
+// one dy vector and an x vector a tap (one filter: the x vectors one at a time; several: the NT x vectors
+// of the step, then a dy vector a filter). The vector sums are added into sums.
 template <typename T, int KK, int NT>
 void filter_taps(const T* xp, index_t row_step, const index_t* off, const T* dyk, index_t cs, index_t P, index_t Q,
                  T* sums, index_t ss) {
@@ -165,31 +167,55 @@ void filter_taps(const T* xp, index_t row_step, const index_t* off, const T* dyk
   for (int c = 0; c < KK; ++c)
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) acc[c][t] = V{};
+  // dy[q, q + L) of a row; on the row's last, partial vector (kTail) its lanes past Q zero.
+  auto load_dy = [Q](const T* row, index_t q, auto tail) {
+    V d;
+    if constexpr (decltype(tail)::value) {
+      // The Q - q < L values in pieces of a power-of-two size, each a move of a known size (no call).
+      alignas(64) T lanes[L] = {};
+      const index_t n = Q - q;
+      index_t i = 0;
+#pragma GCC unroll 8
+      for (index_t w = L / 2; w >= 1; w /= 2)
+        if (n & w) {
+          std::memcpy(lanes + i, row + q + i, sizeof(T) * w);
+          i += w;
+        }
+      std::memcpy(&d, lanes, sizeof(V));
+    } else {
+      std::memcpy(&d, row + q, sizeof(V));
+    }
+    return d;
+  };
+  auto step = [&](const T* const* xt, const T* dyr, index_t q, auto tail) {
+    if constexpr (KK == 1) {
+      const V d = load_dy(dyr, q, tail);
+#pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t) {
+        V xv;
+        std::memcpy(&xv, xt[t] + q, sizeof(V));
+        acc[0][t] += d * xv;
+      }
+    } else {
+      V xv[NT];
+#pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t) std::memcpy(&xv[t], xt[t] + q, sizeof(V));
+#pragma GCC unroll 16
+      for (int c = 0; c < KK; ++c) {
+        const V d = load_dy(dyr + c * cs, q, tail);
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) acc[c][t] += d * xv[t];
+      }
+    }
+  };
   for (index_t p = 0; p < P; ++p) {
     const T* xt[NT];  // tap t's window of this row
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) xt[t] = xp + p * row_step + off[t];
     const T* dyr = dyk + p * Q;
-    for (index_t q = 0; q < Q; q += L) {
-      V d[KK];
-      if (q + L <= Q) {
-#pragma GCC unroll 16
-        for (int c = 0; c < KK; ++c) std::memcpy(&d[c], dyr + c * cs + q, sizeof(V));
-      } else {
-        for (int c = 0; c < KK; ++c) {
-          alignas(64) T tail[L] = {};
-          std::copy(dyr + c * cs + q, dyr + c * cs + Q, tail);
-          std::memcpy(&d[c], tail, sizeof(V));
-        }
-      }
-#pragma GCC unroll 16
-      for (int t = 0; t < NT; ++t) {
-        V xv;
-        std::memcpy(&xv, xt[t] + q, sizeof(V));
-#pragma GCC unroll 16
-        for (int c = 0; c < KK; ++c) acc[c][t] += d[c] * xv;
-      }
-    }
+    index_t q = 0;
+    for (; q + L <= Q; q += L) step(xt, dyr, q, std::false_type{});
+    if (q < Q) step(xt, dyr, q, std::true_type{});
   }
   for (int c = 0; c < KK; ++c)
 #pragma GCC unroll 16
@@ -203,10 +229,10 @@ void filter_taps(const T* xp, index_t row_step, const index_t* off, const T* dyk
 // Taps a block of one filter: its accumulators and two vectors within the register file, at most 9 (a
 // 3 x 3 filter in one pass).
 constexpr int kTapBlock = std::min(9, kVecRegs - 2);
-// Filters a block of a filter with NT <= 3 taps: KK*NT accumulators, KK dy vectors and an x vector within
+// Filters a block of a filter with NT <= 3 taps: KK*NT accumulators, NT x vectors and a dy vector within
 // the register file, so that enough independent sums hide the multiply-add latency.
 template <int NT>
-constexpr int kFilterBlock = std::min(8, (kVecRegs - 1) / (NT + 1));
+constexpr int kFilterBlock = std::min(8, (kVecRegs - 1 - NT) / NT);
 
 template <typename T, int NT = kTapBlock>
 void filter_taps_n(int nt, const T* xp, index_t row_step, const index_t* off, const T* dyk, index_t P, index_t Q,

@@ -484,10 +484,11 @@ class DirectBwdFilter(_Direct):
 
     def cost(self, p, c) -> float:
         """At unit stride along the row: an accumulator a tap (filters of up to 3 taps several filters at
-        once), each output row's vectors summed apart, so short rows pay their tails and the per-row
-        overhead, and a filter of few taps the padded plane's copy; other strides: a scalar loop."""
-        taps = p.kh * p.kw
-        eff = 0.6 * min(1.0, (taps + 2) / 10) * (p.ow / (p.ow + 24)) ** 1.5 if p.sw == 1 else 0.015
+        once), each output row's vectors summed apart, so short rows pay their partial last vector, and
+        a filter of few taps pays more for them and for its sums (bench/RESULTS.md, the direct
+        algorithm's efficiency); other strides: a scalar loop."""
+        taps, r = p.kh * p.kw, p.ow / (p.ow + 24)
+        eff = (0.8 * r ** 1.5 if taps > 3 else 0.65 * r ** 2.5) if p.sw == 1 else 0.015
         return _dims(p)[-1] / (c.peak(p) * eff)
 
 
