@@ -1,6 +1,7 @@
 // Direct convolution: no workspace, every shape. The forward pass keeps a KB x kQB block of outputs in
-// registers over the whole reduction; the backward passes run their inner loop along an output row with
-// the padding bounds hoisted out, a contiguous multiply-add for stride 1.
+// registers over the whole reduction, reading padded input rows split into stride phases; the backward
+// filter at unit row stride sums a filter's taps in vector accumulators; otherwise the backward passes
+// run their inner loop along an output row with the padding bounds hoisted out.
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -30,15 +31,18 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
   constexpr index_t kQB = NV * L;      // output columns per block
   const index_t Kg = sh.kg(), Cg = sh.cg(), R = sh.r, S = sh.s, P = sh.p, Q = sh.q, H = sh.h, W = sh.w;
   const index_t kblocks = ceil_div(Kg, KB), qblocks = ceil_div(Q, kQB);
-  // Zero-padded copies of the input rows an output row reads: pad[(c*nr + r - r_lo)*row_len + u] =
-  // x[.., c, ih(r), u - pw] (0 outside), long enough for every window of the row, so each step reads its
-  // kQB inputs contiguously (stride 1) with no edge cases. Made once a task, read by every block of it.
-  const index_t row_len = (qblocks * kQB - 1) * sh.sw + (S - 1) * sh.dw + 1;
+  // Zero-padded copies of the input rows an output row reads, each split into sw phases (sw the stride
+  // along the row): element u of row (c, r), x[.., c, ih(r), u - pw] (0 outside the image), lies at
+  // pad[(c*nr + r - r_lo)*sw*plen + (u % sw)*plen + u / sw]. Tap s of output column q reads u = q*sw +
+  // s*dw: phase (s*dw) % sw, index q + (s*dw) / sw, so each step reads its kQB inputs contiguously
+  // with no edge cases, at any stride. Made once a task, read by every block of it.
+  const index_t sw = sh.sw, plen = qblocks * kQB + (S - 1) * sh.dw / sw, row_len = sw * plen;
+  std::vector<index_t> tap(static_cast<std::size_t>(S));  // tap s's window in a row: phase and index
+  for (index_t s = 0; s < S; ++s) tap[s] = (s * sh.dw) % sw * plen + s * sh.dw / sw;
   const index_t tasks = sh.n * sh.g * P;
 #pragma omp parallel num_threads(get_num_threads()) if (tasks > 1)
   {
     std::vector<T> pad;
-    alignas(64) T xv[kQB];
 #pragma omp for schedule(dynamic, 2)
     for (index_t t = 0; t < tasks; ++t) {
       const index_t p = t % P, g = (t / P) % sh.g, n = t / (P * sh.g);
@@ -50,10 +54,15 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
       pad.assign(static_cast<std::size_t>(std::max<index_t>(1, Cg * nr * row_len)), T(0));
       const index_t u_lo = std::min(row_len, sh.pw), u_hi = std::min(row_len, sh.pw + W);  // u - pw in [0, W)
       for (index_t c = 0; c < Cg; ++c)
-        for (index_t r = r_lo; r < r_hi; ++r)
-          std::copy(xn + (c * H + p * sh.sh - sh.ph + r * sh.dh) * W + (u_lo - sh.pw),
-                    xn + (c * H + p * sh.sh - sh.ph + r * sh.dh) * W + (u_hi - sh.pw),
-                    pad.data() + (c * nr + r - r_lo) * row_len + u_lo);
+        for (index_t r = r_lo; r < r_hi; ++r) {
+          const T* xr = xn + (c * H + p * sh.sh - sh.ph + r * sh.dh) * W;  // element u is xr[u - pw]
+          T* row = pad.data() + (c * nr + r - r_lo) * row_len;
+          if (sw == 1) {
+            std::copy(xr + (u_lo - sh.pw), xr + (u_hi - sh.pw), row + u_lo);
+          } else {
+            for (index_t u = u_lo; u < u_hi; ++u) row[(u % sw) * plen + u / sw] = xr[u - sh.pw];
+          }
+        }
       for (index_t kb = 0; kb < kblocks; ++kb) {
         const index_t k0 = g * Kg + kb * KB, kn = std::min<index_t>(KB, Kg - kb * KB);
         for (index_t qb = 0; qb < qblocks; ++qb) {
@@ -71,14 +80,10 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
           }
           for (index_t c = 0; c < Cg; ++c)
             for (index_t r = r_lo; r < r_hi; ++r) {
-              const T* row = pad.data() + (c * nr + r - r_lo) * row_len + q0 * sh.sw;  // this block's first window
+              const T* row = pad.data() + (c * nr + r - r_lo) * row_len + q0;  // this block's first window
               const T* wr = w + ((k0 * Cg + c) * R + r) * S;  // w[k0 + i, c, r, s] = wr[woff[i] + s]
               for (index_t s = 0; s < S; ++s) {
-                const T* src = row + s * sh.dw;
-                if (sh.sw != 1) {
-                  for (index_t j = 0; j < kQB; ++j) xv[j] = src[j * sh.sw];
-                  src = xv;
-                }
+                const T* src = row + tap[s];
                 V x_[NV];
 #pragma GCC unroll 8
                 for (int v = 0; v < NV; ++v) std::memcpy(&x_[v], src + v * L, sizeof(V));

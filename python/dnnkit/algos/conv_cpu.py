@@ -26,7 +26,8 @@ fft (fwd): real 2-D FFTs of the padded input and of the dilated, zero-padded fil
     computed at stride 1 and subsampled.
 direct: no workspace; every shape. Forward: a block of output channels by output columns of one row
     held in registers over the whole reduction (4 x 24 with AVX2's 16 vector registers, 8 x 32 with
-    AVX-512's 32), reading zero-padded copies of the input rows the output row needs. Backward filter
+    AVX-512's 32), reading zero-padded copies of the input rows the output row needs, each split into
+    stride phases so that every tap reads contiguous inputs. Backward filter
     at unit stride along the row: a filter's taps summed at once (up to 9 accumulators) over a
     zero-padded input plane; other strides and backward data: loops with the padding bounds hoisted and
     the inner loop along an output row.
@@ -463,13 +464,14 @@ class DirectFwd(_Direct):
 
     def cost(self, p, c) -> float:
         """The register block (taken as AVX2's, 4 channels x 24 columns) is full with 4 or more output
-        channels a group and columns in multiples of 24; each input row's copy and loop are shared by
-        the filter's taps along it, so wide filters run nearer the peak; a stride along the row gathers
-        the inputs of every tap (bench/RESULTS.md, the direct algorithm's efficiency)."""
+        channels a group and columns in multiples of 24; each input row's loop is shared by the
+        filter's taps along it, so wide filters run nearer the peak; a stride along the row splits each
+        padded row into phases once, and costs little more (bench/RESULTS.md, the direct algorithm's
+        efficiency)."""
         n, ch, k, g, cg, kg, pq, direct = _dims(p)
         taps = p.kh * p.kw
-        eff = 0.6 * taps / (taps + 1.7) * min(1.0, kg / 4) * p.ow / (24 * math.ceil(p.ow / 24))
-        return direct / (c.peak(p) * eff * (0.3 if p.sw > 1 else 1.0))
+        eff = 0.9 * taps / (taps + 1.7) * min(1.0, kg / 4) * p.ow / (24 * math.ceil(p.ow / 24))
+        return direct / (c.peak(p) * eff * (0.7 if p.sw > 1 else 1.0))
 
 
 class DirectBwdData(_Direct):
