@@ -3,7 +3,7 @@
 // Per (image, group): the input plane is copied once into a zero-padded buffer (caller workspace, one
 // plane per thread) wide enough that every output vector reads its window with no edge case; then each
 // output channel of the group is computed from it with the R x S weights as scalars and the outputs as
-// vectors: kRows output rows x a block of kColVecs<T> register vectors of columns at a time, so that
+// vectors: kRows output rows x a block of kColVecs register vectors of columns at a time, so that
 // many independent accumulators, all in registers, hide the multiply-add latency. The work is a few
 // multiply-adds per element moved, so the plane copy and the output write bound it: one pass over the
 // input and one over the output.
@@ -20,11 +20,10 @@ namespace {
 constexpr index_t kRows = 4;
 // Register vectors of columns a block: up to 64 bytes of them, the accumulators (kRows of them each)
 // within half the register file.
-template <typename T>
 constexpr index_t kColVecs = std::max(1, std::min(64 / kRegBytes, kVecRegs / 2 / static_cast<int>(kRows)));
 // Columns a block.
 template <typename T>
-constexpr index_t kBlockCols = kColVecs<T> * RegVec<T>::lanes;
+constexpr index_t kBlockCols = kColVecs * RegVec<T>::lanes;
 
 struct Plane {
   index_t rows, cols;  // padded plane: rows x cols, row stride cols
@@ -42,7 +41,7 @@ Plane padded_plane(const ConvShape& sh) {
 template <typename T, int RS, int SS>
 void plane_rows(const ConvShape& sh, const Plane& pl, const T* buf, const T* wk, T b, T* yk) {
   using V = reg_vec_t<T>;
-  constexpr index_t L = RegVec<T>::lanes, NV = kColVecs<T>, CB = kBlockCols<T>;
+  constexpr index_t L = RegVec<T>::lanes, NV = kColVecs, CB = kBlockCols<T>;
   const index_t R = RS > 0 ? RS : sh.r, S = SS > 0 ? SS : sh.s, P = sh.p, Q = sh.q;
   const index_t sw = SS > 0 ? 1 : sh.sw, dw = SS > 0 ? 1 : sh.dw;
   const index_t row_step = sh.sh * pl.cols;

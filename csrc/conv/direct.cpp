@@ -176,16 +176,8 @@ void filter_taps(const T* xp, index_t row_step, const index_t* off, const T* dyk
   auto load_dy = [Q](const T* row, index_t q, auto tail) {
     V d;
     if constexpr (decltype(tail)::value) {
-      // The Q - q < L values in pieces of a power-of-two size, each a move of a known size (no call).
       alignas(64) T lanes[L] = {};
-      const index_t n = Q - q;
-      index_t i = 0;
-#pragma GCC unroll 8
-      for (index_t w = L / 2; w >= 1; w /= 2)
-        if (n & w) {
-          std::memcpy(lanes + i, row + q + i, sizeof(T) * w);
-          i += w;
-        }
+      copy_lanes(lanes, row + q, static_cast<int>(Q - q));  // Q - q < L values, no call
       std::memcpy(&d, lanes, sizeof(V));
     } else {
       std::memcpy(&d, row + q, sizeof(V));

@@ -19,7 +19,7 @@ from .gemm_cuda import LAUNCH_S, multiply
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 SAVED = {"lstm": 5, "gru": 4, "rnn_tanh": 0, "rnn_relu": 0}  # per unit a step: LSTM i, f, g, o, c; GRU r, z, n, hn
 _INT32 = 2**31 - 1
-# Why the other sequence algorithms defer to gpu_steps where nothing measured decides.
+# The reason gpu_persistent and gpu_wavefront give when untuned dispatch takes gpu_steps instead.
 STEPS_RULE = "gpu_steps is the rule where nothing measured decides; tuning times this one"
 
 
