@@ -16,8 +16,12 @@ namespace {
 // Forward: register vectors of output columns in a block of KB output channels: as many as fit the
 // register file beside the block's one vector of inputs each and a weight (KB*NV + NV + 1 registers), at
 // most 64 bytes' worth twice over.
+// (Conditional expressions, not std::min/max: some GCC releases reject those in a variable template.)
 template <int KB>
-constexpr int kColVecs = std::max(1, std::min((kVecRegs - 1) / (KB + 1), 2 * 64 / kRegBytes));
+constexpr int kColVecsFit =
+    (kVecRegs - 1) / (KB + 1) < 2 * 64 / kRegBytes ? (kVecRegs - 1) / (KB + 1) : 2 * 64 / kRegBytes;
+template <int KB>
+constexpr int kColVecs = kColVecsFit<KB> > 1 ? kColVecsFit<KB> : 1;
 }  // namespace
 
 template <typename T, int KB>
@@ -229,7 +233,7 @@ constexpr int kTapBlock = std::min(9, kVecRegs - 2);
 // Filters a block of a filter with NT <= 3 taps: KK*NT accumulators, NT x vectors and a dy vector within
 // the register file, so that enough independent sums hide the multiply-add latency.
 template <int NT>
-constexpr int kFilterBlock = std::min(8, (kVecRegs - 1 - NT) / NT);
+constexpr int kFilterBlock = (kVecRegs - 1 - NT) / NT < 8 ? (kVecRegs - 1 - NT) / NT : 8;
 
 template <typename T, int NT = kTapBlock>
 void filter_taps_n(int nt, const T* xp, index_t row_step, const index_t* off, const T* dyk, index_t P, index_t Q,
