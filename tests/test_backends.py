@@ -249,3 +249,18 @@ def test_the_cpu_path_imports_no_gpu_library():
             "print(sorted(m for m in ('numba', 'cupy', 'torch') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_a_numba_cuda_that_cannot_compile_makes_the_gpu_unavailable(monkeypatch):
+    """numba-cuda imports but its compiler's modules do not (a NumPy it was not built for): the GPU backend
+    says so once, up front, instead of every call failing inside Numba."""
+    from dnnkit.backends import cuda
+
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    monkeypatch.setitem(sys.modules, "numba.cuda.cudaimpl", None)  # its import now raises ImportError
+    cuda.status.cache_clear()
+    try:
+        s = cuda.status()
+    finally:
+        cuda.status.cache_clear()
+    assert not s["available"] and s["reason"].startswith("numba-cuda cannot compile kernels with NumPy ")

@@ -6,6 +6,7 @@ without, and works where they are not."""
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import time
 
@@ -36,6 +37,15 @@ def status() -> dict:
     except Exception as e:  # noqa: BLE001 - numba-cuda missing or broken: the GPU path is unavailable
         return {"available": False, "reason": f"numba-cuda is not installed ({type(e).__name__}: {e}); "
                                               f"pip install \"dnnkit[cuda]\"", "devices": [], "driver": None}
+    if not simulator():
+        try:  # the kernel compiler's own modules: they fail to load where numba-cuda and NumPy do not match
+            importlib.import_module("numba.cuda.cudaimpl")
+        except Exception as e:  # noqa: BLE001 - any failure here means no kernel can be compiled
+            import numpy
+
+            return {"available": False, "reason": f"numba-cuda cannot compile kernels with NumPy {numpy.__version__} "
+                                                  f"({type(e).__name__}: {e}); install versions that match",
+                    "devices": [], "driver": None}
     try:
         if not cuda.is_available():
             return {"available": False, "reason": "no CUDA driver or GPU found", "devices": [], "driver": None}
