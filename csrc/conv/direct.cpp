@@ -1,7 +1,8 @@
 // Direct convolution: no workspace, every shape. The forward pass keeps a KB x kQB block of outputs in
 // registers over the whole reduction, reading padded input rows split into stride phases; the backward
-// filter at unit row stride sums a filter's taps in vector accumulators; otherwise the backward passes
-// run their inner loop along an output row with the padding bounds hoisted out.
+// data at unit stride is that forward pass over dy with the filters turned; the backward filter at unit
+// row stride sums a filter's taps in vector accumulators; otherwise the backward passes run their inner
+// loop along an output row with the padding bounds hoisted out.
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -127,6 +128,24 @@ template <typename T>
 void conv2d_bwd_data_direct(const ConvShape& sh, const T* w, const T* dy, T* dx) {
   // dx[n, c, ih, iw] = sum_{k in group, r, s, p, q : ih = p*sh - ph + r*dh, iw = q*sw - pw + s*dw} w * dy
   const index_t Kg = sh.kg(), Cg = sh.cg(), R = sh.r, S = sh.s, P = sh.p, Q = sh.q, H = sh.h, W = sh.w;
+  if (sh.sh == 1 && sh.sw == 1 && sh.ph <= (R - 1) * sh.dh && sh.pw <= (S - 1) * sh.dw) {
+    // At unit stride this is the forward correlation of dy with each filter turned 180 degrees and a
+    // group's two channel axes swapped, padded by dilation * (size - 1) - padding: dx row ih reads dy rows
+    // ih + ph - r*dh. The forward's register blocks do it.
+    ConvShape f = sh;
+    f.c = sh.k, f.h = P, f.w = Q, f.k = sh.c, f.p = H, f.q = W;
+    f.ph = (R - 1) * sh.dh - sh.ph, f.pw = (S - 1) * sh.dw - sh.pw;
+    std::vector<T> wf(static_cast<std::size_t>(sh.k * Cg * R * S));
+    for (index_t g = 0; g < sh.g; ++g)
+      for (index_t c = 0; c < Cg; ++c)
+        for (index_t k = 0; k < Kg; ++k)
+          for (index_t r = 0; r < R; ++r)
+            for (index_t s = 0; s < S; ++s)
+              wf[((((g * Cg + c) * Kg + k) * R + r) * S + s)] =
+                  w[(((g * Kg + k) * Cg + c) * R + (R - 1 - r)) * S + (S - 1 - s)];
+    conv2d_fwd_direct(f, dy, wf.data(), static_cast<const T*>(nullptr), dx);
+    return;
+  }
   const index_t tasks = sh.n * sh.c;
 #pragma omp parallel for schedule(dynamic) num_threads(get_num_threads()) if (tasks > 1)
   for (index_t t = 0; t < tasks; ++t) {

@@ -463,22 +463,34 @@ class DirectFwd(_Direct):
     name, op, direction = "direct", "conv2d_fwd", "fwd"
 
     def cost(self, p, c) -> float:
-        """The register block (taken as AVX2's, 4 channels x 24 columns) is full with 4 or more output
-        channels a group and columns in multiples of 24; each input row's loop is shared by the
+        """The register blocks (_register_block_efficiency); each input row's loop is shared by the
         filter's taps along it, so wide filters run nearer the peak; a stride along the row splits each
         padded row into phases once, and costs little more (bench/RESULTS.md, the direct algorithm's
         efficiency)."""
         n, ch, k, g, cg, kg, pq, direct = _dims(p)
-        taps = p.kh * p.kw
-        eff = 0.9 * taps / (taps + 1.7) * min(1.0, kg / 4) * p.ow / (24 * math.ceil(p.ow / 24))
-        return direct / (c.peak(p) * eff * (0.7 if p.sw > 1 else 1.0))
+        return direct / (c.peak(p) * _register_block_efficiency(p.kh * p.kw, kg, p.ow) * (0.7 if p.sw > 1 else 1.0))
+
+
+def _register_block_efficiency(taps: int, channels: int, width: int) -> float:
+    """The forward register blocks' share of the peak, for `channels` output channels a group and output
+    rows `width` wide: blocks of 4 channels (taken as AVX2's) x 24 columns, filled as far as the shape
+    allows; under 4 channels a group, blocks of one channel, whose every input load feeds one
+    multiply-add (about 0.3 of a full block's rate)."""
+    kb = 4 if channels >= 4 else 1
+    fill = channels / (kb * math.ceil(channels / kb)) * (1.0 if kb == 4 else 0.3)
+    return 0.9 * taps / (taps + 1.7) * fill * width / (24 * math.ceil(width / 24))
 
 
 class DirectBwdData(_Direct):
     name, op, direction = "direct", "conv2d_bwd_data", "bwd_data"
 
     def cost(self, p, c) -> float:
-        return _dims(p)[-1] / (c.peak(p) * 0.06)
+        """At unit stride (padding within the filter's reach) the forward's register blocks over dy, with
+        the input's channels and width as the output's; otherwise a scalar loop."""
+        n, ch, k, g, cg, kg, pq, direct = _dims(p)
+        if p.sh == p.sw == 1 and p.ph <= (p.kh - 1) * (p.dh + 1) and p.pw <= (p.kw - 1) * (p.dw + 1):
+            return direct / (c.peak(p) * _register_block_efficiency(p.kh * p.kw, cg, p.iw))
+        return direct / (c.peak(p) * 0.06)
 
 
 class DirectBwdFilter(_Direct):
