@@ -1,13 +1,14 @@
 // Direct convolution: no workspace, every shape. The forward pass keeps a KB x kQB block of outputs in
 // registers over the whole reduction, reading padded input rows split into stride phases; the backward
-// data at unit stride is that forward pass over dy with the filters turned; the backward filter at unit
-// row stride sums a filter's taps in vector accumulators; otherwise the backward passes run their inner
-// loop along an output row with the padding bounds hoisted out.
+// data at unit stride is that forward pass over dy with the filters turned (at other strides a loop along
+// an output row with the padding bounds hoisted out); the backward filter sums a filter's taps in vector
+// accumulators over padded input rows split into stride phases.
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
+#include "../cpu_info.h"
 #include "../simd/vec.h"
 #include "conv.h"
 #include "kernels.h"
@@ -284,45 +285,71 @@ void filter_block(index_t kn, index_t taps, const T* xp, index_t row_step, const
     }
 }
 
-// Output channels a task of the unit-stride path: one padded input plane an image is read by all of them.
+// Output channels a task: one padded input plane an image is read by all of them.
 constexpr index_t kFilterChunk = 16;
 
 template <typename T>
-void bwd_filter_unit_stride(const ConvShape& sh, const T* x, const T* dy, T* dw) {
+void bwd_filter_vectors(const ConvShape& sh, const T* x, const T* dy, T* dw) {
   constexpr index_t L = RegVec<T>::lanes;
   const index_t Kg = sh.kg(), Cg = sh.cg(), R = sh.r, S = sh.s, P = sh.p, Q = sh.q, H = sh.h, W = sh.w;
-  const index_t taps = R * S;
-  // The padded plane: xp[u][v] = x[n, ci, u - ph, v - pw] (0 outside the image), rows for every output
-  // row's window, and columns for whole vectors of every row's taps.
-  const index_t hp = (P - 1) * sh.sh + (R - 1) * sh.dh + 1, wp = round_up(Q, L) + (S - 1) * sh.dw;
+  const index_t taps = R * S, sw = sh.sw;
+  // The padded plane, each row split into sw phases: element v of padded row u, x[n, ci, u - ph, v - pw]
+  // (0 outside the image), lies at xp[u*row_len + (v % sw)*plen + v / sw]. Tap (r, s) of output (p, q)
+  // reads v = q*sw + s*dw: phase (s*dw) % sw, index q + (s*dw) / sw, so a tap's inputs for a vector of
+  // outputs are contiguous at any stride. Rows cover every output row's window; phases whole vectors.
+  const index_t hp = (P - 1) * sh.sh + (R - 1) * sh.dh + 1;
+  const index_t plen = round_up(Q, L) + (S - 1) * sh.dw / sw, row_len = sw * plen;
   std::vector<index_t> off(static_cast<std::size_t>(taps));
   for (index_t r = 0; r < R; ++r)
-    for (index_t s = 0; s < S; ++s) off[r * S + s] = r * sh.dh * wp + s * sh.dw;
+    for (index_t s = 0; s < S; ++s)
+      off[r * S + s] = r * sh.dh * row_len + (s * sh.dw) % sw * plen + s * sh.dw / sw;
+  // Only the rows and phases some tap reads are filled (a 1 x 1 filter at stride 2 reads a quarter).
+  std::vector<char> row_read(static_cast<std::size_t>(hp), 0), phase_read(static_cast<std::size_t>(sw), 0);
+  for (index_t p = 0; p < P; ++p)
+    for (index_t r = 0; r < R; ++r) row_read[p * sh.sh + r * sh.dh] = 1;
+  for (index_t s = 0; s < S; ++s) phase_read[(s * sh.dw) % sw] = 1;
+  // Task order: where dy fits in half the L3, an input channel's chunks in turn (dy read from the L3 once
+  // a channel, x from memory once); else a chunk of filters for every input channel in turn (x read once
+  // a chunk, the chunk's dy staying in the cache), so that no order streams all of dy from memory once
+  // an input channel.
   const index_t chunks = ceil_div(Kg, kFilterChunk), tasks = sh.c * chunks;
+  const bool channel_major = sh.n * sh.k * P * Q * static_cast<index_t>(sizeof(T)) <= l3_cache_bytes() / 2;
 #pragma omp parallel num_threads(get_num_threads()) if (tasks > 1)
   {
-    std::vector<T> xp(static_cast<std::size_t>(hp * wp));
+    std::vector<T> xp(static_cast<std::size_t>(hp * row_len), T(0));
     std::vector<T> sums(static_cast<std::size_t>(kFilterChunk * taps));
 #pragma omp for schedule(dynamic)
     for (index_t t = 0; t < tasks; ++t) {
-      const index_t ci = t / chunks, g = ci / Cg, c = ci % Cg;
-      const index_t k0 = g * Kg + (t % chunks) * kFilterChunk, kn = std::min(kFilterChunk, g * Kg + Kg - k0);
+      const index_t ci = channel_major ? t / chunks : t % sh.c, chunk = channel_major ? t % chunks : t / sh.c;
+      const index_t g = ci / Cg, c = ci % Cg;
+      const index_t k0 = g * Kg + chunk * kFilterChunk, kn = std::min(kFilterChunk, g * Kg + Kg - k0);
       std::fill(sums.begin(), sums.end(), T(0));
       for (index_t n = 0; n < sh.n; ++n) {
         const T* xc = x + (n * sh.c + ci) * H * W;
-        const index_t v_lo = std::min(wp, sh.pw), v_hi = std::max(v_lo, std::min(wp, sh.pw + W));
         for (index_t u = 0; u < hp; ++u) {
-          T* row = xp.data() + u * wp;
+          if (!row_read[u]) continue;
           const index_t ih = u - sh.ph;
-          if (ih < 0 || ih >= H) {
-            std::fill(row, row + wp, T(0));
-            continue;
+          for (index_t f = 0; f < sw; ++f) {
+            if (!phase_read[f]) continue;
+            T* row = xp.data() + u * row_len + f * plen;
+            if (ih < 0 || ih >= H) {
+              std::fill(row, row + plen, T(0));
+              continue;
+            }
+            // index i holds v = i*sw + f, inside the image for v - pw in [0, W)
+            const T* xr = xc + ih * W;
+            const index_t i_lo = std::min(plen, ceil_div(std::max<index_t>(0, sh.pw - f), sw));
+            const index_t i_hi = std::max(i_lo, std::min(plen, ceil_div(std::max<index_t>(0, sh.pw + W - f), sw)));
+            std::fill(row, row + i_lo, T(0));
+            if (sw == 1) {
+              std::copy(xr + (i_lo - sh.pw), xr + (i_hi - sh.pw), row + i_lo);
+            } else {
+              for (index_t i = i_lo; i < i_hi; ++i) row[i] = xr[i * sw + f - sh.pw];
+            }
+            std::fill(row + i_hi, row + plen, T(0));
           }
-          std::fill(row, row + v_lo, T(0));
-          std::copy(xc + ih * W + (v_lo - sh.pw), xc + ih * W + (v_hi - sh.pw), row + v_lo);
-          std::fill(row + v_hi, row + wp, T(0));
         }
-        filter_block<T>(kn, taps, xp.data(), sh.sh * wp, off.data(), dy + (n * sh.k + k0) * P * Q, P * Q, P, Q,
+        filter_block<T>(kn, taps, xp.data(), sh.sh * row_len, off.data(), dy + (n * sh.k + k0) * P * Q, P * Q, P, Q,
                         sums.data());
       }
       for (index_t kk = 0; kk < kn; ++kk)
@@ -334,38 +361,12 @@ void bwd_filter_unit_stride(const ConvShape& sh, const T* x, const T* dy, T* dw)
 
 template <typename T>
 void conv2d_bwd_filter_direct(const ConvShape& sh, const T* x, const T* dy, T* dw) {
-  if (sh.sw == 1) return bwd_filter_unit_stride<T>(sh, x, dy, dw);
   // dw[k, c, r, s] = sum_{n, p, q} dy[n, k, p, q] * x[n, g*Cg + c, p*sh - ph + r*dh, q*sw - pw + s*dw]
-  const index_t Kg = sh.kg(), Cg = sh.cg(), R = sh.r, S = sh.s, P = sh.p, Q = sh.q, H = sh.h, W = sh.w;
-  const index_t tasks = sh.k * Cg;
-#pragma omp parallel for schedule(dynamic) num_threads(get_num_threads()) if (tasks > 1)
-  for (index_t t = 0; t < tasks; ++t) {
-    const index_t k = t / Cg, c = t % Cg, g = k / Kg;
-    for (index_t r = 0; r < R; ++r) {
-      index_t p_lo, p_hi;
-      valid_range(P, H, sh.sh, sh.ph, r * sh.dh, &p_lo, &p_hi);
-      for (index_t s = 0; s < S; ++s) {
-        index_t q_lo, q_hi;
-        valid_range(Q, W, sh.sw, sh.pw, s * sh.dw, &q_lo, &q_hi);
-        T acc = T(0);
-        for (index_t n = 0; n < sh.n; ++n) {
-          const T* dyk = dy + (n * sh.k + k) * P * Q;
-          const T* xc = x + (n * sh.c + g * Cg + c) * H * W;
-          for (index_t p = p_lo; p < p_hi; ++p) {
-            const T* xr = xc + (p * sh.sh - sh.ph + r * sh.dh) * W - sh.pw + s * sh.dw;
-            const T* dyr = dyk + p * Q;
-            if (sh.sw == 1) {
-#pragma omp simd reduction(+ : acc)
-              for (index_t q = q_lo; q < q_hi; ++q) acc += dyr[q] * xr[q];
-            } else {
-              for (index_t q = q_lo; q < q_hi; ++q) acc += dyr[q] * xr[q * sh.sw];
-            }
-          }
-        }
-        dw[((k * Cg + c) * R + r) * S + s] = acc;
-      }
-    }
+  if (sh.p == 0 || sh.q == 0) {
+    std::fill(dw, dw + sh.k * sh.crs(), T(0));
+    return;
   }
+  bwd_filter_vectors<T>(sh, x, dy, dw);
 }
 
 #define DNNKIT_INSTANTIATE(T)                                                                  \

@@ -48,7 +48,7 @@ import math
 from ..backends.cpu import ext as _cpu
 from .._config import get_num_threads, get_workspace_limit
 from .base import Algorithm, cpu_float_reason
-from .gemm_cpu import gemm_efficiency, gemm_mc, micro_rows
+from .gemm_cpu import FULL_WIDTH_COLUMNS, gemm_efficiency, gemm_mc, micro_rows
 
 # Bound on the im2col column buffer when the user sets no tighter workspace limit.
 DEFAULT_COL_BYTES = 64 << 20
@@ -143,12 +143,15 @@ class Im2colGemmFwd(_Im2col):
         return t
 
 
-def _gemm_backward_cost(p, c) -> float:
+def _gemm_backward_cost(p, c, whole_images: bool = False) -> float:
     """Backward data (W^T dy into columns, then col2im) or filter (dy times the columns) as one GEMM and a
-    pass over the columns."""
+    pass over the columns; whole_images: each thread runs whole images' products, each at a full panel's
+    width."""
     n, ch, k, g, cg, kg, pq, direct = _dims(p)
     crs = cg * p.kh * p.kw
     m, cols, inner = (crs, pq, kg) if p.direction == "bwd_data" else (kg, crs, pq)
+    if whole_images:
+        cols = max(cols, FULL_WIDTH_COLUMNS)
     return direct / (c.peak(p) * gemm_efficiency(m, cols, inner)) + 2 * n * ch * p.kh * p.kw * pq * p.itemsize / c.bandwidth
 
 
@@ -181,7 +184,9 @@ class Im2colGemmBwdFilter(_Im2col):
         return int(_cpu.im2col_chunk(shape_tuple(p), max(bound, 0) // p.itemsize, False))
 
     def cost(self, p, c) -> float:
-        return _gemm_backward_cost(p, c)
+        """_gemm_backward_cost; where threads take whole images, each runs its images' products alone, as
+        wide as a full panel (no split of dW's few columns between the threads)."""
+        return _gemm_backward_cost(p, c, whole_images=self._threads(p) > 1)
 
 
 class ImplicitGemmFwd(_CpuConv):
@@ -198,7 +203,8 @@ class ImplicitGemmFwd(_CpuConv):
         pads, the filters (A) packed once for all products. A thread runs whole products, so a narrow
         plane costs less than in one GEMM split across the threads."""
         n, ch, k, g, cg, kg, pq, direct = _dims(p)
-        eff = gemm_efficiency(kg, max(pq, 384), cg * p.kh * p.kw) * min(1.0, pq / 384) ** 0.25
+        full = FULL_WIDTH_COLUMNS
+        eff = gemm_efficiency(kg, max(pq, full), cg * p.kh * p.kw) * min(1.0, pq / full) ** 0.25
         t = direct / (c.peak(p) * eff)
         t += 2 * n * ch * p.kh * p.kw * pq * p.itemsize / c.bandwidth
         t += 2 * k * cg * p.kh * p.kw * p.itemsize / c.bandwidth
@@ -465,10 +471,11 @@ class DirectFwd(_Direct):
     def cost(self, p, c) -> float:
         """The register blocks (_register_block_efficiency); each input row's loop is shared by the
         filter's taps along it, so wide filters run nearer the peak; a stride along the row splits each
-        padded row into phases once, and costs little more (bench/RESULTS.md, the direct algorithm's
-        efficiency)."""
+        padded row into phases, one a tap along the row, which costs a filter wider than one tap about
+        half its rate (bench/RESULTS.md, the direct algorithm's efficiency)."""
         n, ch, k, g, cg, kg, pq, direct = _dims(p)
-        return direct / (c.peak(p) * _register_block_efficiency(p.kh * p.kw, kg, p.ow) * (0.7 if p.sw > 1 else 1.0))
+        stride = 0.5 if p.sw > 1 and p.kw > 1 else 1.0  # each tap along the row reads its own phase
+        return direct / (c.peak(p) * _register_block_efficiency(p.kh * p.kw, kg, p.ow) * stride)
 
 
 def _register_block_efficiency(taps: int, channels: int, width: int) -> float:
@@ -497,12 +504,15 @@ class DirectBwdFilter(_Direct):
     name, op, direction = "direct", "conv2d_bwd_filter", "bwd_filter"
 
     def cost(self, p, c) -> float:
-        """At unit stride along the row: an accumulator a tap (filters of up to 3 taps several filters at
-        once), each output row's vectors summed apart, so short rows pay their partial last vector, and
-        a filter of few taps pays more for them and for its sums (bench/RESULTS.md, the direct
-        algorithm's efficiency); other strides: a scalar loop."""
+        """An accumulator a tap (filters of up to 3 taps several filters at once), each output row's
+        vectors summed apart, so short rows pay their partial last vector, and a filter of few taps pays
+        more for them and for its sums; a stride along the row makes each image's padded rows a gather
+        into phases, which a filter of few taps amortizes least (bench/RESULTS.md, the direct algorithm's
+        efficiency)."""
         taps, r = p.kh * p.kw, p.ow / (p.ow + 24)
-        eff = (0.8 * r ** 1.5 if taps > 3 else 0.65 * r ** 2.5) if p.sw == 1 else 0.015
+        eff = 0.8 * r ** 1.5 if taps > 3 else 0.65 * r ** 2.5
+        if p.sw > 1:
+            eff *= 0.65 if taps > 3 else 0.45
         return _dims(p)[-1] / (c.peak(p) * eff)
 
 

@@ -88,6 +88,10 @@ def transposes(m: int, n: int) -> bool:
     return m / (math.ceil(m / nr) * nr) > n / (math.ceil(n / nr) * nr) + 0.1
 
 
+# Columns of C from which the blocked GEMM's efficiency no longer grows with n (gemm_efficiency).
+FULL_WIDTH_COLUMNS = 384
+
+
 def gemm_efficiency(m: int, n: int, k: int, may_transpose: bool = True) -> float:
     """Fraction of the peak the blocked GEMM reaches on an m x n x k product (solved as C^T = B^T A^T
     where that fills the micro-kernel better and may_transpose)."""
@@ -96,7 +100,7 @@ def gemm_efficiency(m: int, n: int, k: int, may_transpose: bool = True) -> float
     if may_transpose and transposes(m, n):
         return 0.75 * gemm_efficiency(n, m, k, False)  # C written through its strides
     rows_used = min(1.0, m / micro_rows())  # fewer rows than MR stream B for less work
-    return (_GEMM_EFFICIENCY * min(1.0, n / 384) ** 0.5 * min(1.0, k / 256) ** 0.35 * min(1.0, m / 64) ** 0.3
+    return (_GEMM_EFFICIENCY * min(1.0, n / FULL_WIDTH_COLUMNS) ** 0.5 * min(1.0, k / 256) ** 0.35 * min(1.0, m / 64) ** 0.3
             * rows_used)
 
 
