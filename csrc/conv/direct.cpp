@@ -49,6 +49,7 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
 #pragma omp parallel num_threads(get_num_threads()) if (tasks > 1)
   {
     std::vector<T> pad;
+    std::vector<index_t> toff;  // tap (r - r_lo, s)'s window in a channel's padded rows
 #pragma omp for schedule(dynamic, 2)
     for (index_t t = 0; t < tasks; ++t) {
       const index_t p = t % P, g = (t / P) % sh.g, n = t / (P * sh.g);
@@ -69,6 +70,9 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
             for (index_t u = u_lo; u < u_hi; ++u) row[(u % sw) * plen + u / sw] = xr[u - sh.pw];
           }
         }
+      toff.resize(static_cast<std::size_t>(std::max<index_t>(1, nr * S)));
+      for (index_t r = 0; r < nr; ++r)
+        for (index_t s = 0; s < S; ++s) toff[r * S + s] = r * row_len + tap[s];
       for (index_t kb = 0; kb < kblocks; ++kb) {
         const index_t k0 = g * Kg + kb * KB, kn = std::min<index_t>(KB, Kg - kb * KB);
         for (index_t qb = 0; qb < qblocks; ++qb) {
@@ -84,23 +88,41 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
 #pragma GCC unroll 8
             for (int v = 0; v < NV; ++v) acc[i][v] = splat<V>(b);
           }
-          for (index_t c = 0; c < Cg; ++c)
-            for (index_t r = r_lo; r < r_hi; ++r) {
-              const T* row = pad.data() + (c * nr + r - r_lo) * row_len + q0;  // this block's first window
-              const T* wr = w + ((k0 * Cg + c) * R + r) * S;  // w[k0 + i, c, r, s] = wr[woff[i] + s]
-              for (index_t s = 0; s < S; ++s) {
-                const T* src = row + tap[s];
+          if (R == 1 && S == 1) {
+            // A 1 x 1 filter: one loop over the input channels (nr is 0 or 1), w[k0 + i, c] = wr[woff[i] + c].
+            const T* row = pad.data() + q0 + tap[0];
+            const T* wr = w + k0 * Cg;
+            for (index_t c = 0; c < Cg * nr; ++c, row += row_len) {
+              V x_[NV];
+#pragma GCC unroll 8
+              for (int v = 0; v < NV; ++v) std::memcpy(&x_[v], row + v * L, sizeof(V));
+#pragma GCC unroll 8
+              for (int i = 0; i < KB; ++i) {
+                const V wi = splat<V>(wr[woff[i] + c]);
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; ++v) acc[i][v] += x_[v] * wi;
+              }
+            }
+          } else {
+            // Channel by channel, its taps (rows r_lo.. of the window, S each) in one loop: tap t's inputs
+            // at toff[t] in the channel's padded rows, its weight at r_lo*S + t in the channel's filter.
+            const T* rowc = pad.data() + q0;
+            const T* wc = w + (k0 * Cg * R + r_lo) * S;
+            const index_t nt = nr * S;
+            for (index_t c = 0; c < Cg; ++c, rowc += nr * row_len, wc += R * S)
+              for (index_t t = 0; t < nt; ++t) {
+                const T* src = rowc + toff[t];
                 V x_[NV];
 #pragma GCC unroll 8
                 for (int v = 0; v < NV; ++v) std::memcpy(&x_[v], src + v * L, sizeof(V));
 #pragma GCC unroll 8
                 for (int i = 0; i < KB; ++i) {
-                  const V wi = splat<V>(wr[woff[i] + s]);
+                  const V wi = splat<V>(wc[woff[i] + t]);
 #pragma GCC unroll 8
                   for (int v = 0; v < NV; ++v) acc[i][v] += x_[v] * wi;
                 }
               }
-            }
+          }
           for (index_t i = 0; i < kn; ++i) {
             T* yr = y + ((n * sh.k + k0 + i) * P + p) * Q + q0;
             alignas(64) T out[kQB];

@@ -152,7 +152,8 @@ def _gemm_backward_cost(p, c, whole_images: bool = False) -> float:
     m, cols, inner = (crs, pq, kg) if p.direction == "bwd_data" else (kg, crs, pq)
     if whole_images:
         cols = max(cols, FULL_WIDTH_COLUMNS)
-    return direct / (c.peak(p) * gemm_efficiency(m, cols, inner)) + 2 * n * ch * p.kh * p.kw * pq * p.itemsize / c.bandwidth
+    columns = 2 * n * ch * p.kh * p.kw * pq * p.itemsize / c.bandwidth
+    return direct / (c.peak(p) * gemm_efficiency(m, cols, inner)) + columns
 
 
 class GemmCol2imBwdData(_Im2col):
@@ -482,7 +483,9 @@ def _register_block_efficiency(taps: int, channels: int, width: int) -> float:
     """The forward register blocks' share of the peak, for `channels` output channels a group and output
     rows `width` wide: blocks of 4 channels (taken as AVX2's) x 24 columns, filled as far as the shape
     allows; under 4 channels a group, blocks of one channel, whose every input load feeds one
-    multiply-add (about 0.3 of a full block's rate)."""
+    multiply-add (about 0.3 of a full block's rate). Conservative: it under-predicts the kernels by up
+    to 2x on 1x1 layers (bench/RESULTS.md), as the GEMM paths' formulas over-predict those layers by as
+    much; fitted alone it would take them from the faster GEMM."""
     kb = 4 if channels >= 4 else 1
     fill = channels / (kb * math.ceil(channels / kb)) * (1.0 if kb == 4 else 0.3)
     return 0.9 * taps / (taps + 1.7) * fill * width / (24 * math.ceil(width / 24))
