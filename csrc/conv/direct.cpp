@@ -147,6 +147,70 @@ void conv2d_fwd_direct(const ConvShape& sh, const T* x, const T* w, const T* bia
     conv2d_fwd_direct_kb<T, 1>(sh, x, w, bias, y);
 }
 
+namespace {
+// One stride phase of the backward data along one axis (undilated filter): the outputs i = f + stride*a,
+// a in [0, count), take the taps r = r0 + stride*m, m in [0, taps), from dy rows a + base - m; as a forward
+// correlation over those taps turned around, its padding is taps - 1 - base.
+struct Phase {
+  index_t count, r0, taps, pad;
+};
+
+Phase phase_of(index_t f, index_t stride, index_t pad, index_t size, index_t out) {
+  Phase ph{};
+  ph.count = f < out ? ceil_div(out - f, stride) : 0;
+  ph.r0 = (f + pad) % stride;
+  ph.taps = ph.r0 < size ? (size - 1 - ph.r0) / stride + 1 : 0;
+  ph.pad = ph.taps - 1 - (f + pad - ph.r0) / stride;
+  return ph;
+}
+
+// The backward data at any stride, undilated, as sh*sw forward correlations, one a stride phase of dx,
+// each over the taps that reach it (turned around, a group's channel axes swapped) into a buffer then
+// spread into dx. False (nothing written) where a phase would need a negative padding.
+template <typename T>
+bool bwd_data_by_phases(const ConvShape& sh, const T* w, const T* dy, T* dx) {
+  const index_t Kg = sh.kg(), Cg = sh.cg(), R = sh.r, S = sh.s, H = sh.h, W = sh.w;
+  for (index_t fh = 0; fh < sh.sh; ++fh)
+    for (index_t fw = 0; fw < sh.sw; ++fw) {
+      const Phase a = phase_of(fh, sh.sh, sh.ph, R, H), b = phase_of(fw, sh.sw, sh.pw, S, W);
+      if (a.count && b.count && a.taps && b.taps && (a.pad < 0 || b.pad < 0)) return false;
+    }
+  std::vector<T> out, wf;
+  for (index_t fh = 0; fh < sh.sh; ++fh)
+    for (index_t fw = 0; fw < sh.sw; ++fw) {
+      const Phase a = phase_of(fh, sh.sh, sh.ph, R, H), b = phase_of(fw, sh.sw, sh.pw, S, W);
+      if (!a.count || !b.count) continue;
+      const index_t planes = sh.n * sh.c, plane = a.count * b.count;
+      const bool empty = !a.taps || !b.taps;
+      if (!empty) {
+        ConvShape f = sh;
+        f.c = sh.k, f.h = sh.p, f.w = sh.q, f.k = sh.c, f.r = a.taps, f.s = b.taps, f.p = a.count, f.q = b.count;
+        f.sh = f.sw = 1, f.ph = a.pad, f.pw = b.pad;
+        wf.resize(static_cast<std::size_t>(sh.k * Cg * a.taps * b.taps));
+        for (index_t g = 0; g < sh.g; ++g)
+          for (index_t c = 0; c < Cg; ++c)
+            for (index_t k = 0; k < Kg; ++k)
+              for (index_t j = 0; j < a.taps; ++j)
+                for (index_t l = 0; l < b.taps; ++l) {
+                  const index_t r = a.r0 + (a.taps - 1 - j) * sh.sh, s = b.r0 + (b.taps - 1 - l) * sh.sw;
+                  wf[(((g * Cg + c) * Kg + k) * a.taps + j) * b.taps + l] =
+                      w[(((g * Kg + k) * Cg + c) * R + r) * S + s];
+                }
+        out.resize(static_cast<std::size_t>(planes * plane));
+        conv2d_fwd_direct(f, dy, wf.data(), static_cast<const T*>(nullptr), out.data());
+      }
+#pragma omp parallel for num_threads(get_num_threads()) if (planes > 1)
+      for (index_t t = 0; t < planes; ++t) {
+        T* d = dx + t * H * W + fh * W + fw;
+        for (index_t i = 0; i < a.count; ++i)
+          for (index_t j = 0; j < b.count; ++j)
+            d[i * sh.sh * W + j * sh.sw] = empty ? T(0) : out[static_cast<std::size_t>(t * plane + i * b.count + j)];
+      }
+    }
+  return true;
+}
+}  // namespace
+
 template <typename T>
 void conv2d_bwd_data_direct(const ConvShape& sh, const T* w, const T* dy, T* dx) {
   // dx[n, c, ih, iw] = sum_{k in group, r, s, p, q : ih = p*sh - ph + r*dh, iw = q*sw - pw + s*dw} w * dy
@@ -169,6 +233,7 @@ void conv2d_bwd_data_direct(const ConvShape& sh, const T* w, const T* dy, T* dx)
     conv2d_fwd_direct(f, dy, wf.data(), static_cast<const T*>(nullptr), dx);
     return;
   }
+  if (sh.dh == 1 && sh.dw == 1 && bwd_data_by_phases(sh, w, dy, dx)) return;
   const index_t tasks = sh.n * sh.c;
 #pragma omp parallel for schedule(dynamic) num_threads(get_num_threads()) if (tasks > 1)
   for (index_t t = 0; t < tasks; ++t) {

@@ -496,11 +496,27 @@ class DirectBwdData(_Direct):
 
     def cost(self, p, c) -> float:
         """At unit stride (padding within the filter's reach) the forward's register blocks over dy, with
-        the input's channels and width as the output's; otherwise a scalar loop."""
+        the input's channels and width as the output's; at other strides (undilated) one such forward a
+        stride phase of dx; otherwise a scalar loop."""
         n, ch, k, g, cg, kg, pq, direct = _dims(p)
         if p.sh == p.sw == 1 and p.ph <= (p.kh - 1) * (p.dh + 1) and p.pw <= (p.kw - 1) * (p.dw + 1):
             return direct / (c.peak(p) * _register_block_efficiency(p.kh * p.kw, cg, p.iw))
+        if (p.dh, p.dw) == (0, 0) and _phases_padded(p.sh, p.ph, p.kh, p.ih) and _phases_padded(p.sw, p.pw, p.kw, p.iw):
+            # one forward a stride phase, over its share of the taps, then spread into dx
+            taps = math.ceil(p.kh / p.sh) * math.ceil(p.kw / p.sw)
+            spread = 2 * n * ch * p.ih * p.iw * p.itemsize / c.bandwidth
+            return direct / (c.peak(p) * _register_block_efficiency(taps, cg, math.ceil(p.iw / p.sw))) + spread
         return direct / (c.peak(p) * 0.06)
+
+
+def _phases_padded(stride: int, pad: int, size: int, out: int) -> bool:
+    """csrc/conv/direct.cpp phase_of: every stride phase of the backward data along an axis that has outputs
+    and taps needs no negative padding as a forward correlation."""
+    for f in range(min(stride, out)):
+        r0 = (f + pad) % stride
+        if r0 < size and (size - 1 - r0) // stride - (f + pad - r0) // stride < 0:
+            return False
+    return True
 
 
 class DirectBwdFilter(_Direct):
