@@ -88,21 +88,23 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
 #pragma GCC unroll 8
             for (int v = 0; v < NV; ++v) acc[i][v] = splat<V>(b);
           }
+          // One tap: kQB inputs from src, the weight of block row i at wt[woff[i]].
+          const auto tap_step = [&](const T* src, const T* wt) {
+            V x_[NV];
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) std::memcpy(&x_[v], src + v * L, sizeof(V));
+#pragma GCC unroll 8
+            for (int i = 0; i < KB; ++i) {
+              const V wi = splat<V>(wt[woff[i]]);
+#pragma GCC unroll 8
+              for (int v = 0; v < NV; ++v) acc[i][v] += x_[v] * wi;
+            }
+          };
           if (R == 1 && S == 1) {
             // A 1 x 1 filter: one loop over the input channels (nr is 0 or 1), w[k0 + i, c] = wr[woff[i] + c].
             const T* row = pad.data() + q0 + tap[0];
             const T* wr = w + k0 * Cg;
-            for (index_t c = 0; c < Cg * nr; ++c, row += row_len) {
-              V x_[NV];
-#pragma GCC unroll 8
-              for (int v = 0; v < NV; ++v) std::memcpy(&x_[v], row + v * L, sizeof(V));
-#pragma GCC unroll 8
-              for (int i = 0; i < KB; ++i) {
-                const V wi = splat<V>(wr[woff[i] + c]);
-#pragma GCC unroll 8
-                for (int v = 0; v < NV; ++v) acc[i][v] += x_[v] * wi;
-              }
-            }
+            for (index_t c = 0; c < Cg * nr; ++c, row += row_len) tap_step(row, wr + c);
           } else {
             // Channel by channel, its taps (rows r_lo.. of the window, S each) in one loop: tap t's inputs
             // at toff[t] in the channel's padded rows, its weight at r_lo*S + t in the channel's filter.
@@ -110,18 +112,7 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
             const T* wc = w + (k0 * Cg * R + r_lo) * S;
             const index_t nt = nr * S;
             for (index_t c = 0; c < Cg; ++c, rowc += nr * row_len, wc += R * S)
-              for (index_t t = 0; t < nt; ++t) {
-                const T* src = rowc + toff[t];
-                V x_[NV];
-#pragma GCC unroll 8
-                for (int v = 0; v < NV; ++v) std::memcpy(&x_[v], src + v * L, sizeof(V));
-#pragma GCC unroll 8
-                for (int i = 0; i < KB; ++i) {
-                  const V wi = splat<V>(wc[woff[i] + t]);
-#pragma GCC unroll 8
-                  for (int v = 0; v < NV; ++v) acc[i][v] += x_[v] * wi;
-                }
-              }
+              for (index_t t = 0; t < nt; ++t) tap_step(rowc + toff[t], wc + t);
           }
           for (index_t i = 0; i < kn; ++i) {
             T* yr = y + ((n * sh.k + k0 + i) * P + p) * Q + q0;
@@ -395,12 +386,13 @@ void bwd_filter_vectors(const ConvShape& sh, const T* x, const T* dy, T* dw) {
   for (index_t p = 0; p < P; ++p)
     for (index_t r = 0; r < R; ++r) row_read[p * sh.sh + r * sh.dh] = 1;
   for (index_t s = 0; s < S; ++s) phase_read[(s * sh.dw) % sw] = 1;
-  // Task order: where dy fits in half the L3, an input channel's chunks in turn (dy read from the L3 once
-  // a channel, x from memory once); else a chunk of filters for every input channel in turn (x read once
-  // a chunk, the chunk's dy staying in the cache), so that no order streams all of dy from memory once
-  // an input channel.
+  // Task order: an input channel's chunks in turn (x read from memory once, all of dy once a channel)
+  // where dy fits in half the L3 and has few chunks; else a chunk of filters for every input channel in
+  // turn (x read once a chunk, the chunk's dy staying in the cache): no order streams all of dy from
+  // memory once a channel, and many chunks (256 and more filters a group) reread x less than dy.
   const index_t chunks = ceil_div(Kg, kFilterChunk), tasks = sh.c * chunks;
-  const bool channel_major = sh.n * sh.k * P * Q * static_cast<index_t>(sizeof(T)) <= l3_cache_bytes() / 2;
+  const bool channel_major =
+      chunks < 16 && sh.n * sh.k * P * Q * static_cast<index_t>(sizeof(T)) <= l3_cache_bytes() / 2;
 #pragma omp parallel num_threads(get_num_threads()) if (tasks > 1)
   {
     std::vector<T> xp(static_cast<std::size_t>(hp * row_len), T(0));
@@ -452,6 +444,11 @@ void conv2d_bwd_filter_direct(const ConvShape& sh, const T* x, const T* dy, T* d
   if (sh.p == 0 || sh.q == 0) {
     std::fill(dw, dw + sh.k * sh.crs(), T(0));
     return;
+  }
+  if (sh.is_pointwise()) {  // each plane of x and dy as one row: whole vectors, one sum a plane
+    ConvShape f = sh;
+    f.h = f.p = 1, f.w = f.q = sh.p * sh.q;
+    return bwd_filter_vectors<T>(f, x, dy, dw);
   }
   bwd_filter_vectors<T>(sh, x, dy, dw);
 }
