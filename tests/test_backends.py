@@ -254,6 +254,7 @@ def test_the_cpu_path_imports_no_gpu_library():
 def test_a_numba_cuda_that_cannot_compile_makes_the_gpu_unavailable(monkeypatch):
     """numba-cuda imports but its compiler's modules do not (a NumPy it was not built for): the GPU backend
     says so once, up front, instead of every call failing inside Numba."""
+    pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
     from dnnkit.backends import cuda
 
     monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
