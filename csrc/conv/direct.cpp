@@ -155,12 +155,33 @@ Phase phase_of(index_t f, index_t stride, index_t pad, index_t size, index_t out
   return ph;
 }
 
+// Filter taps r = r0 + step*m, m in [0, taps), along one axis.
+struct Taps {
+  index_t r0, taps, step;
+};
+
+// The forward filters of a backward-data pass over dy: wf[g*Cg + c][k][j][l] = w[g*Kg + k][c][r][s] for the
+// taps along each axis turned around (j counts down from r's last), a group's two channel axes swapped.
+template <typename T>
+void turned_filters(const ConvShape& sh, const T* w, Taps a, Taps b, std::vector<T>& wf) {
+  const index_t Kg = sh.kg(), Cg = sh.cg(), R = sh.r, S = sh.s;
+  wf.resize(static_cast<std::size_t>(sh.k * Cg * a.taps * b.taps));
+  for (index_t g = 0; g < sh.g; ++g)
+    for (index_t c = 0; c < Cg; ++c)
+      for (index_t k = 0; k < Kg; ++k)
+        for (index_t j = 0; j < a.taps; ++j)
+          for (index_t l = 0; l < b.taps; ++l) {
+            const index_t r = a.r0 + (a.taps - 1 - j) * a.step, s = b.r0 + (b.taps - 1 - l) * b.step;
+            wf[(((g * Cg + c) * Kg + k) * a.taps + j) * b.taps + l] = w[(((g * Kg + k) * Cg + c) * R + r) * S + s];
+          }
+}
+
 // The backward data at any stride, undilated, as sh*sw forward correlations, one a stride phase of dx,
 // each over the taps that reach it (turned around, a group's channel axes swapped) into a buffer then
 // spread into dx. False (nothing written) where a phase would need a negative padding.
 template <typename T>
 bool bwd_data_by_phases(const ConvShape& sh, const T* w, const T* dy, T* dx) {
-  const index_t Kg = sh.kg(), Cg = sh.cg(), R = sh.r, S = sh.s, H = sh.h, W = sh.w;
+  const index_t R = sh.r, S = sh.s, H = sh.h, W = sh.w;
   for (index_t fh = 0; fh < sh.sh; ++fh)
     for (index_t fw = 0; fw < sh.sw; ++fw) {
       const Phase a = phase_of(fh, sh.sh, sh.ph, R, H), b = phase_of(fw, sh.sw, sh.pw, S, W);
@@ -177,16 +198,7 @@ bool bwd_data_by_phases(const ConvShape& sh, const T* w, const T* dy, T* dx) {
         ConvShape f = sh;
         f.c = sh.k, f.h = sh.p, f.w = sh.q, f.k = sh.c, f.r = a.taps, f.s = b.taps, f.p = a.count, f.q = b.count;
         f.sh = f.sw = 1, f.ph = a.pad, f.pw = b.pad;
-        wf.resize(static_cast<std::size_t>(sh.k * Cg * a.taps * b.taps));
-        for (index_t g = 0; g < sh.g; ++g)
-          for (index_t c = 0; c < Cg; ++c)
-            for (index_t k = 0; k < Kg; ++k)
-              for (index_t j = 0; j < a.taps; ++j)
-                for (index_t l = 0; l < b.taps; ++l) {
-                  const index_t r = a.r0 + (a.taps - 1 - j) * sh.sh, s = b.r0 + (b.taps - 1 - l) * sh.sw;
-                  wf[(((g * Cg + c) * Kg + k) * a.taps + j) * b.taps + l] =
-                      w[(((g * Kg + k) * Cg + c) * R + r) * S + s];
-                }
+        turned_filters(sh, w, {a.r0, a.taps, sh.sh}, {b.r0, b.taps, sh.sw}, wf);
         out.resize(static_cast<std::size_t>(planes * plane));
         conv2d_fwd_direct(f, dy, wf.data(), static_cast<const T*>(nullptr), out.data());
       }
@@ -213,14 +225,8 @@ void conv2d_bwd_data_direct(const ConvShape& sh, const T* w, const T* dy, T* dx)
     ConvShape f = sh;
     f.c = sh.k, f.h = P, f.w = Q, f.k = sh.c, f.p = H, f.q = W;
     f.ph = (R - 1) * sh.dh - sh.ph, f.pw = (S - 1) * sh.dw - sh.pw;
-    std::vector<T> wf(static_cast<std::size_t>(sh.k * Cg * R * S));
-    for (index_t g = 0; g < sh.g; ++g)
-      for (index_t c = 0; c < Cg; ++c)
-        for (index_t k = 0; k < Kg; ++k)
-          for (index_t r = 0; r < R; ++r)
-            for (index_t s = 0; s < S; ++s)
-              wf[((((g * Cg + c) * Kg + k) * R + r) * S + s)] =
-                  w[(((g * Kg + k) * Cg + c) * R + (R - 1 - r)) * S + (S - 1 - s)];
+    std::vector<T> wf;
+    turned_filters(sh, w, {0, R, 1}, {0, S, 1}, wf);
     conv2d_fwd_direct(f, dy, wf.data(), static_cast<const T*>(nullptr), dx);
     return;
   }
