@@ -751,3 +751,31 @@ def test_a_workspace_the_caller_owns(direction):
         call(workspace=[0] * 1024)
     with pytest.raises(ValueError, match=f"^{name}: workspace must be a C-contiguous"):
         call(workspace=np.empty((64, 64), np.float32)[:, ::2])
+
+
+@needs_api
+def test_repeated_conv2d_calls_reuse_the_dispatch_and_still_check_their_inputs():
+    """A repeated conv2d signature skips validation and dispatch: results as the first call's on inputs of
+    any layout, and arguments that differ (a bias of another size, a stride of another type, a workspace)
+    still go through every check."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 4, 9, 8)).astype(np.float32)
+    w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    expected = conv2d_ref(x, w, b, stride=2, padding=1)
+    for _ in range(2):
+        assert rel_l2(dnnkit.conv2d(x, w, b, stride=2, padding=1), expected) <= 1e-5
+        assert rel_l2(dnnkit.conv2d(x, w, b, stride=(2, 2), padding=[1, 1]), expected) <= 1e-5
+    xf = np.asfortranarray(x)  # the same signature, other strides
+    assert rel_l2(dnnkit.conv2d(xf, w, b, stride=2, padding=1), expected) <= 1e-5
+    w2 = rng.standard_normal((6, 4, 2, 2)).astype(np.float32)
+    first = dnnkit.conv2d(x, w2, padding="same")  # an even filter: one more row and column bottom/right
+    assert first.shape == (2, 6, 9, 8) and np.array_equal(dnnkit.conv2d(x, w2, padding="same"), first)
+    with pytest.raises(ValueError, match="conv2d: bias must have 6 elements"):
+        dnnkit.conv2d(x, w, b[:5], stride=2, padding=1)
+    with pytest.raises(TypeError, match="conv2d: stride"):
+        dnnkit.conv2d(x, w, b, stride=True, padding=1)
+    with pytest.raises(TypeError, match="conv2d: .*dtype"):
+        dnnkit.conv2d(x.astype(np.float64), w, b, stride=2, padding=1)
+    with pytest.raises(ValueError, match="conv2d: workspace"):
+        dnnkit.conv2d(x, w, b, stride=2, padding=1, workspace=np.zeros(4, np.float32)[::2])

@@ -586,3 +586,48 @@ def test_gemm_amx_is_a_path_of_its_own():
     assert "192" in algo.supports(dnnkit.GemmProblem(64, 256, 256))
     got = dnnkit.gemm(a, b, algo="gemm_amx")
     assert rel_l2(got, a.astype(np.float64) @ b.astype(np.float64)) <= algo.tolerance
+
+
+def test_repeated_gemm_calls_reuse_the_dispatch_and_still_check_c():
+    """A repeated call signature skips validation and dispatch: results as the first call's, c updated in
+    place and read through a copy where it overlaps an input, and every argument the signature does not
+    fix (c, alpha, beta, the flags' types) still checked."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((9, 6)).astype(np.float32)
+    b = rng.standard_normal((6, 5)).astype(np.float32)
+    first = dnnkit.gemm(a, b)
+    again = dnnkit.gemm(a, b)
+    assert np.array_equal(first, again) and again is not first
+    c = rng.standard_normal((9, 5)).astype(np.float32)
+    for _ in range(2):
+        expected = gemm_ref(a, b, c, 0.5, -1.5)
+        out = dnnkit.gemm(a, b, c, alpha=0.5, beta=-1.5)
+        assert out is c and rel_l2(out, expected) <= 1e-5
+    sq = rng.standard_normal((7, 7)).astype(np.float64)
+    for _ in range(2):  # c is a: read before it is written
+        s = sq.copy()
+        expected = gemm_ref(s, s.T, s, 1.0, 1.0)
+        assert rel_l2(dnnkit.gemm(s, s, s, beta=1.0, trans_b=True), expected) <= 1e-12
+    with pytest.raises(ValueError, match=r"gemm: c must have shape \(9, 5\)"):
+        dnnkit.gemm(a, b, np.zeros((5, 9), np.float32))
+    with pytest.raises(TypeError, match="gemm: c must have dtype float32"):
+        dnnkit.gemm(a, b, np.zeros((9, 5), np.float64))
+    ro = np.zeros((9, 5), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="gemm: c is read-only"):
+        dnnkit.gemm(a, b, ro)
+    overlapping = np.lib.stride_tricks.as_strided(np.zeros(5, np.float32), (9, 5), (0, 4))
+    with pytest.raises(ValueError, match="gemm: c has a zero stride"):
+        dnnkit.gemm(a, b, overlapping)
+    with pytest.raises(ValueError, match="gemm: beta is nonzero but c is None"):
+        dnnkit.gemm(a, b, beta=1.0)
+    with pytest.raises(TypeError, match="gemm: trans_a must be a bool"):
+        dnnkit.gemm(a, b, trans_a=0)
+    zeros = dnnkit.gemm(np.full_like(a, np.nan), b, alpha=0.0)  # alpha 0: a is not read
+    assert np.array_equal(zeros, np.zeros((9, 5), np.float32))
+    threads = dnnkit.get_num_threads()
+    dnnkit.set_num_threads(1)
+    try:  # a setting changed between calls: dispatched again
+        assert rel_l2(dnnkit.gemm(a, b), gemm_ref(a, b)) <= 1e-5
+    finally:
+        dnnkit.set_num_threads(threads)

@@ -123,6 +123,8 @@ void bind_runtime(py::module_& m) {
 
   m.def("block_cache_bytes", [] { return block_cache_bytes(); }, "Bytes of blocks now kept for reuse.");
 
+  m.attr("RECYCLE_BYTES") = py::int_(kRecycleBytes);  // empty's and scratch's smallest block-cache block
+
   m.def("empty", [](const py::iterable& dims, int itemsize) -> py::array {
     std::vector<py::ssize_t> shape;
     for (const py::handle d : dims) {

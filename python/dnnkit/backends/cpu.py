@@ -36,6 +36,8 @@ def time_call(fn) -> float:
 # Memory. Float arrays of 128 KiB and up come from the kernels' block cache and go back to it when freed
 # (csrc/block_cache.cpp): a fresh mapping from the allocator would fault in zeroed pages at every call.
 empty = ext.empty          # empty(shape, itemsize) -> float32/float64 ndarray
+# Bytes from which empty's and scratch's arrays come from the block cache; a smaller one is NumPy's own.
+recycle_bytes = ext.RECYCLE_BYTES if _extension.error is None else 0
 scratch = ext.scratch      # scratch(nbytes) -> uint8 ndarray from the block cache
 block_cache_bytes = ext.block_cache_bytes
 block_cache_release = ext.block_cache_release

@@ -6,7 +6,10 @@ import numpy as np
 
 from ..algos import conv_cpu as _conv_kernels
 from .._checks import _DTYPE_NAMES, _array, _empty, _same_dtype
+from .._config import get_workspace_limit
 from ..backends import DeviceArray, cpu as _cpu, device_of, placement_error
+from ..dispatch import dispatch_state
+from ..plans import Memo
 from ..problem import ConvProblem, _conv_pair
 from ._common import _plan, _problems
 
@@ -46,15 +49,12 @@ def _conv_problem(op, direction, x_shape, w_shape, stride, padding, dilation, gr
     return p
 
 
-_SCRATCH_MIN_BYTES = 128 << 10  # csrc/common.h kRecycleBytes: the block cache's smallest block
-
-
 def _workspace(plan, dtype):
     """The workspace array a plan's run needs (None for none)."""
     nbytes, p = plan.workspace_bytes, plan.problem
     if nbytes == 0:
         return None
-    if nbytes < _SCRATCH_MIN_BYTES:
+    if nbytes < _cpu.recycle_bytes:
         return _empty(p.op, (nbytes // dtype.itemsize,), dtype)
     # Larger workspaces come from the kernels' block cache: a fresh mapping would take a page fault and a
     # zeroed page per 4 KiB on every call (a fifth of Winograd's backward filter on ResNet-50's res5, a
@@ -135,6 +135,31 @@ def _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups):
     return p, x, w, bias
 
 
+# conv2d calls already validated and dispatched (no workspace= given), by signature: (input's shape and
+# dtype, weight's, bias's, the geometry as _conv_problem keys it, algo, the workspace limit, the dispatch
+# state) -> (plan, whether the output is small enough for NumPy's allocator). A repeated call then only
+# allocates and runs.
+_conv2d_calls = Memo(1024)
+
+
+def _conv2d_key(input, weight, bias, stride, padding, dilation, groups, algo):
+    """A conv2d call's signature (an int or a string as itself, anything else as _typed gives it), or None
+    where the call is not one to remember."""
+    if not (type(input) is np.ndarray and type(weight) is np.ndarray and (bias is None or type(bias) is np.ndarray)
+            and type(algo) is str):
+        return None
+    try:
+        key = (input.shape, input.dtype, weight.shape, weight.dtype, None if bias is None else (bias.shape, bias.dtype),
+               stride if type(stride) is int else _typed(stride),
+               padding if type(padding) is int or type(padding) is str else _typed(padding),
+               dilation if type(dilation) is int else _typed(dilation), groups if type(groups) is int else _typed(groups),
+               algo, get_workspace_limit(), dispatch_state())
+        hash(key)
+    except TypeError:  # an unhashable argument: the checks report what is wrong with it
+        return None
+    return key
+
+
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algo="auto", workspace=None):
     """2-D convolution (cross-correlation), as torch.nn.functional.conv2d: input N x C x H x W, weight
     K x C/groups x R x S, bias K or None; stride, dilation int or pair; padding int, pair, "same" or "valid".
@@ -143,6 +168,16 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     workspace: an array the caller owns (any dtype, C-contiguous) for the algorithm's scratch, as cuDNN's
     workspace: "auto" then picks among the algorithms whose workspace fits in it, and an algorithm named
     by algo that needs more is an error saying how much (explain() lists each one's). None: dnnkit's own."""
+    key = None if workspace is not None else _conv2d_key(input, weight, bias, stride, padding, dilation, groups, algo)
+    hit = None if key is None else _conv2d_calls.get(key)
+    if hit is not None:
+        plan, small = hit
+        p = plan.problem
+        y = np.empty((p.mb, p.oc, p.oh, p.ow), input.dtype) if small else \
+            _empty("conv2d", (p.mb, p.oc, p.oh, p.ow), input.dtype)
+        plan.run(np.ascontiguousarray(input), np.ascontiguousarray(weight), out=y,
+                 bias=None if bias is None else np.ascontiguousarray(bias), workspace=_workspace(plan, input.dtype))
+        return y
     odd = _odd_same(np.shape(weight), stride, padding, dilation)
     if odd is not None and np.ndim(input) == 4 and device_of(input) != "cuda":
         # The one extra row/column of padding on the bottom/right, by hand; the rest as usual.
@@ -159,6 +194,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     plan.run(np.ascontiguousarray(x), np.ascontiguousarray(w), out=y,
              bias=None if bias is None else np.ascontiguousarray(bias),
              workspace=_conv_workspace("conv2d", plan, x.dtype, ws))
+    if key is not None:
+        _conv2d_calls.put(key, (plan, y.nbytes < _cpu.recycle_bytes))
     return y
 
 

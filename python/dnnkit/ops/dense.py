@@ -15,7 +15,7 @@ from .._checks import (
     _DTYPE_NAMES, _activation, _array, _empty, _flag, _linear_backward_shapes, _output, _same_dtype, _scalar, _unshared,
 )
 from .._config import get_workspace_limit
-from ..backends import DeviceArray, device_of, placement_error
+from ..backends import DeviceArray, cpu as _cpu, device_of, placement_error
 from ..dispatch import dispatch_state, plan as _dispatch_plan
 from ..packed import PackedWeight
 from ..plans import Memo
@@ -59,6 +59,13 @@ def _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b):
     return p, A, B, alpha, beta
 
 
+# Calls already validated and dispatched, by signature: (a's shape and dtype, b's, the transpositions, algo,
+# the workspace limit, the dispatch state) -> (plan, whether C is small enough for NumPy's allocator). A
+# repeated call with float alpha and beta, alpha nonzero, then checks only c and runs the plan: the checks
+# and the dispatch are most of a small product's time.
+_gemm_calls = Memo(1024)
+
+
 def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, algo="auto", stream=None):
     """C := alpha * op(a) @ op(b) + beta * C, with op(x) = x.T when trans_x, as BLAS sgemm/dgemm.
 
@@ -67,6 +74,26 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, alg
     current stream). When c is given it is updated in place and returned; when beta == 0 it is not read (it
     may hold NaN), and when alpha == 0 neither are a and b. Without c a new array is returned, of a's kind.
     """
+    key = None
+    if (type(a) is np.ndarray and type(b) is np.ndarray and type(trans_a) is bool and type(trans_b) is bool
+            and type(alpha) is float and type(beta) is float and type(algo) is str and stream is None
+            and alpha != 0.0):
+        key = (a.shape, a.dtype, b.shape, b.dtype, trans_a, trans_b, algo, get_workspace_limit(), dispatch_state())
+        hit = _gemm_calls.get(key)
+        if hit is not None:
+            plan, small = hit
+            p = plan.problem
+            if c is None:
+                if beta == 0.0:
+                    c = np.empty((p.m, p.n), a.dtype) if small else _empty("gemm", (p.m, p.n), a.dtype)
+                    plan.run(a.T if trans_a else a, b.T if trans_b else b, out=c, alpha=alpha, beta=beta)
+                    return c
+            # c as _output accepts it (a broadcast view, stride 0, aside): else the checks below say why not
+            elif (type(c) is np.ndarray and c.shape == (p.m, p.n) and c.dtype == a.dtype and c.flags.writeable
+                  and 0 not in c.strides):
+                plan.run(_unshared(a.T if trans_a else a, c), _unshared(b.T if trans_b else b, c), out=c,
+                         alpha=alpha, beta=beta)
+                return c
     try:
         p, A, B, alpha, beta = _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b)
     except DeviceArray:
@@ -90,6 +117,8 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, alg
     else:
         A, B = _unshared(A, c), _unshared(B, c)
     plan.run(A, B, out=c, alpha=alpha, beta=beta)
+    if key is not None:
+        _gemm_calls.put(key, (plan, p.m * p.n * p.itemsize < _cpu.recycle_bytes))
     return c
 
 
