@@ -119,19 +119,19 @@ def test_repeated_cell_calls_take_the_remembered_path():
     """A cell stepped in a loop reuses its first call's checks and dispatch: every step still matches the
     reference, a transposed (non-contiguous) weight or a wrong shape in the same loop is handled as on a
     first call, and the remembered decisions stay keyed by signature."""
-    from dnnkit.ops import recurrent
+    from dnnkit.ops import _common
     rng = np.random.default_rng(11)
     H, I, B = 6, 4, 3
     w_ih, w_hh = rng.standard_normal((4 * H, I)).astype(np.float32), rng.standard_normal((4 * H, H)).astype(np.float32)
     b_ih, b_hh = rng.standard_normal(4 * H).astype(np.float32), rng.standard_normal(4 * H).astype(np.float32)
     h, c = np.zeros((B, H), np.float32), np.zeros((B, H), np.float32)
-    recurrent._cell_calls.clear()
+    _common._calls.clear()
     for step in range(4):
         x = rng.standard_normal((B, I)).astype(np.float32)
         eh, ec = lstm_cell_ref(x, h, c, w_ih, w_hh, b_ih, b_hh)
         h, c = dnnkit.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
         assert rel_l2(h, eh) <= FWD_TOL32 and rel_l2(c, ec) <= FWD_TOL32
-    assert len(recurrent._cell_calls) == 1
+    assert [k[0] for k in _common._calls] == ["lstm_cell"]
     w_t = np.asfortranarray(w_ih)  # same shape and dtype, not C-contiguous
     eh, ec = lstm_cell_ref(x, h, c, w_ih, w_hh, b_ih, b_hh)
     got = dnnkit.lstm_cell(x, (h, c), w_t, w_hh, b_ih, b_hh)

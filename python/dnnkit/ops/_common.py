@@ -9,9 +9,16 @@ from ..dispatch import plan as _dispatch_plan
 from ..plans import Memo
 
 
-# Problems are immutable and built from a handful of ints, flags and names: keep one object per key so
-# that a repeated call builds no dataclass and hashes to a cached dispatch decision.
+# Problems are immutable and built from a handful of ints, flags and names: keep one object per key (the
+# operator's family first) so that a repeated call builds no dataclass and hashes to a cached plan.
 _problems = Memo()
+
+# Calls already validated and dispatched, by operator and call signature: the operator's name, then what its
+# checks and its dispatch depend on (each argument's shape and dtype, the other arguments as the operator
+# keys them, algo, the workspace limit, the dispatch state) -> what a repeated call needs to run (its plan,
+# how to allocate its outputs). A hit skips the checks and the dispatch, most of a small call's time
+# (bench/dispatch.py).
+_calls = Memo(4096)
 
 def _plan(op: str, p, algo, workspace_limit=None):
     """dispatch.plan, its errors naming the public function op (linear's problems are GEMM problems)."""

@@ -9,9 +9,8 @@ from .._checks import _DTYPE_NAMES, _array, _empty, _same_dtype
 from .._config import get_workspace_limit
 from ..backends import DeviceArray, cpu as _cpu, device_of, placement_error
 from ..dispatch import dispatch_state
-from ..plans import Memo
 from ..problem import ConvProblem, _conv_pair
-from ._common import _plan, _problems
+from ._common import _calls, _plan, _problems
 
 
 # ------------------------------------------------------------------------------------------ convolution
@@ -135,21 +134,15 @@ def _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups):
     return p, x, w, bias
 
 
-# conv2d calls already validated and dispatched (no workspace= given), by signature: (input's shape and
-# dtype, weight's, bias's, the geometry as _conv_problem keys it, algo, the workspace limit, the dispatch
-# state) -> (plan, whether the output is small enough for NumPy's allocator). A repeated call then only
-# allocates and runs.
-_conv2d_calls = Memo(1024)
-
-
 def _conv2d_key(input, weight, bias, stride, padding, dilation, groups, algo):
-    """A conv2d call's signature (an int or a string as itself, anything else as _typed gives it), or None
-    where the call is not one to remember."""
+    """A conv2d call's signature in _calls (an int or a string as itself, anything else as _typed gives it),
+    or None where the call is not one to remember (a caller's workspace). A hit holds (plan, whether the
+    output is small enough for NumPy's allocator)."""
     if not (type(input) is np.ndarray and type(weight) is np.ndarray and (bias is None or type(bias) is np.ndarray)
             and type(algo) is str):
         return None
     try:
-        key = (input.shape, input.dtype, weight.shape, weight.dtype, None if bias is None else (bias.shape, bias.dtype),
+        key = ("conv2d", input.shape, input.dtype, weight.shape, weight.dtype, None if bias is None else (bias.shape, bias.dtype),
                stride if type(stride) is int else _typed(stride),
                padding if type(padding) is int or type(padding) is str else _typed(padding),
                dilation if type(dilation) is int else _typed(dilation), groups if type(groups) is int else _typed(groups),
@@ -169,7 +162,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     workspace: "auto" then picks among the algorithms whose workspace fits in it, and an algorithm named
     by algo that needs more is an error saying how much (explain() lists each one's). None: dnnkit's own."""
     key = None if workspace is not None else _conv2d_key(input, weight, bias, stride, padding, dilation, groups, algo)
-    hit = None if key is None else _conv2d_calls.get(key)
+    hit = None if key is None else _calls.get(key)
     if hit is not None:
         plan, small = hit
         p = plan.problem
@@ -195,7 +188,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
              bias=None if bias is None else np.ascontiguousarray(bias),
              workspace=_conv_workspace("conv2d", plan, x.dtype, ws))
     if key is not None:
-        _conv2d_calls.put(key, (plan, y.nbytes < _cpu.recycle_bytes))
+        _calls.put(key, (plan, y.nbytes < _cpu.recycle_bytes))
     return y
 
 

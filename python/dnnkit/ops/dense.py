@@ -18,13 +18,12 @@ from .._config import get_workspace_limit
 from ..backends import DeviceArray, cpu as _cpu, device_of, placement_error
 from ..dispatch import dispatch_state, plan as _dispatch_plan
 from ..packed import PackedWeight
-from ..plans import Memo
 from ..problem import GemmProblem
-from ._common import _accumulate_target, _gpu, _host_stream, _plan, _problems
+from ._common import _accumulate_target, _calls, _gpu, _host_stream, _plan, _problems
 
 
 def _gemm_problem(m, n, k, trans_a, trans_b, dtype, bias=False, activation="identity", packed=False) -> GemmProblem:
-    key = (m, n, k, trans_a, trans_b, dtype, bias, activation, packed)
+    key = ("gemm", m, n, k, trans_a, trans_b, dtype, bias, activation, packed)
     p = _problems.get(key)
     if p is None:
         p = _problems.put(key, GemmProblem(m, n, k, trans_a=trans_a, trans_b=trans_b, dtype=_DTYPE_NAMES[dtype],
@@ -59,13 +58,6 @@ def _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b):
     return p, A, B, alpha, beta
 
 
-# Calls already validated and dispatched, by signature: (a's shape and dtype, b's, the transpositions, algo,
-# the workspace limit, the dispatch state) -> (plan, whether C is small enough for NumPy's allocator). A
-# repeated call with float alpha and beta, alpha nonzero, then checks only c and runs the plan: the checks
-# and the dispatch are most of a small product's time.
-_gemm_calls = Memo(1024)
-
-
 def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, algo="auto", stream=None):
     """C := alpha * op(a) @ op(b) + beta * C, with op(x) = x.T when trans_x, as BLAS sgemm/dgemm.
 
@@ -74,12 +66,15 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, alg
     current stream). When c is given it is updated in place and returned; when beta == 0 it is not read (it
     may hold NaN), and when alpha == 0 neither are a and b. Without c a new array is returned, of a's kind.
     """
+    # A call seen before (_calls: a's and b's shapes and dtypes, the flags, algo) with float alpha and beta,
+    # alpha nonzero: c checked, the plan run; the value says whether C is small enough for NumPy's allocator.
     key = None
     if (type(a) is np.ndarray and type(b) is np.ndarray and type(trans_a) is bool and type(trans_b) is bool
             and type(alpha) is float and type(beta) is float and type(algo) is str and stream is None
             and alpha != 0.0):
-        key = (a.shape, a.dtype, b.shape, b.dtype, trans_a, trans_b, algo, get_workspace_limit(), dispatch_state())
-        hit = _gemm_calls.get(key)
+        key = ("gemm", a.shape, a.dtype, b.shape, b.dtype, trans_a, trans_b, algo, get_workspace_limit(),
+               dispatch_state())
+        hit = _calls.get(key)
         if hit is not None:
             plan, small = hit
             p = plan.problem
@@ -118,7 +113,7 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, alg
         A, B = _unshared(A, c), _unshared(B, c)
     plan.run(A, B, out=c, alpha=alpha, beta=beta)
     if key is not None:
-        _gemm_calls.put(key, (plan, p.m * p.n * p.itemsize < _cpu.recycle_bytes))
+        _calls.put(key, (plan, p.m * p.n * p.itemsize < _cpu.recycle_bytes))
     return c
 
 
@@ -149,22 +144,17 @@ def _linear_prepare(x, weight, bias, activation):
     return p, x.reshape(m, in_f), w, bias, lead
 
 
-# Calls already validated and dispatched, by signature: (input shape and dtype, weight's, bias's,
-# activation, algo, dispatch state) -> (problem, algorithm). A repeated call (the batch-1 layer of an
-# inference loop) then skips the checks and the dispatch, a few microseconds of a GEMV's tens.
-# A hit whose algorithm names a kernel of linear_run (algos/gemm_cpu.py) goes straight to it: the output allocated, the
-# kernel run, all in one C++ call.
-_linear_calls = Memo(1024)
-
-
 def _linear_key(input, weight, bias, activation, algo):
-    """A call's signature: what its checks and dispatch depend on."""
+    """A call's signature in _calls: what its checks and dispatch depend on. A hit (the batch-1 layer of an
+    inference loop) holds (plan, the linear_run kernel that does what the plan's algorithm does, or None),
+    and with a kernel goes straight to it: the output allocated, the kernel run, all in one C++ call; on a
+    weight packed by pack_weight it holds the activation's code for linear_prepacked."""
     packed = type(weight) is PackedWeight
     if not (type(input) is np.ndarray and (packed or type(weight) is np.ndarray)
             and (bias is None or type(bias) is np.ndarray) and (activation is None or type(activation) is str)
             and type(algo) is str):
         return None
-    return (input.shape, input.dtype, packed, weight.shape, weight.dtype,
+    return ("linear", input.shape, input.dtype, packed, weight.shape, weight.dtype,
             None if bias is None else (bias.shape, bias.dtype), activation, algo, get_workspace_limit(),
             dispatch_state())
 
@@ -181,7 +171,7 @@ def linear(input, weight, bias=None, *, activation=None, return_preactivation=Fa
     if isinstance(weight, PackedWeight):
         return _linear_packed(input, weight, bias, activation, return_preactivation, algo)
     key = None if return_preactivation is not False else _linear_key(input, weight, bias, activation, algo)
-    hit = None if key is None else _linear_calls.get(key)
+    hit = None if key is None else _calls.get(key)
     if hit is not None:
         plan, kind = hit
         p = plan.problem
@@ -203,7 +193,7 @@ def linear(input, weight, bias=None, *, activation=None, return_preactivation=Fa
     if not return_preactivation or p.activation == "identity":
         plan.run(x2, w.T, out=y2, bias=bias)
         if key is not None:
-            _linear_calls.put(key, (plan, LINEAR_RUN_KINDS.get(type(plan.algorithm))))
+            _calls.put(key, (plan, LINEAR_RUN_KINDS.get(type(plan.algorithm))))
         return (y, y.copy()) if return_preactivation else y
     z = _empty("linear", y.shape, y.dtype)
     pz = _gemm_problem(p.m, p.n, p.k, False, True, w.dtype, p.bias)
@@ -243,7 +233,7 @@ def _linear_packed(x, pw, bias, activation, return_preactivation, algo):
     reads a packed weight."""
     op = "linear"
     key = None if return_preactivation is not False else _linear_key(x, pw, bias, activation, algo)
-    act_code = None if key is None else _linear_calls.get(key)
+    act_code = None if key is None else _calls.get(key)
     if act_code is not None:  # checked and dispatched before
         return _fc_kernels.linear_prepacked(x, pw, bias, act_code)
     p, x2, bias, lead = _linear_packed_prepare(x, pw, bias, activation)
@@ -252,7 +242,7 @@ def _linear_packed(x, pw, bias, activation, return_preactivation, algo):
     if not return_preactivation or p.activation == "identity":
         _plan(op, p, algo).run(x2, pw, out=y.reshape(p.m, p.n), bias=bias)
         if key is not None:  # gemm_prepacked is the one algorithm that runs it
-            _linear_calls.put(key, ACTIVATION_CODES[p.activation])
+            _calls.put(key, ACTIVATION_CODES[p.activation])
         return (y, y.copy()) if return_preactivation else y
     z = _empty(op, y.shape, y.dtype)
     pz = _gemm_problem(p.m, p.n, p.k, False, True, x2.dtype, p.bias, packed=True)

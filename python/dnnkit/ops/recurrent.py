@@ -52,11 +52,10 @@ from ..algos.rnn_cpu import reserve_elems as _reserve_elems
 from .._config import get_workspace_limit
 from ..backends import DeviceArray, device_of, placement_error
 from .._checks import _DTYPE_NAMES, _FLOAT_DTYPES, _array, _empty, _flag
-from ..plans import Memo
 from ..dispatch import dispatch_state
 from ..packed import PackedWeight, unpacked
 from ..problem import RnnProblem
-from ._common import _accumulate_target, _plan
+from ._common import _accumulate_target, _calls, _plan, _problems
 from ._rnn_args import _dropout, _generator, _layers, _proj_size, _weight_label, _weights
 
 _CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
@@ -104,12 +103,9 @@ class RnnReserve:
                 f"directions={D} {self.x.dtype} {self.nbytes} bytes>")
 
 
-_problems = Memo()
-
-
 def _problem(mode, T, B, I, H, L, D, bias, direction, dtype, P=0) -> RnnProblem:
     """One RnnProblem per distinct call signature (a dictionary hit, not a validation, per call)."""
-    key = (mode, T, B, I, H, L, D, bias, direction, dtype, P)
+    key = ("rnn", mode, T, B, I, H, L, D, bias, direction, dtype, P)
     p = _problems.get(key)
     if p is None:
         p = _problems.put(key, RnnProblem(mode, T, B, I, H, layers=L, dirs=D, bias=bias, direction=direction,
@@ -533,13 +529,6 @@ def _cell_array(op, name, a, dtype):
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
-# Cell calls already validated and dispatched, by signature (every array's shape and dtype, which state
-# was given, train, the workspace limit and the dispatch state) -> (problem, algorithm, kernel shape). A
-# cell stepped in a Python loop repeats one signature; a hit skips the checks and the dispatch, several
-# microseconds of a small cell's tens.
-_cell_calls = Memo(1024)
-
-
 def _sig(a):
     """(shape, dtype) of a C-contiguous ndarray, None for None; raises AttributeError for anything else
     (the caller then takes the checked path)."""
@@ -553,6 +542,9 @@ def _sig(a):
 
 
 def _cell_key(op, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo):
+    """A cell call's signature in _calls (every array's shape and dtype, which state was given, train, algo),
+    or None where it is not one to remember. A hit holds (plan, kernel shape, unbatched): a cell stepped in a
+    Python loop repeats one signature."""
     if type(train) is not bool or type(algo) is not str:
         return None
     try:
@@ -575,7 +567,7 @@ def _cell_run(op, mode, hit, x, h, c, flat, train):
 def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo):
     """One step of a single-layer, one-direction sequence (the same kernel, which skips the packing)."""
     key = _cell_key(op, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo)
-    hit = None if key is None else _cell_calls.get(key)
+    hit = None if key is None else _calls.get(key)
     if hit is not None:
         h_out, c_out, buffer = _cell_run(op, mode, hit, x, h, c, [w_ih, w_hh, b_ih, b_hh], train)
         return _cell_result(op, mode, hit[0].problem, hit[1], hit[2], x, h, c, [w_ih, w_hh, b_ih, b_hh], h_out,
@@ -644,7 +636,7 @@ def _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo):
     hit = (_plan(op, p, algo), shape, unbatched)
     h_out, c_out, buffer = _cell_run(op, mode, hit, x, h, c, flat, train)
     if key is not None:
-        _cell_calls.put(key, hit)
+        _calls.put(key, hit)
     return _cell_result(op, mode, p, shape, unbatched, x, h, c, flat, h_out, c_out, buffer, train)
 
 
