@@ -442,8 +442,8 @@ void conv2d_fwd_winograd_impl(const ConvShape& sh, const T* x, const T* w, bool 
 // ---- Backward data. With stride 1 and dilation 1, dx is the forward convolution of dy with the filters
 // transposed per group and turned by 180 degrees, w'[c][k][r][s] = w[k][c][2 - r][2 - s], at padding
 // 2 - ph, 2 - pw (so it needs ph, pw <= 2): the forward algorithm runs on that problem, its filter
-// transforms reading w' out of w as they go ("turned"), so w' is never stored (a copy of it cost 1 ms
-// for ResNet-50's 256 x 256 filters and 3 ms for its 512 x 512 ones, a quarter of the whole pass).
+// transforms reading w' out of w as they go ("turned"), so w' is never stored: on large filter banks
+// its copy is a sizable share of the pass (bench/log/kernel-choices.md).
 
 ConvShape winograd_bwd_data_as_fwd(const ConvShape& sh) {
   ConvShape f = sh;

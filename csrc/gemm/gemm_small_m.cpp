@@ -244,9 +244,9 @@ void gemm_wt_direct_cell(index_t m, index_t n, index_t k1, const T* x, index_t l
   const index_t k = k1 + k2;
   // Units of `width` hidden units: every group's tiles of those units (width / mr tiles each, against
   // every batch panel), then done() on the same thread, while the unit's pre-activations (m x width per
-  // group) are still in its cache. A post-GEMM after the products, each thread on its own half of the
-  // units, found half of what it read in the other core's cache. Units of 32 took 0.97-1.01 of the time
-  // of units of 16 (LSTM and GRU cells, H256-H1024, batch 64), of 64 and 128 0.99-1.04.
+  // group) are still in its cache (a pass after the products, each thread on its own half of the units,
+  // would find half of what it reads in the other core's cache). 32 units: no slower than 16, 64 or 128
+  // (bench/log/kernel-choices.md).
   const index_t width = round_up(32, mr), units = ceil_div(n, width);
   const index_t npan = ceil_div(m, nr);
   const index_t kc_max = ceil_div(k, ceil_div(k, sa_depth_block(sk)));

@@ -131,8 +131,8 @@ void pack_panels_by_lines(index_t k, index_t n, const T* src, index_t ld, T* dst
 }
 
 // The k x n block of a row-major B (rows rs apart) into its micro-panels of the kernel's NR columns
-// (the last zero-padded), rows outermost (packing B panel by panel took 5.4% of a 2048^3 GEMM); false
-// for a width no micro-kernel uses.
+// (the last zero-padded), rows outermost, so that B is read in order (panel by panel it would be read
+// one short run a row); false for a width no micro-kernel uses.
 template <typename T>
 inline bool pack_b_rows_fixed(index_t k, index_t n, int nr, const T* b, index_t rs, T* bp) {
   switch (nr) {

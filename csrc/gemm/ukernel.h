@@ -18,7 +18,7 @@
 //   - k == 0 is allowed: C := beta * C (or 0 when beta == 0), plus the bias.
 //   - The bias is added in the tile's store, while it is in registers: a GEMM with a bias (the input
 //     projections of an RNN, a linear layer; per row, a convolution's output channels) passes it on its
-//     last k block instead of a second pass over C, which at 3200 x 2048 x 512 cost 15% of the product.
+//     last k block instead of a second pass over C, which costs a sizable share of a product of small depth.
 //   - NaN and Inf in A and B propagate through the products as IEEE arithmetic says.
 #pragma once
 #include "../common.h"
@@ -141,12 +141,8 @@ SaKernel<T> select_sa_kernel(Isa isa, index_t m = 0) {
 }
 
 // SaKernel::min_depth, the depth from which the strided-A kernel beats the packing GEMM (and, at 13-16
-// rows, the dot kernels) where its tiles are full enough (sa_batch_fits). Measured, 2 threads, 768-3072
-// outputs: AVX-512 float32 against the packing GEMM, at depth 192 16-96 rows took 0.65-0.94 of its time,
-// at 128 32-96 rows tied (0.92-1.24) and 16 rows 0.79-0.93; against the dot kernels, 13-16 rows
-// 0.54-0.89 at depth 128-320: 192. (With the 6 x 64 tile it had been 320: the tile's store and the
-// batch's packing had needed the depth.) AVX2's 4 x 24 tile at depth 192-256: 20-48 rows 0.84-1.10 of the
-// packing GEMM's time, 40 rows 1.00-1.10: it keeps 320.
+// rows, the dot kernels) where its tiles are full enough (sa_batch_fits): the measured crossovers, 192 for
+// AVX-512's float32 tile and 320 for AVX2's 4 x 24 (bench/log/kernel-choices.md).
 
 // The depth blocks gemm_wt_direct cuts a product into (their partial sums added into C): the deepest,
 // in multiples of 256 and at least 1024, whose packed batch panels for the largest batch the kernel takes

@@ -42,9 +42,8 @@ void uk_far_f32(dnnkit::index_t k, const float* a, const float* b, float* c, dnn
                 dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias, bool bias_rows) {
   ukernel_tile<Avx512F32, kMR, 2, kFarK>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
 }
-// UKernel::far_a: A prefetched 48 steps (2.7 KB of a 14-row float32 panel) ahead as well. One thread,
-// 2048^3 and 4096^3, three rounds each: 1.01-1.08 and 1.00-1.04 of the GFLOP/s without (16 steps:
-// 1.02-1.04 and 0.99-1.03).
+// UKernel::far_a: A prefetched 48 steps (2.7 KB of a 14-row float32 panel) ahead as well, for the first
+// tile of a row of tiles, whose A micro-panel comes from L3 (bench/log/kernel-choices.md).
 constexpr int kFarA = 48;
 void uk_fara_f32(dnnkit::index_t k, const float* a, const float* b, float* c, dnnkit::index_t rs_c,
                  dnnkit::index_t cs_c, float alpha, float beta, int m, int n, const float* bias, bool bias_rows) {

@@ -104,8 +104,7 @@ def _empty(op: str, shape, dtype) -> np.ndarray:
     """np.empty, with an output too large to allocate reported as a MemoryError naming op (NumPy raises
     ValueError rather than MemoryError when the byte count overflows). Float outputs of 128 KiB and up come
     from the kernels' block cache, as their scratch does, and go back to it when freed: from glibc, whether
-    such an array faults in fresh pages at every call depends on what the process allocated before (an
-    LSTM cell's training step at batch 64 took 2700 page faults a call and 1.3x the time)."""
+    such an array faults in fresh pages at every call depends on what the process allocated before."""
     try:
         if dtype == np.float32 or dtype == np.float64:
             return _cpu.empty(shape, np.dtype(dtype).itemsize)

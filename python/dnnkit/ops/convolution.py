@@ -56,8 +56,7 @@ def _workspace(plan, dtype):
     if nbytes < _cpu.recycle_bytes:
         return _empty(p.op, (nbytes // dtype.itemsize,), dtype)
     # Larger workspaces come from the kernels' block cache: a fresh mapping would take a page fault and a
-    # zeroed page per 4 KiB on every call (a fifth of Winograd's backward filter on ResNet-50's res5, a
-    # tenth of its 1x1 layers at batch 8).
+    # zeroed page per 4 KiB on every call.
     try:
         return _cpu.scratch(nbytes).view(dtype)
     except MemoryError:
