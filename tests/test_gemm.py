@@ -184,6 +184,30 @@ def test_gemm_wide_products_split_by_columns(isa, num_threads, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_gemm_b_outer_products(isa, num_threads, dtype, no_amx):
+    """Products of 512 rows and more, which the ISAs whose blocking enables it run B-outer (each thread its
+    share of the columns in B blocks that fit L3, A blocks in L2): row tails past every A block and
+    micro-panel, column shares that are not whole panels, several B blocks and depth blocks, a transposed A, strided operands, alpha and beta, a bias
+    and an activation; and a weight packed by pack_weight, read in place, gives the unpacked product's
+    bits."""
+    rng = np.random.default_rng(17)
+    # Columns past a B block's (a KC x NC float64 block fills at most a quarter of L3 on two threads).
+    wide = min(4096, dnnkit._cpu.l3_cache_bytes() // (2 * 512 * 8) * 3 // 2 + 5)
+    for (m, n, k), trans_a, beta in [((517, 1041, 1100), False, 0.0), ((530, 1100, 137), True, -0.5),
+                                     ((601, 75, 300), False, 1.0), ((520, wide, 600), False, 0.0)]:
+        check_gemm(BLOCKED, GemmCase(m, n, k, dtype, trans_a, False, 1.0, beta, True, ("C", "C", "C"), m + n))
+        check_gemm(BLOCKED, GemmCase(m, n, k, dtype, trans_a, True, 0.75, beta, True, ("C", "F", "strided"), m))
+    x = rng.standard_normal((515, 700)).astype(dtype)
+    w = (rng.standard_normal((1030, 700)) / 20).astype(dtype)
+    b = rng.standard_normal(1030).astype(dtype)
+    y = dnnkit.linear(x, w, b, activation="tanh", algo="blocked_gemm")
+    assert rel_l2(y, np.tanh(x.astype(np.float64) @ w.T.astype(np.float64) + b)) <= tolerance(BLOCKED, dtype)
+    assert np.array_equal(dnnkit.linear(x, dnnkit.pack_weight(w), b, activation="tanh"), y)
+    tall = dnnkit.gemm(w[:, :515], x)  # 1030 x 700 over 515
+    assert rel_l2(tall, w[:, :515].astype(np.float64) @ x.astype(np.float64)) <= tolerance(BLOCKED, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("m, n, k", [(0, 5, 3), (4, 0, 3), (4, 5, 0), (0, 0, 0), (0, 5, 0), (1, 1, 0), (1, 1, 1)])
 @pytest.mark.parametrize("beta, with_c", [(0.0, True), (0.0, False), (2.0, True)], ids=["beta0", "no_c", "beta2"])
 def test_gemm_zero_size(isa, gemm_algo, dtype, m, n, k, beta, with_c):

@@ -10,6 +10,9 @@
 //   - the packed A block (MC x KC) stays in L3, shared by the threads: at most a quarter of it
 //     (blocking_for). A float32 MC of 4116 (294 panels of 14, 686 of 6) packs B once for any m up to
 //     4116 where L3 holds it (bench/RESULTS.md, "The AVX2 path's changes").
+// Where the row says so (b_outer), large products take the other order (gemm.cpp, Plan::b_outer), whose
+// blocks b_outer_blocking sizes: a B micro-panel (KC x NR) fills L1 and stays there while the A
+// micro-panels of an A block in L2 stream past it (bench/RESULTS.md, "The AVX2 path's changes").
 // Each k block is a pass over C (a load and a store of every tile), so deeper blocks pay as long as the
 // A micro-panel fits L1. Where a product runs alone (one thread, dnnkit set to one thread) and C outgrows
 // L2, a deeper KC (kc_alone, deep_k_blocks): on two threads, a deeper block means a narrower B block and
@@ -30,6 +33,7 @@ struct Blocking {
   index_t kc;
   index_t nc;
   index_t kc_alone;  // KC for a product that runs alone on a large C (deep_k_blocks)
+  bool b_outer;      // large products run B-outer (Plan::b_outer), blocked by b_outer_blocking
 };
 
 // The largest NC up to the table's, a multiple of 32 columns (of every micro-kernel's NR), whose kc x NC
@@ -39,7 +43,9 @@ inline index_t nc_for_l2(const Blocking& b, index_t kc, index_t elem) {
   return std::max<index_t>(128, std::min(b.nc, fit));
 }
 
-// The table: per ISA and dtype, MC, KC, the cap on NC and KC alone, for an L1 data cache of l1d_kib.
+// The table: per ISA and dtype, MC, KC, the cap on NC, KC alone and whether large products run B-outer
+// (measured on AVX2; the AVX-512 rows are tuned for the A-outer order alone), for an L1 data cache of
+// l1d_kib.
 struct BlockingRow {
   Blocking b;
   index_t l1d_kib;
@@ -49,10 +55,13 @@ template <typename T>
 inline BlockingRow blocking_table(Isa isa) {
   constexpr bool f32 = sizeof(T) == 4;
   switch (isa) {
-    //                               MC    KC    NC (the cap), KC alone; L1d
-    case Isa::avx512: return f32 ? BlockingRow{{4116, 640, 1024, 1024}, 48} : BlockingRow{{2016, 320, 768, 512}, 48};
-    case Isa::avx2:   return f32 ? BlockingRow{{4116, 256, 1024, 256}, 32} : BlockingRow{{2016, 256, 512, 256}, 32};
-    default:          return f32 ? BlockingRow{{1024, 256, 512, 256}, 32} : BlockingRow{{1024, 256, 256, 256}, 32};
+    //                               MC    KC    NC (the cap), KC alone, B-outer; L1d
+    case Isa::avx512: return f32 ? BlockingRow{{4116, 640, 1024, 1024, false}, 48}
+                                 : BlockingRow{{2016, 320, 768, 512, false}, 48};
+    case Isa::avx2:   return f32 ? BlockingRow{{4116, 256, 1024, 256, true}, 32}
+                                 : BlockingRow{{2016, 256, 512, 256, true}, 32};
+    default:          return f32 ? BlockingRow{{1024, 256, 512, 256, false}, 32}
+                                 : BlockingRow{{1024, 256, 256, 256, false}, 32};
   }
 }
 
@@ -79,6 +88,18 @@ inline Blocking blocking_for(Isa isa) {
 inline bool deep_k_blocks(index_t m, index_t n, index_t elem, int nthreads) {
   return nthreads == 1 && get_num_threads() == 1 &&
          double(m) * double(n) * double(elem) > double(l2_cache_bytes());
+}
+
+// The B-outer order's blocks for depth k: KC such that a B micro-panel (KC x NR) fills this core's L1
+// data cache, in equal blocks of at most that (each a multiple of 8); MC, a multiple of MR, such that the
+// A block (MC x KC) fills a fifth of L2.
+template <typename T>
+void b_outer_blocking(index_t k, int mr, int nr, index_t* mc, index_t* kc) {
+  const index_t elem = static_cast<index_t>(sizeof(T));
+  const index_t kmax = std::max<index_t>(128, static_cast<index_t>(l1d_cache_bytes()) / (nr * elem) / 16 * 16);
+  const index_t nkb = ceil_div(std::max<index_t>(k, 1), kmax);
+  *kc = round_up(ceil_div(std::max<index_t>(k, 1), nkb), 8);
+  *mc = std::max<index_t>(mr, static_cast<index_t>(l2_cache_bytes()) / 5 / (kmax * elem) / mr * mr);
 }
 
 // KC for depth k: equal blocks of at most the table's KC (kc_alone where deep_k_blocks), each

@@ -22,6 +22,16 @@ namespace {
 // Threads split n when it has enough panels: each thread packs its own B blocks into its own buffer,
 // in its own L2, and runs the whole shared A block against them. Otherwise (few columns, many rows: the
 // im2col GEMMs of early convolution layers) they share one B block and split the A micro-panels.
+//
+// B-outer (Plan::b_outer, where the blocking table's row enables it), BLIS's order for large products:
+// each thread takes its share of the columns,
+//   jc: its columns in blocks of NC  (a KC x NC block fills at most half of the thread's share of L3)
+//   pc: k in blocks of KC         -> pack the thread's B block (KC x NC, in L3)
+//   ic: m in blocks of MC         -> pack an A block (MC x KC, in L2), the thread's own
+//   jr: NR-wide micro-panels of B    (one B micro-panel in L1)
+//   ir: MR-tall micro-panels of A    -> micro-kernel
+// A B micro-panel fills L1 and stays while the A micro-panels stream past it from L2: the micro-kernel's
+// wide operand (NR values a step) then comes from L1 and only its broadcast one (MR values) from L2.
 
 struct Plan {
   index_t mc, kc, nc;
@@ -30,6 +40,7 @@ struct Plan {
   bool split_n;  // true: each thread packs and runs its own B blocks; false: threads split the ir loop
   bool own_a;    // split_n on several threads, each packing the whole A block itself: no barriers
   bool a_in_place;  // A not packed: the micro-kernel reads its rows where they lie (UKernel::fn_a)
+  bool b_outer;     // the B-outer order: mc, kc from b_outer_blocking, nc a B block's columns
 };
 
 // MC and KC for m and k: equal-ish blocks rather than full blocks and a sliver. They depend on m and k
@@ -56,6 +67,14 @@ constexpr index_t kOwnACols = 512;
 // take time in proportion to n: below this many columns the packing is a share of the product worth
 // saving.
 constexpr index_t kAInPlaceCols = 512;
+// Rows and depth from which a product runs B-outer (Plan::b_outer). On fewer rows of A, a B that streams
+// from memory is better packed a block at a time into L2 and consumed there (the A-outer order); on a
+// shallower depth, the micro-kernel's calls are too short to pay for B-outer's reads from L3 (each B
+// micro-panel once per A block). A weight packed by pack_weight runs its own driver up to 252 rows
+// (gemm_prepacked) and gemm() on more, in the same order as gemm() on the weight unpacked, so that both
+// give the same bits.
+constexpr index_t kBOuterRows = 512;
+constexpr index_t kBOuterDepth = 128;
 
 // own_a: the plan packs A itself (no GemmArgs::a_packed), so its KC is free to follow the thread count.
 template <typename T>
@@ -90,6 +109,17 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   // then waits for another, at the A block or at the end of each depth block.
   p.a_in_place = own_a && a_rows && uk.fn_a && n <= kAInPlaceCols;
   p.own_a = own_a && !p.a_in_place && p.split_n && nt > 1 && n >= kOwnACols * nt;
+  // B-outer where each thread would pack the whole A anyway (one thread, or own_a), on enough rows.
+  p.b_outer = blk.b_outer && own_a && !p.a_in_place && p.split_n && (nt == 1 || p.own_a) && m >= kBOuterRows &&
+              k >= kBOuterDepth;
+  if (p.b_outer) {
+    b_outer_blocking<T>(k, uk.mr, uk.nr, &p.mc, &p.kc);
+    // A thread's share of the panels in equal blocks, each KC x NC within half its share of L3.
+    const index_t share = ceil_div(panels_n, index_t(nt));
+    const index_t fit = std::max<index_t>(1, static_cast<index_t>(l3_cache_bytes()) / (2 * nt) /
+                                                 (p.kc * uk.nr * static_cast<index_t>(sizeof(T))));
+    p.nc = ceil_div(share, ceil_div(share, fit)) * uk.nr;
+  }
   return p;
 }
 
@@ -128,6 +158,31 @@ void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const
         const ukernel_fn<T> tile = jr == 0 && first_a ? first_a : fn;
         tile(kc, a_panel, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, bias, g.bias_per_row);
       }
+      if (epilogue) apply_epilogue<T>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
+    }
+  }
+}
+
+// The B-outer order's macro-kernel: the packed A block (mc rows, a tail panel of the exact height) against
+// the B block's panels, b_stride elements apart (NR*KC when packed here, NR*k when read in place from
+// GemmArgs::b_panels), B micro-panel outermost (in L1), the A micro-panels (from L2) inner.
+template <typename T>
+void macro_kernel_b_outer(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const T* bp, index_t b_stride,
+                          index_t ic, index_t mc, index_t jc, index_t nc, index_t kc, T beta, bool last) {
+  const int mr = uk.mr, nr = uk.nr;
+  const index_t n_jr = ceil_div(nc, nr), n_ir = ceil_div(mc, mr);
+  const T* const k_bias = last ? g.bias : nullptr;
+  const bool epilogue = last && g.act != Activation::identity;
+  for (index_t jr = 0; jr < n_jr; ++jr) {
+    const index_t j = jc + jr * nr;
+    const int n_t = static_cast<int>(std::min<index_t>(nr, jc + nc - j));
+    for (index_t ir = 0; ir < n_ir; ++ir) {
+      const index_t i = ic + ir * mr;
+      const int m_t = static_cast<int>(std::min<index_t>(mr, ic + mc - i));
+      const ukernel_fn<T> fn = m_t == mr ? uk.fn : uk.rows[m_t - 1];
+      T* c = g.c + i * g.rs_c + j * g.cs_c;
+      const T* bias = k_bias ? k_bias + (g.bias_per_row ? i : j) : nullptr;
+      fn(kc, ap + ir * mr * kc, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, bias, g.bias_per_row);
       if (epilogue) apply_epilogue<T>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
     }
   }
@@ -243,6 +298,47 @@ void pack_a_block(const T* a, index_t rs_a, index_t cs_a, int mr, index_t ic, in
   }
 }
 
+// The B-outer order (Plan::b_outer): each thread its share of the columns, its own A and B buffers (ea,
+// eb: p.nthreads of a_block and b_block elements each; eb unused where B is read in place); no barriers.
+template <typename T>
+void gemm_b_outer(const GemmArgs<T>& g, const UKernel<T>& uk, const Plan& p, T* ea, index_t a_block, T* eb,
+                  index_t b_block) {
+  const index_t panels = ceil_div(g.n, index_t(p.nr));
+#pragma omp parallel num_threads(p.nthreads) if (p.nthreads > 1)
+  {
+#ifdef _OPENMP
+    const int tid = omp_get_thread_num();
+    const int nt = omp_get_num_threads();
+#else
+    const int tid = 0;
+    const int nt = 1;
+#endif
+    // This thread's columns: an equal share of the NR-wide panels (shares differ by at most one panel), in
+    // blocks of at most p.nc columns.
+    const index_t q0 = panels * tid / nt, q1 = panels * (tid + 1) / nt;
+    T* const ap = ea + tid * a_block;
+    T* const bp = eb + tid * b_block;
+    const index_t j_end = std::min(q1 * p.nr, g.n);
+    for (index_t jc = q0 * p.nr; jc < j_end; jc += p.nc) {
+      const index_t nc = std::min(p.nc, j_end - jc);
+      for (index_t pc = 0; pc < g.k; pc += p.kc) {
+        const index_t kc = std::min(p.kc, g.k - pc);
+        const T beta = pc == 0 ? g.beta : T(1);
+        const bool last = pc + kc >= g.k;
+        // The B block: packed here, or read in place from GemmArgs::b_panels (panels NR*k apart).
+        const T* const bb = g.b_panels ? g.b_panels + jc * g.k + pc * p.nr : bp;
+        const index_t b_stride = g.b_panels ? p.nr * g.k : p.nr * kc;
+        if (!g.b_panels) pack_b_block<T>(g, p.nr, pc, kc, jc, nc, 0, ceil_div(nc, p.nr), bp);
+        for (index_t ic = 0; ic < g.m; ic += p.mc) {
+          const index_t mc = std::min(p.mc, g.m - ic);
+          pack_a_block<T>(g.a, g.rs_a, g.cs_a, p.mr, ic, mc, pc, kc, 0, ceil_div(mc, p.mr), ap);
+          macro_kernel_b_outer<T>(g, uk, ap, bb, b_stride, ic, mc, jc, nc, kc, beta, last);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -279,7 +375,7 @@ index_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
   const index_t stream = gemm_stream_workspace_bytes<T>(m, n, k);
   if (transposing_helps<T>(m, n, uk)) return std::max(stream, gemm_workspace_bytes<T>(n, m, k, nthreads));
   const Plan p = make_plan<T>(m, n, k, nthreads > 0 ? nthreads : get_num_threads(), uk, true);
-  const index_t a_elems = round_up(p.mc, p.mr) * p.kc * (p.own_a ? p.nthreads : 1);
+  const index_t a_elems = round_up(p.mc, p.mr) * p.kc * (p.own_a || p.b_outer ? p.nthreads : 1);
   const index_t b_elems = p.nc * p.kc * (p.split_n ? p.nthreads : 1);
   const index_t bytes = std::max(stream, (a_elems + b_elems) * static_cast<index_t>(sizeof(T)));
   // The tiles' plan where they may take the product (the FMA kernels' where an operand turns out not to
@@ -310,6 +406,12 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
   const index_t b_block = p.nc * p.kc;
   // Allocated before the parallel region: an exception must not cross it.
   const index_t a_block = round_up(p.mc, p.mr) * p.kc;
+  if (p.b_outer) {
+    AlignedBuffer<T> ea(static_cast<std::size_t>(a_block * p.nthreads));
+    AlignedBuffer<T> eb(g.b_panels ? 0 : static_cast<std::size_t>(b_block * p.nthreads));
+    gemm_b_outer<T>(g, uk, p, ea.data(), a_block, eb.data(), b_block);
+    return;
+  }
   const bool a_buffer = !g.a_packed && !p.a_in_place;
   AlignedBuffer<T> abuf(a_buffer ? static_cast<std::size_t>(a_block * (p.own_a ? p.nthreads : 1)) : 0);
   AlignedBuffer<T> bbuf(g.b_panels ? 0 : static_cast<std::size_t>(b_block * (p.split_n ? p.nthreads : 1)));
