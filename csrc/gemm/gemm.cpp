@@ -306,13 +306,7 @@ void gemm_b_outer(const GemmArgs<T>& g, const UKernel<T>& uk, const Plan& p, T* 
   const index_t panels = ceil_div(g.n, index_t(p.nr));
 #pragma omp parallel num_threads(p.nthreads) if (p.nthreads > 1)
   {
-#ifdef _OPENMP
-    const int tid = omp_get_thread_num();
-    const int nt = omp_get_num_threads();
-#else
-    const int tid = 0;
-    const int nt = 1;
-#endif
+    const int tid = thread_id(), nt = thread_count();
     // This thread's columns: an equal share of the NR-wide panels (shares differ by at most one panel), in
     // blocks of at most p.nc columns.
     const index_t q0 = panels * tid / nt, q1 = panels * (tid + 1) / nt;
