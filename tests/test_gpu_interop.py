@@ -113,3 +113,36 @@ def test_nominal_ceilings_from_the_devices_attributes(monkeypatch):
     monkeypatch.setattr(backend, "status", lambda: {"available": False, "reason": "none", "devices": [],
                                                     "driver": None})
     assert backend.ceilings() is None
+
+
+def test_transposed_is_a_view_of_the_same_device_memory():
+    """backend.transposed on a Numba device array: the shape and strides exchanged over the same memory,
+    no copy (Numba's own .T copies through a transpose kernel it compiles at every call). Built without a
+    GPU: the array's memory is a stand-in that nothing reads."""
+    if backend.simulator():
+        pytest.skip("the simulator's device arrays are NumPy arrays")
+    devicearray = pytest.importorskip("numba.cuda.cudadrv.devicearray", reason="numba-cuda is not installed")
+    memory = object()
+    d = devicearray.DeviceNDArray((3, 5), (20, 4), np.float32, gpu_data=memory)
+    t = backend.transposed(d)
+    assert type(t) is type(d) and t.shape == (5, 3) and t.strides == (4, 20) and t.gpu_data is memory
+    view = backend.transposed(t)
+    assert view.shape == (3, 5) and view.strides == (20, 4) and view.gpu_data is memory
+    with pytest.raises(ValueError, match="transposed: a 2-D array"):
+        backend.transposed(devicearray.DeviceNDArray((4,), (4,), np.float32, gpu_data=memory))
+
+
+def test_the_gpu_paths_never_transpose_with_numbas_dot_t():
+    """Every transpose of a device array in the GPU paths goes through backend.transposed: Numba's .T
+    would compile a kernel and copy the array at every call (and a result written through it would be
+    lost)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(backend.__file__).resolve().parents[1]
+    files = [*root.glob("ops/gpu_*.py"), *root.glob("algos/*_cuda.py"), root / "backends" / "cuda.py"]
+    assert len(files) >= 5
+    for f in files:
+        code = "\n".join(line.split("#", 1)[0] for line in f.read_text().splitlines())
+        code = re.sub(r'"""(.|\n)*?"""', "", code)
+        assert not re.search(r"\.T\b", code.replace("return d.T", "")), f"{f.name} uses .T on an array"

@@ -48,7 +48,7 @@ def _as_stored(x, trans: bool):
     operand's contiguous dimension, so a view whose first stride is the smaller is passed as its transpose."""
     s0, s1 = x.strides
     if x.shape[0] > 1 and x.shape[1] > 1 and s0 < s1:
-        return x.T, True
+        return _cuda.transposed(x), True
     return x, False
 
 

@@ -127,14 +127,14 @@ class GpuSteps(Algorithm):
                 h_out = y[:, ti, d * S:(d + 1) * S] if batch_first else y[ti, :, d * S:(d + 1) * S]
                 save = save_k[ti] if train and p.mode in ("lstm", "gru") else g
                 if p.mode == "gru":
-                    rec.run(h_prev, w_hh.T, out=gh, bias=b_hh, stream=stream)
+                    rec.run(h_prev, _cuda.transposed(w_hh), out=gh, bias=b_hh, stream=stream)
                     launch(step, g, gh, h_prev, h_out, save, B, H)
                 else:
-                    rec.run(h_prev, w_hh.T, out=g, beta=1.0, bias=b_hh, stream=stream)
+                    rec.run(h_prev, _cuda.transposed(w_hh), out=g, beta=1.0, bias=b_hh, stream=stream)
                     if p.mode == "lstm" and P:
                         m_t = save[:, 5 * H:6 * H] if train else m
                         launch(step, g, c, m_t, save, B, H)
-                        out_proj.run(m_t, w[4].T, out=h_out, stream=stream)
+                        out_proj.run(m_t, _cuda.transposed(w[4]), out=h_out, stream=stream)
                     elif p.mode == "lstm":
                         launch(step, g, c, h_out, save, B, H)
                     else:
@@ -183,7 +183,7 @@ class GpuSteps(Algorithm):
             for d in range(D):
                 k = layer * D + d
                 w_ih, b_ih = weights[per * k], weights[per * k + 2]
-                proj.run(x2, w_ih.T, out=gx, bias=b_ih, stream=stream)
+                proj.run(x2, _cuda.transposed(w_ih), out=gx, bias=b_ih, stream=stream)
                 h_prev = (zeros[:, :S] if P else zeros) if h0 is None else h0[k]
                 c = None
                 if p.mode == "lstm":
@@ -285,7 +285,7 @@ class GpuWavefront(GpuSteps):
                               h=((zeros[:, :S] if P else zeros) if h0 is None else h0[layer])))
         first = state[0]  # layer 0's input is all there: its projections as one GEMM
         gemm_plan(GemmProblem(T * B, G * H, first["feats"], trans_b=True, bias=first["has_bias"], dtype=dt,
-                              device="cuda")).run(x.reshape(T * B, first["feats"]), first["w"][0].T, out=first["gx"],
+                              device="cuda")).run(x.reshape(T * B, first["feats"]), _cuda.transposed(first["w"][0]), out=first["gx"],
                                                   bias=first["w"][2], stream=first["st"])
         for c_idx, (s0, s1) in enumerate(bounds):
             for layer, ls in enumerate(state):
@@ -326,13 +326,13 @@ class GpuWavefront(GpuSteps):
         if not batch_first:
             plan = gemm_plan(GemmProblem((s1 - s0) * B, G * H, feats, trans_b=True, bias=ls["has_bias"], dtype=dt,
                                          device="cuda"))
-            plan.run(inp[s0:s1].reshape((s1 - s0) * B, feats), w_ih.T, out=gx[s0 * B:s1 * B], bias=b_ih,
+            plan.run(inp[s0:s1].reshape((s1 - s0) * B, feats), _cuda.transposed(w_ih), out=gx[s0 * B:s1 * B], bias=b_ih,
                      stream=ls["st"])
             return
         gx3 = gx.reshape(B, T, G * H)
         plan = gemm_plan(GemmProblem(B, G * H, feats, trans_b=True, bias=ls["has_bias"], dtype=dt, device="cuda"))
         for t in range(s0, s1):
-            plan.run(inp[:, t, :], w_ih.T, out=gx3[:, t, :], bias=b_ih, stream=ls["st"])
+            plan.run(inp[:, t, :], _cuda.transposed(w_ih), out=gx3[:, t, :], bias=b_ih, stream=ls["st"])
 
 
 # A grid barrier between persistent steps: every block's arrival through an atomic in L2 and its release
@@ -562,12 +562,12 @@ class GpuStepsBackward(Algorithm):
                     dgx, w_ih, out=dinp2, beta=0.0 if d == 0 else 1.0, stream=stream)
                 beta = 1.0 if accumulate else 0.0
                 gemm_plan(GemmProblem(G * H, feats, T * B, trans_a=True, dtype=dt, device="cuda")).run(
-                    dgx.T, x2, out=dw_ih, beta=beta, stream=stream)
+                    _cuda.transposed(dgx), x2, out=dw_ih, beta=beta, stream=stream)
                 gemm_plan(GemmProblem(G * H, S, T * B, trans_a=True, dtype=dt, device="cuda")).run(
-                    dgh.T, hprev, out=dw_hh, beta=beta, stream=stream)
+                    _cuda.transposed(dgh), hprev, out=dw_hh, beta=beta, stream=stream)
                 if P:
                     gemm_plan(GemmProblem(P, H, T * B, trans_a=True, dtype=dt, device="cuda")).run(
-                        dhp.T, mall, out=dweights[per * k + 4], beta=beta, stream=stream)
+                        _cuda.transposed(dhp), mall, out=dweights[per * k + 4], beta=beta, stream=stream)
                 if db_ih is not None:
                     column_sums(dgx, db_ih, accumulate, stream)
                     column_sums(dgh, db_hh, accumulate, stream)

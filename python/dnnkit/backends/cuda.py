@@ -213,6 +213,17 @@ def adopt(op: str, name: str, x, ndim=None):
     return d
 
 
+def transposed(d):
+    """The transpose of the 2-D device array d as a view of the same memory. (Numba's DeviceNDArray.T is
+    not a view: it copies d through a transpose kernel, which it compiles anew at every call.)"""
+    if type(d).__name__ == "FakeCUDAArray":  # the simulator's arrays are NumPy arrays: .T is a view
+        return d.T
+    if d.ndim != 2:
+        raise ValueError(f"transposed: a 2-D array is needed, got shape {tuple(d.shape)}")
+    return type(d)(shape=tuple(d.shape)[::-1], strides=tuple(d.strides)[::-1], dtype=d.dtype, stream=d.stream,
+                   gpu_data=d.gpu_data)
+
+
 def dtype_name(d) -> str:
     return _FLOATS[np.dtype(d.dtype)]
 

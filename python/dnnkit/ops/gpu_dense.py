@@ -70,8 +70,8 @@ def gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b):
     dtype = _same_dtype(op, a=da, b=db)
     alpha = _scalar(op, "alpha", alpha)
     beta = _scalar(op, "beta", beta)
-    A = da.T if _flag(op, "trans_a", trans_a) else da
-    B = db.T if _flag(op, "trans_b", trans_b) else db
+    A = _cuda.transposed(da) if _flag(op, "trans_a", trans_a) else da
+    B = _cuda.transposed(db) if _flag(op, "trans_b", trans_b) else db
     if A.shape[1] != B.shape[0]:
         raise ValueError(f"gemm: inner dimensions differ: op(a) is {A.shape[0]}x{A.shape[1]}, op(b) is "
                          f"{B.shape[0]}x{B.shape[1]}")
@@ -145,16 +145,16 @@ def linear(x, weight, bias, activation, return_preactivation, algo, stream):
     y, dy = _cuda.empty(op, x, lead + (p.n,), p.dtype, s)
     y2 = _rows(op, "output", dy, p.n)
     if not return_preactivation:
-        plan.run(x2, dw.T, out=y2, bias=db, stream=s)
+        plan.run(x2, _cuda.transposed(dw), out=y2, bias=db, stream=s)
         return y
     z, dz = _cuda.empty(op, x, lead + (p.n,), p.dtype, s)
     z2 = _rows(op, "preactivation", dz, p.n)
     if p.activation == "identity":
-        plan.run(x2, dw.T, out=y2, bias=db, stream=s)
+        plan.run(x2, _cuda.transposed(dw), out=y2, bias=db, stream=s)
         _cuda.copy(dz, dy, s)
         return y, z
     pz = GemmProblem(p.m, p.n, p.k, trans_a=False, trans_b=True, dtype=p.dtype, bias=p.bias, device="cuda")
-    _plan(op, pz, plan.algorithm.name).run(x2, dw.T, out=z2, bias=db, stream=s)
+    _plan(op, pz, plan.algorithm.name).run(x2, _cuda.transposed(dw), out=z2, bias=db, stream=s)
     if p.m and p.n:
         _fc.activation_forward(z2, y2, p.activation, s)
     return y, z
@@ -212,7 +212,7 @@ def linear_backward(grad_output, input, weight, bias, activation, output, preact
         gw, dgw = _cuda.empty(op, weight, (out_f, in_f), dtype, s)
     else:
         gw, dgw = accumulate_into[0], into_w
-    _run_gemm(op, p_dw, algo, gz.T, x2, dgw, 0.0 if into_w is None else 1.0, s)
+    _run_gemm(op, p_dw, algo, _cuda.transposed(gz), x2, dgw, 0.0 if into_w is None else 1.0, s)
     gb = None
     if bias:
         if into_b is None:
