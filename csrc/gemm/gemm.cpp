@@ -67,14 +67,16 @@ constexpr index_t kOwnACols = 512;
 // take time in proportion to n: below this many columns the packing is a share of the product worth
 // saving.
 constexpr index_t kAInPlaceCols = 512;
-// Rows and depth from which a product runs B-outer (Plan::b_outer). On fewer rows of A, a B that streams
-// from memory is better packed a block at a time into L2 and consumed there (the A-outer order); on a
-// shallower depth, the micro-kernel's calls are too short to pay for B-outer's reads from L3 (each B
-// micro-panel once per A block). A weight packed by pack_weight runs its own driver up to 252 rows
+// Rows, depth and columns from which a product runs B-outer (Plan::b_outer). On fewer rows of A, a B that
+// streams from memory is better packed a block at a time into L2 and consumed there (the A-outer order);
+// on a shallower depth, the micro-kernel's calls are too short to pay for B-outer's reads from L3 (each B
+// micro-panel once per A block); on fewer columns, each thread's packing of the whole A weighs more than
+// the order gains (A is then read in place where its rows are contiguous). A weight packed by pack_weight runs its own driver up to 252 rows
 // (gemm_prepacked) and gemm() on more, in the same order as gemm() on the weight unpacked, so that both
 // give the same bits.
 constexpr index_t kBOuterRows = 512;
 constexpr index_t kBOuterDepth = 128;
+constexpr index_t kBOuterCols = 512;
 
 // own_a: the plan packs A itself (no GemmArgs::a_packed), so its KC is free to follow the thread count.
 template <typename T>
@@ -109,9 +111,12 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   // then waits for another, at the A block or at the end of each depth block.
   p.a_in_place = own_a && a_rows && uk.fn_a && n <= kAInPlaceCols;
   p.own_a = own_a && !p.a_in_place && p.split_n && nt > 1 && n >= kOwnACols * nt;
-  // B-outer where each thread would pack the whole A anyway (one thread, or own_a), on enough rows.
-  p.b_outer = blk.b_outer && own_a && !p.a_in_place && p.split_n && (nt == 1 || p.own_a) && m >= kBOuterRows &&
-              k >= kBOuterDepth;
+  // B-outer: each thread packs its own A blocks (no A read in place, no shared or copied A block).
+  p.b_outer = blk.b_outer && own_a && p.split_n && m >= kBOuterRows && k >= kBOuterDepth && n >= kBOuterCols;
+  if (p.b_outer) {
+    p.a_in_place = false;
+    p.own_a = false;
+  }
   if (p.b_outer) {
     b_outer_blocking<T>(k, uk.mr, uk.nr, &p.mc, &p.kc);
     // A thread's share of the panels in equal blocks, each KC x NC within half its share of L3.
