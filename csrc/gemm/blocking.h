@@ -44,8 +44,8 @@ inline index_t nc_for_l2(const Blocking& b, index_t kc, index_t elem) {
 }
 
 // The table: per ISA and dtype, MC, KC, the cap on NC, KC alone and whether large products run B-outer
-// (measured on AVX2; the AVX-512 rows are tuned for the A-outer order alone), for an L1 data cache of
-// l1d_kib.
+// (the AVX2 rows: bench/RESULTS.md, "The AVX2 path's changes"; the AVX-512 rows keep the A-outer order
+// they were tuned for), for an L1 data cache of l1d_kib.
 struct BlockingRow {
   Blocking b;
   index_t l1d_kib;

@@ -71,9 +71,9 @@ constexpr index_t kAInPlaceCols = 512;
 // streams from memory is better packed a block at a time into L2 and consumed there (the A-outer order);
 // on a shallower depth, the micro-kernel's calls are too short to pay for B-outer's reads from L3 (each B
 // micro-panel once per A block); on fewer columns, each thread's packing of the whole A weighs more than
-// the order gains (A is then read in place where its rows are contiguous). A weight packed by pack_weight runs its own driver up to 252 rows
-// (gemm_prepacked) and gemm() on more, in the same order as gemm() on the weight unpacked, so that both
-// give the same bits.
+// the order gains (A is then read in place where its rows are contiguous). A weight packed by pack_weight
+// runs its own driver up to 252 rows (gemm_prepacked) and gemm() on more, in the same order as gemm() on
+// the weight unpacked, so that both give the same bits.
 constexpr index_t kBOuterRows = 512;
 constexpr index_t kBOuterDepth = 128;
 constexpr index_t kBOuterCols = 512;
@@ -116,8 +116,6 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   if (p.b_outer) {
     p.a_in_place = false;
     p.own_a = false;
-  }
-  if (p.b_outer) {
     b_outer_blocking<T>(k, uk.mr, uk.nr, &p.mc, &p.kc);
     // A thread's share of the panels in equal blocks, each KC x NC within half its share of L3.
     const index_t share = ceil_div(panels_n, index_t(nt));

@@ -141,8 +141,8 @@ SaKernel<T> select_sa_kernel(Isa isa, index_t m = 0) {
 }
 
 // SaKernel::min_depth, the depth from which the strided-A kernel beats the packing GEMM (and, at 13-16
-// rows, the dot kernels) where its tiles are full enough (sa_batch_fits): the measured crossovers, 192 for
-// AVX-512's float32 tile and 320 for AVX2's 4 x 24 (bench/log/kernel-choices.md).
+// rows, the dot kernels) where its tiles are full enough (sa_batch_fits): 192 for AVX-512's float32 tile,
+// 320 for AVX2's 4 x 24 (bench/log/kernel-choices.md).
 
 // The depth blocks gemm_wt_direct cuts a product into (their partial sums added into C): the deepest,
 // in multiples of 256 and at least 1024, whose packed batch panels for the largest batch the kernel takes

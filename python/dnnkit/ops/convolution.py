@@ -141,10 +141,12 @@ def _conv2d_key(input, weight, bias, stride, padding, dilation, groups, algo):
             and type(algo) is str):
         return None
     try:
-        key = ("conv2d", input.shape, input.dtype, weight.shape, weight.dtype, None if bias is None else (bias.shape, bias.dtype),
+        key = ("conv2d", input.shape, input.dtype, weight.shape, weight.dtype,
+               None if bias is None else (bias.shape, bias.dtype),
                stride if type(stride) is int else _typed(stride),
                padding if type(padding) is int or type(padding) is str else _typed(padding),
-               dilation if type(dilation) is int else _typed(dilation), groups if type(groups) is int else _typed(groups),
+               dilation if type(dilation) is int else _typed(dilation),
+               groups if type(groups) is int else _typed(groups),
                algo, get_workspace_limit(), dispatch_state())
         hash(key)
     except TypeError:  # an unhashable argument: the checks report what is wrong with it
