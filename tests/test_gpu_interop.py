@@ -17,8 +17,23 @@ class FakeStream:
         self.handle = handle
 
 
+class FakeEvent:
+    def __init__(self, waits):
+        self.waits, self.on = waits, None
+
+    def record(self, stream):
+        self.on = stream.handle
+
+    def wait(self, stream):
+        self.waits.append((self.on, stream.handle))
+
+
 class FakeNumbaCuda:
-    """What backends/cuda.py asks of numba.cuda for streams and allocation."""
+    """What backends/cuda.py asks of numba.cuda for streams, events and allocation; waits lists each
+    (stream an event was recorded on, stream made to wait on it)."""
+
+    def __init__(self):
+        self.waits, self.synced = [], []
 
     def default_stream(self):
         return FakeStream(0)
@@ -26,31 +41,40 @@ class FakeNumbaCuda:
     def external_stream(self, ptr):
         return FakeStream(ptr)
 
-    def as_cuda_array(self, obj):
+    def event(self, timing=True):
+        return FakeEvent(self.waits)
+
+    def as_cuda_array(self, obj, sync=True):
+        if sync:
+            self.synced.append(obj)
         return ("view of", obj)
 
     def device_array(self, shape, dtype, stream=None):
         return ("numba array", shape, dtype)
 
 
-def _array_of(module: str):
-    cls = type("Arr", (), {"__module__": module, "__cuda_array_interface__": {}, "device": "cuda:1"})
+def _array_of(module: str, stream=None):
+    """A device array of a library; stream: the "stream" its __cuda_array_interface__ names (version 3)."""
+    iface = {} if stream is None else {"stream": stream}
+    cls = type("Arr", (), {"__module__": module, "__cuda_array_interface__": iface, "device": "cuda:1"})
     return cls()
 
 
 @pytest.fixture
 def fakes(monkeypatch):
-    monkeypatch.setattr(backend, "_cuda", lambda: FakeNumbaCuda())
+    numba_cuda = FakeNumbaCuda()
+    monkeypatch.setattr(backend, "_cuda", lambda: numba_cuda)
     monkeypatch.setattr(backend, "simulator", lambda: False)
     cupy = types.ModuleType("cupy")
     cupy.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=1234))
     cupy.empty = lambda shape, dtype: ("cupy array", shape, dtype)
     torch = types.ModuleType("torch")
-    torch.cuda = types.SimpleNamespace(current_stream=lambda: types.SimpleNamespace(cuda_stream=5678))
+    torch.cuda = types.SimpleNamespace(current_stream=lambda device=None: types.SimpleNamespace(cuda_stream=5678))
     torch.float32 = "torch.float32"
     torch.empty = lambda shape, dtype, device: ("torch array", shape, dtype, device)
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setitem(sys.modules, "torch", torch)
+    return numba_cuda
 
 
 def test_the_callers_current_stream(fakes):
@@ -72,6 +96,35 @@ def test_an_explicit_stream(fakes):
         backend.stream_for("linear", "fast", None)
 
 
+def test_calls_wait_on_the_gpu_for_operands_written_on_other_streams(fakes):
+    # Written on the stream the call runs on (CuPy's current one; the legacy default stream by either
+    # of its names), or naming no stream (PyTorch's): nothing to order, and never a host synchronization.
+    on_current = _array_of("cupy._core.core", stream=1234)
+    assert backend.stream_for("gemm", None, on_current, on_current).handle == 1234
+    assert backend.stream_for("gemm", 0, _array_of("cupy._core.core", stream=1), _array_of("torch")).handle == 0
+    assert fakes.waits == []
+    # Written elsewhere: the call's stream waits on an event recorded there, once a producing stream.
+    s = backend.stream_for("linear", 42, on_current, _array_of("cupy._core.core", stream=1), on_current, None)
+    assert s.handle == 42 and fakes.waits == [(1234, 42), (1, 42)]
+    fakes.waits.clear()
+    packed = type("GpuPackedWeight", (), {"packed": _array_of("numba.cuda", stream=77)})()
+    backend.after(FakeStream(5), packed, _array_of("torch"))
+    assert fakes.waits == [(77, 5)]
+
+
+def test_adopting_an_array_never_synchronizes_the_host(fakes, monkeypatch):
+    monkeypatch.setattr(backend, "status", lambda: {"available": True, "reason": None, "devices": [], "driver": "1"})
+    imported = []
+
+    def as_cuda_array(obj, sync=True):
+        imported.append(sync)
+        return types.SimpleNamespace(dtype=np.dtype(np.float32), ndim=2, shape=(2, 2))
+
+    monkeypatch.setattr(fakes, "as_cuda_array", as_cuda_array)
+    view = backend.adopt("gemm", "a", _array_of("cupy._core.core", stream=1234), ndim=2)
+    assert view.shape == (2, 2) and imported == [False]
+
+
 def test_results_are_arrays_of_the_inputs_library(fakes):
     s = FakeStream(0)
     out, view = backend.empty("gemm", _array_of("cupy._core.core"), (2, 3), "float32", s)
@@ -80,6 +133,8 @@ def test_results_are_arrays_of_the_inputs_library(fakes):
     assert out == ("torch array", (2, 3), "torch.float32", "cuda:1")
     out, view = backend.empty("gemm", _array_of("numba.cuda"), (4,), "float64", s)
     assert out == view == ("numba array", (4,), "float64")
+    # Memory from CuPy's or PyTorch's pool belongs to the library's current stream until the call's runs after it.
+    assert fakes.synced == [] and fakes.waits == [(5678, 0)]
 
 
 def test_adopt_checks_dtype_and_rank(monkeypatch):
@@ -89,7 +144,7 @@ def test_adopt_checks_dtype_and_rank(monkeypatch):
         def __init__(self, dtype, ndim):
             self.dtype, self.ndim, self.shape = np.dtype(dtype), ndim, (2,) * ndim
 
-    monkeypatch.setattr(backend, "_cuda", lambda: types.SimpleNamespace(as_cuda_array=lambda obj: obj.dev))
+    monkeypatch.setattr(backend, "_cuda", lambda: types.SimpleNamespace(as_cuda_array=lambda obj, sync: obj.dev))
     arr = _array_of("cupy")
     arr.dev = Dev(np.int32, 2)
     with pytest.raises(TypeError, match="gemm: a must have dtype float32 or float64, got int32"):

@@ -194,7 +194,7 @@ def adopt(op: str, name: str, x, ndim=None):
         d = x
     elif hasattr(x, "__cuda_array_interface__"):
         _unavailable(op)
-        d = _cuda().as_cuda_array(x)
+        d = _cuda().as_cuda_array(x, sync=False)  # ordered on the GPU instead: stream_for, after
     elif hasattr(x, "__dlpack_device__"):
         _unavailable(op)
         try:
@@ -202,7 +202,7 @@ def adopt(op: str, name: str, x, ndim=None):
         except ImportError:
             raise TypeError(f"{op}: {name} is a CUDA DLPack tensor without __cuda_array_interface__; dnnkit "
                             f"takes those through CuPy, which is not installed") from None
-        d = _cuda().as_cuda_array(cupy.from_dlpack(x))
+        d = _cuda().as_cuda_array(cupy.from_dlpack(x), sync=False)
     else:
         raise TypeError(f"{op}: {name} must be an array on the GPU like the others, got {type(x).__name__}")
     if np.dtype(d.dtype) not in _FLOATS:
@@ -236,7 +236,7 @@ def _library(x) -> str:
 def stream_for(op: str, stream, *arrays):
     """The Numba stream a call runs on: stream= when given (a Numba, CuPy or PyTorch stream, or a raw
     cudaStream_t as an int), else the current stream of the caller's library (CuPy's, PyTorch's), else the
-    default stream."""
+    default stream; ordered after the streams the arrays (every operand of the call) were written on."""
     cuda = _cuda()
     if simulator():
         return cuda.default_stream()
@@ -251,14 +251,50 @@ def stream_for(op: str, stream, *arrays):
 
             stream = torch.cuda.current_stream()
         else:
-            return cuda.default_stream()
+            stream = 0
     if hasattr(stream, "handle") and type(stream).__module__.startswith("numba"):
-        return stream
-    handle = stream if isinstance(stream, int) else getattr(stream, "ptr", getattr(stream, "cuda_stream", None))
-    if not isinstance(handle, int):
-        raise TypeError(f"{op}: stream must be a Numba, CuPy or PyTorch stream or an int handle, got "
-                        f"{type(stream).__name__}")
-    return cuda.default_stream() if handle == 0 else cuda.external_stream(handle)
+        s = stream
+    else:
+        handle = stream if isinstance(stream, int) else getattr(stream, "ptr", getattr(stream, "cuda_stream", None))
+        if not isinstance(handle, int):
+            raise TypeError(f"{op}: stream must be a Numba, CuPy or PyTorch stream or an int handle, got "
+                            f"{type(stream).__name__}")
+        s = cuda.default_stream() if handle == 0 else cuda.external_stream(handle)
+    after(s, *arrays)
+    return s
+
+
+def _stream_key(handle: int) -> int:
+    """A stream handle with the legacy default stream's two names (0 and CU_STREAM_LEGACY, 1) made one."""
+    return 1 if handle in (0, 1) else handle
+
+
+def after(s, *arrays) -> None:
+    """Orders stream s after the work queued so far on each stream an array says it was written on (its
+    __cuda_array_interface__ "stream", version 3) when that is another stream: an event recorded there that
+    s waits on, so the host never waits (Numba's own import synchronizes the host with that stream
+    instead). Arrays without a stream (PyTorch's, which stay on the caller's current stream, and Numba's
+    on the default stream) and the simulator's need nothing."""
+    handles = []
+    for a in arrays:
+        if type(a).__name__ == "GpuPackedWeight":
+            a = a.packed
+        iface = getattr(a, "__cuda_array_interface__", None)
+        handles.append(iface.get("stream") if isinstance(iface, dict) else None)
+    _after_streams(s, handles)
+
+
+def _after_streams(s, handles) -> None:
+    """Orders stream s after the work queued so far on the streams with these handles (None: none)."""
+    if simulator():
+        return
+    h = s.handle
+    seen = {_stream_key(int(getattr(h, "value", h) or 0))}  # a driver-binding CUstream, a ctypes pointer or an int
+    for handle in handles:
+        if handle is None or _stream_key(handle) in seen:
+            continue
+        seen.add(_stream_key(handle))
+        wait(signal(_cuda().external_stream(handle)), s)
 
 
 def empty(op: str, like, shape, dtype: str, stream):
@@ -270,13 +306,15 @@ def empty(op: str, like, shape, dtype: str, stream):
         if lib == "cupy":
             import cupy
 
-            out = cupy.empty(shape, dtype=dtype)
-            return out, _cuda().as_cuda_array(out)
+            out = cupy.empty(shape, dtype=dtype)  # from CuPy's pool for its current stream: stream runs after it
+            after(stream, out)
+            return out, _cuda().as_cuda_array(out, sync=False)
         if lib == "torch":
             import torch
 
-            out = torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
-            return out, _cuda().as_cuda_array(out)
+            out = torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)  # likewise, from torch's
+            _after_streams(stream, [torch.cuda.current_stream(like.device).cuda_stream])
+            return out, _cuda().as_cuda_array(out, sync=False)
         out = _cuda().device_array(shape, dtype=dtype, stream=stream)
         return out, out
     except MemoryError:

@@ -189,7 +189,7 @@ def linear_backward(grad_output, input, weight, bias, activation, output, preact
             _check_out(op, "accumulate_into[1]", into_b, (out_f,), dtype)
         elif accumulate_into[1] is not None:
             raise ValueError(f"{op}: accumulate_into[1] must be None when bias is False")
-    s = _cuda.stream_for(op, stream, grad_output, input, weight)
+    s = _cuda.stream_for(op, stream, grad_output, input, weight, output, preactivation, *into)
     m = math.prod(tuple(dx.shape)[:-1])
     x2 = _rows(op, "input", dx, in_f)
     gy2 = _rows(op, "grad_output", dgy, out_f)

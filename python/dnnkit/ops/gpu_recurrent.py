@@ -102,7 +102,7 @@ def sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_firs
     p = RnnProblem(mode, T, B, I, H, layers=L, dirs=D, bias=has_bias, direction="fwd", dtype=dtype, device="cuda",
                    proj=P)
     plan = _plan(op, p, algo)
-    s = _cuda.stream_for(op, stream, x)
+    s = _cuda.stream_for(op, stream, x, h0, c0, *arrays)
     out_shape = (T, D * S) if unbatched else ((B, T, D * S) if batch_first else (T, B, D * S))
     out, dout = _cuda.empty(op, x, out_shape, dtype, s)
     h_n, dh_n = _cuda.empty(op, x, lead + (S,), dtype, s)
@@ -226,7 +226,13 @@ def backward(op, r: GpuRnnReserve, grad_output, grad_h_n, grad_c_n, accumulate_i
         grads[name] = d
     plan = _plan(op, RnnProblem(r.mode, T, B, p.input, H, layers=L, dirs=D, bias=p.bias, direction="bwd",
                                 dtype=dtype, device="cuda", proj=p.proj), algo)
-    s = _cuda.stream_for(op, stream, r.like) if stream is not None else r.stream
+    into = _accumulate_targets(op, r, accumulate_into, dtype)
+    operands = (grad_output, grad_h_n, grad_c_n) + tuple(e[0] for e in into or () if e is not None)
+    if stream is not None:
+        s = _cuda.stream_for(op, stream, r.like, *operands)
+    else:
+        s = r.stream
+        _cuda.after(s, *operands)
     x_shape = tuple(r.x.shape)
     gx, dgx = _cuda.empty(op, r.like, (T, x_shape[2]) if r.unbatched else x_shape, dtype, s)
     gh0, dgh0 = _cuda.empty(op, r.like, lead + (S,), dtype, s)
@@ -237,7 +243,6 @@ def backward(op, r: GpuRnnReserve, grad_output, grad_h_n, grad_c_n, accumulate_i
         dgx = dgx.reshape(x_shape)
         dgh0 = dgh0.reshape((L * D, 1, S))
         dgc0 = None if dgc0 is None else dgc0.reshape((L * D, 1, H))
-    into = _accumulate_targets(op, r, accumulate_into, dtype)
     out_w, dws = [], []
     for i, w in enumerate(r.weights):
         if w is None:
@@ -312,7 +317,7 @@ def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo="auto", stream=N
         states.append(d.reshape((1, B, H)))
     p = RnnProblem(mode, 1, B, I, H, bias=b_ih is not None, dtype=dtype, device="cuda")
     plan = _plan(op, p, algo)
-    s = _cuda.stream_for(op, stream, x)
+    s = _cuda.stream_for(op, stream, x, h, c, w_ih, w_hh, b_ih, b_hh)
     h_new, dh = _cuda.empty(op, x, state, dtype, s)
     dh3 = dh.reshape((1, B, H))
     c_new = dc3 = None
