@@ -238,6 +238,28 @@ long l1d_cache_bytes() { return caches().l1d; }
 long l2_cache_bytes() { return caches().l2; }
 long l3_cache_bytes() { return caches().l3; }
 
+int fma_datapath_bits() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const int bits = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 128;
+    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;    // "AuthenticAMD"
+    const bool hygon = b == 0x6f677948u && d == 0x6e65476eu && c == 0x656e6975u;  // "HygonGenuine"
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 128;
+    const unsigned base = (a >> 8) & 0xf;
+    const unsigned family = base == 0xf ? base + ((a >> 20) & 0xff) : base;
+    const unsigned model = ((a >> 4) & 0xf) | (base == 0x6 || base == 0xf ? ((a >> 16) & 0xf) << 4 : 0);
+    if (hygon || (amd && (family < 0x17 || (family == 0x17 && model < 0x30)))) return 128;
+    if (amd && family < 0x1a) return 256;
+    if (amd) return 512;
+    return static_cast<int>(cpu_level()) >= static_cast<int>(Level::avx512) ? 512 : 256;
+  }();
+  return bits;
+#else
+  return 128;
+#endif
+}
+
 static std::atomic<double> g_min_parallel_work{double(1 << 17)};
 
 double min_parallel_work() { return g_min_parallel_work.load(std::memory_order_relaxed); }

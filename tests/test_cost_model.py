@@ -150,3 +150,16 @@ def test_rules_decide_whatever_the_fitted_corrections_say(device, monkeypatch):
         rows = dnnkit.explain(p)
         assert all(r.predicted_s is not None for r in rows if r.supported), p.descriptor()
     dnnkit.dispatch._plans.clear()
+
+
+def test_the_nominal_peak_follows_the_cores_fma_datapath(monkeypatch):
+    from dnnkit.backends import cpu
+
+    assert cpu.fma_datapath_bits() in (128, 256, 512)
+    for bits, avx2, avx512 in ((128, 16, 16), (256, 32, 32), (512, 32, 64)):  # Zen+, Zen 4, Zen 5 / Intel
+        monkeypatch.setattr(cpu, "fma_datapath_bits", lambda bits=bits: bits)
+        assert (cpu.flops_per_cycle("avx2"), cpu.flops_per_cycle("avx512"), cpu.flops_per_cycle("ref")) == \
+            (avx2, avx512, 4)
+    monkeypatch.setattr(cpu, "fma_datapath_bits", lambda: 128)
+    assert cpu.nominal_peak_flops() == pytest.approx(
+        cpu.flops_per_cycle(cpu.active_isa()) * 2.5e9 * dnnkit.get_num_threads())

@@ -110,6 +110,9 @@ void bind_runtime(py::module_& m) {
 
   m.def("l3_cache_bytes", &l3_cache_bytes, "Bytes of L3 cache (CPUID; shared; 0: none), as the blocking sees it.");
 
+  m.def("fma_datapath_bits", &fma_datapath_bits,
+        "Bits of a vector FMA each of a core's FMA pipes executes in one pass (128, 256 or 512).");
+
   m.def("get_num_threads", &get_num_threads);
 
   m.def("set_num_threads", [](int n) {

@@ -44,6 +44,7 @@ def info(gpu: bool = True) -> dict:
         "amx_available": cpu.amx_available(),  # AMX-BF16 tiles: float32 products split into bfloat16 parts
         "amx": get_amx(),
         **cpu.cache_sizes(),
+        "fma_datapath_bits": cpu.fma_datapath_bits(),  # a wider FMA takes several passes (the nominal peak)
         "openmp": cpu.has_openmp(),
         "threads": get_num_threads(),
         # How idle OpenMP threads wait (the environment's, read when the runtime loaded): see the README on

@@ -6,7 +6,8 @@ correction fitted to this device's measurements.
 Ceilings (device_ceilings): on the CPU, the float32 FMA peak and the per-thread copy bandwidth, measured by
 `dnnkit autotune` (see measure_ceilings) and kept in the tuning cache per device; until they are
 measured, or where the stored peak is implausible (plausible_peak: under 40% of the nominal figure),
-nominal values (the active ISA's FMA width at 2.5 GHz per thread, 10 GB/s per thread) stand in.
+nominal values (two FMAs a cycle per thread at 2.5 GHz, each of the active ISA's width or of the core's
+FMA datapath where narrower: backends/cpu.py flops_per_cycle; 10 GB/s per thread) stand in.
 ceilings() says which are in use; `dnnkit info --peak` prints it. On the GPU, its FP32 rate and copy
 bandwidth as `dnnkit autotune --device cuda` measures them (measure_gpu_ceilings), the TF32 rate scaled
 from the nominal by the measured clock, or until then the device's nominal FP32, TF32 and DRAM figures

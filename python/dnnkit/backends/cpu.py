@@ -60,6 +60,7 @@ cpu_model_name = ext.cpu_model_name
 ukernel_info = ext.ukernel_info
 sa_kernel_info = ext.sa_kernel_info
 has_openmp = ext.has_openmp
+fma_datapath_bits = ext.fma_datapath_bits
 
 
 def levels() -> dict:
@@ -87,14 +88,24 @@ def fingerprint() -> str:
     return f"cpu|{ext.cpu_model_name()}|{isa}{amx}|{ext.get_num_threads()}t"
 
 
-# Ceilings: float32 FMA throughput per core and cycle for each ISA, at a nominal clock.
-_FLOPS_PER_CYCLE = {"avx512": 64, "avx2": 32, "ref": 4}
+# Ceilings: the vector width of each ISA's FMA kernels (the reference kernels: 4 float32 FLOP a cycle), two
+# FMA pipes a core, at a nominal clock.
+_VECTOR_BITS = {"avx512": 512, "avx2": 256}
 _NOMINAL_GHZ = 2.5
 
 
+def flops_per_cycle(isa: str) -> float:
+    """float32 FLOP a core retires per cycle in isa's FMA kernels: two FMA pipes, each a vector of the
+    ISA's width or of the core's FMA datapath where that is narrower (Zen and Zen+: 128 bits; Zen 4's
+    AVX-512: 256)."""
+    if isa not in _VECTOR_BITS:
+        return 4.0
+    return 2 * 2 * min(_VECTOR_BITS[isa], fma_datapath_bits()) / 32
+
+
 def nominal_peak_flops() -> float:
-    """float32 FLOP/s on dnnkit's threads from the active ISA's FMA width at a nominal clock."""
-    return _FLOPS_PER_CYCLE.get(ext.active_isa(), 4) * _NOMINAL_GHZ * 1e9 * ext.get_num_threads()
+    """float32 FLOP/s on dnnkit's threads from the active ISA's FMA throughput at a nominal clock."""
+    return flops_per_cycle(ext.active_isa()) * _NOMINAL_GHZ * 1e9 * ext.get_num_threads()
 
 
 def measure_peak_flops(nthreads: int, seconds: float, isa: str | None = None) -> float:
