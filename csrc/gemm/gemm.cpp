@@ -99,8 +99,9 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   // Splitting n keeps each B block in one core's L2 and reuses each A micro-panel over all of it, but
   // every thread then reads the whole of A, each micro-panel of it for only its own columns: it needs
   // kSplitNCols or more columns per thread, and panels that share out about as evenly as A's, since
-  // the thread with one panel more than another sets the time (bench/RESULTS.md, "The AVX2 path's
-  // changes"). Otherwise, splitting m reuses each A micro-panel over all columns.
+  // the thread with one panel more than another sets the time (bench/RESULTS.md: "The AVX2 path's
+  // changes"; the columns, in the Zen 1 section). Otherwise, splitting m reuses each A micro-panel over
+  // all columns.
   auto uneven = [nt](index_t panels) { return double(ceil_div(panels, index_t(nt)) * nt) / double(panels); };
   p.split_n = nt == 1 || panels_n >= panels_m ||
               (n >= kSplitNCols * nt && uneven(panels_n) <= uneven(panels_m) + 0.02);
