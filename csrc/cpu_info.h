@@ -51,7 +51,7 @@ long l3_cache_bytes();
 // Bits of a vector FMA a core's two FMA pipes each execute in one pass (a wider instruction takes
 // several): 128 on AMD's families before Zen 2 (Bulldozer to Zen+, Hygon's Zen), 256 on Zen 2 to Zen 4
 // and on Intel cores without AVX-512, 512 on Zen 5 and on Intel cores with AVX-512. The cost model's
-// nominal peak is sized from it until a measured one replaces it.
+// nominal peak follows it (backends/cpu.py flops_per_cycle).
 int fma_datapath_bits();
 
 }  // namespace dnnkit
