@@ -157,6 +157,43 @@ def test_dispatch_returns_a_plan_kept_per_problem_and_state(restore_tuning):
         assert len(memo) <= 2 and memo[i] == i
 
 
+def test_every_change_a_decision_depends_on_changes_the_dispatch_state(store, restore_tuning):
+    """The remembered decisions (plans, and each operator's repeated calls) are keyed by dispatch_state():
+    each setting, the registry and the tuning cache's writes move it, and a repeated call then decides
+    again."""
+    from dnnkit.algos.base import Algorithm
+    from dnnkit.dispatch import dispatch_state
+    from helpers import cached_result
+
+    class Extra(Algorithm):
+        op, backend, name = "gemm", "cpu", "extra_for_the_state_test"
+
+    changes = [
+        lambda: dnnkit.set_tuning("off"), lambda: dnnkit.set_tuning("heuristic"),
+        lambda: dnnkit.set_workspace_limit(1 << 20), lambda: dnnkit.set_workspace_limit(None),
+        lambda: dnnkit.set_nan_semantics("strict"), lambda: dnnkit.set_nan_semantics("any"),
+        lambda: dnnkit.set_allow_tf32(True), lambda: dnnkit.set_allow_tf32(False),
+        lambda: algos.register(extra), lambda: algos.unregister(extra),
+        lambda: store.put(cached_result()), lambda: store.clear(),
+        lambda: dnnkit.set_num_threads(threads + 1), lambda: dnnkit.set_num_threads(threads),
+    ]
+    extra, threads = Extra(), dnnkit.get_num_threads()
+    seen = [dispatch_state()]
+    for change in changes:
+        change()
+        assert dispatch_state() not in seen
+        seen.append(dispatch_state())
+    # A repeated call sees the change: the limit keeps out the workspace its first decision took.
+    x = np.ones((1, 16, 20, 20), np.float32)
+    w = np.ones((16, 16, 3, 3), np.float32)
+    first = dnnkit.conv2d(x, w, padding=1, algo="im2col_gemm")
+    dnnkit.set_workspace_limit(0)
+    with pytest.raises(ValueError, match="workspace"):
+        dnnkit.conv2d(x, w, padding=1, algo="im2col_gemm")
+    dnnkit.set_workspace_limit(None)
+    np.testing.assert_array_equal(dnnkit.conv2d(x, w, padding=1, algo="im2col_gemm"), first)
+
+
 @pytest.mark.parametrize("mode", ["heuristic", "off"])
 def test_rules_decide_where_nothing_is_measured(mode, restore_tuning):
     """A rule is not a capability: gemm_small_m can run 400 rows (algo= may name it, the tuner times it),

@@ -100,6 +100,20 @@ def get_amx() -> bool:
 
 _state = {"tuning": "heuristic", "workspace_limit": None, "nan_semantics": "any", "algo": {}, "allow_tf32": False}
 
+# A count bumped by every Python-side change a remembered dispatch decision depends on: the settings
+# below, the registry (algos.register, unregister) and the tuning cache's writes. dispatch_state() pairs
+# it with the extension's count (threads, ISA, AMX).
+_generation = [0]
+
+
+def generation() -> int:
+    return _generation[0]
+
+
+def changed() -> None:
+    """Every remembered dispatch decision is stale from now on."""
+    _generation[0] += 1
+
 
 def set_tuning(mode: str) -> None:
     """What dispatch does for a problem with no explicit algo: see DESIGN.md. 'off' takes the first
@@ -107,6 +121,7 @@ def set_tuning(mode: str) -> None:
     if mode not in TUNING_MODES:
         raise ValueError(f"set_tuning: mode must be one of {TUNING_MODES}, got {mode!r}")
     _state["tuning"] = mode
+    changed()
 
 
 def get_tuning() -> str:
@@ -121,6 +136,7 @@ def set_workspace_limit(nbytes: int | None) -> None:
         if nbytes < 0:
             raise ValueError(f"set_workspace_limit: nbytes must be >= 0, got {nbytes}")
     _state["workspace_limit"] = nbytes
+    changed()
 
 
 def get_workspace_limit() -> int | None:
@@ -136,6 +152,7 @@ def set_nan_semantics(mode: str) -> None:
     if mode not in NAN_SEMANTICS:
         raise ValueError(f"set_nan_semantics: mode must be one of {NAN_SEMANTICS}, got {mode!r}")
     _state["nan_semantics"] = mode
+    changed()
 
 
 def get_nan_semantics() -> str:
@@ -156,6 +173,7 @@ def set_allow_tf32(allowed: bool) -> None:
     if not isinstance(allowed, bool):
         raise TypeError(f"set_allow_tf32: allowed must be a bool, got {type(allowed).__name__}")
     _state["allow_tf32"] = allowed
+    changed()
 
 
 def get_allow_tf32() -> bool:

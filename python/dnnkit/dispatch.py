@@ -17,7 +17,7 @@ import warnings
 
 from . import algos
 from .backends import cpu as _cpu
-from ._config import algo_overrides, get_allow_tf32, get_nan_semantics, get_tuning, get_workspace_limit
+from ._config import _generation, algo_overrides, get_nan_semantics, get_tuning, get_workspace_limit
 from .plans import Memo, Plan
 from .autotune import cache
 from .autotune.cost_model import predict
@@ -48,20 +48,20 @@ def candidates(p, workspace_limit: int | None = None) -> list[tuple[Algorithm, s
     return out
 
 
-# Plans already made: (problem, algo, workspace limit, the process-wide limit (the chunked algorithms size
-# their buffers by it), registry version, mode, cache generation, settings generation: threads, ISA, AMX)
-# -> Plan.
+# Plans already made: (problem, algo, workspace limit, dispatch_state()) -> Plan.
 _plans = Memo()
 
 
 def dispatch_state() -> tuple:
-    """What a dispatch decision depends on besides the problem, the algo argument and the workspace
-    limit: the registry, the tuning mode, the NaN semantics, TF32's permission, the tuning cache's generation, and the settings a cached record
-    is keyed by on this machine (the thread count, the active ISA, AMX tiles on or off: a count that
-    each of their setters bumps)."""
-    return (algos.version(), get_tuning(), get_nan_semantics(), get_allow_tf32(), cache.generation(),
-            _cpu.settings_generation())
+    """What a dispatch decision depends on besides the problem, the algo argument and an explicit
+    workspace limit, as two counts: one bumped by every change on the Python side (the registry, the
+    tuning mode, the NaN semantics, TF32's permission, the process-wide workspace limit, the tuning
+    cache's writes: _config.changed), one by the extension's settings a cached record is keyed by on this
+    machine (the thread count, the active ISA, AMX tiles on or off)."""
+    return _generation[0], _settings_generation()
 
+
+_settings_generation = _cpu.settings_generation
 
 # DNNKIT_ALGO_<OP>: the algorithm "auto" names for an operator (read at import).
 _OVERRIDES = algo_overrides()
@@ -73,9 +73,8 @@ def plan(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) 
     Raises ValueError naming the operator when none can."""
     if not isinstance(algo, (str, Algorithm)):  # before it is hashed into the key
         raise TypeError(f"{p.op}: algo must be 'auto', an algorithm name or an Algorithm, got {type(algo).__name__}")
-    default = get_workspace_limit()
-    limit = default if workspace_limit is None else workspace_limit
-    key = (p, algo, limit, default) + dispatch_state()
+    limit = get_workspace_limit() if workspace_limit is None else workspace_limit
+    key = (p, algo, limit, _generation[0], _settings_generation())
     hit = _plans.get(key)
     if hit is not None:
         return hit

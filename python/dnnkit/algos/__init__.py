@@ -6,15 +6,11 @@ kernels, and its entry in that module's ALGORITHMS list.
 """
 from __future__ import annotations
 
+from .._config import changed
 from .base import Algorithm, Candidate
 from . import conv_cpu, gemm_cpu, gemm_cuda, rnn_cpu, rnn_cuda
 
 _REGISTRY: dict[tuple[str, str], list[Algorithm]] = {}
-_version = [0]  # bumped by register(): dispatch's cached decisions name the version they were made with
-
-
-def version() -> int:
-    return _version[0]
 
 
 def register(algo: Algorithm) -> Algorithm:
@@ -23,7 +19,7 @@ def register(algo: Algorithm) -> Algorithm:
     if algo.name in names:
         raise ValueError(f"register: {algo.op}/{algo.backend} already has an algorithm named {algo.name!r}")
     _REGISTRY.setdefault(key, []).append(algo)
-    _version[0] += 1
+    changed()  # dispatch's remembered decisions were made without this registry
     return algo
 
 
@@ -33,7 +29,7 @@ def unregister(algo: Algorithm) -> None:
     if algo not in _REGISTRY.get(key, []):
         raise ValueError(f"unregister: {algo!r} is not registered")
     _REGISTRY[key].remove(algo)
-    _version[0] += 1
+    changed()  # dispatch's remembered decisions were made without this registry
 
 
 def algorithms(op: str, backend: str) -> list[Algorithm]:

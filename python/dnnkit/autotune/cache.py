@@ -32,16 +32,11 @@ import time
 import warnings
 from pathlib import Path
 
+from .._config import changed  # every write makes dispatch's remembered decisions stale
 from ..backends import BACKENDS
 
 SCHEMA_VERSION = 1
 FILENAME = "tuning.sqlite3"
-
-_generation = [0]  # bumped on every write: dispatch's remembered decisions name the generation they used
-
-
-def generation() -> int:
-    return _generation[0]
 
 
 def cache_dir() -> Path:
@@ -335,7 +330,7 @@ class Store:
             conn.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
         self._run(True, write, write=True)
-        _generation[0] += 1
+        changed()
 
     def get(self, p, device: str | None = None, version: str | None = None):
         """The TuneResult stored for p on this device and version, or None."""
@@ -400,7 +395,7 @@ class Store:
             return n
 
         n = self._run(False, wipe, default=0, write=True)
-        _generation[0] += 1
+        changed()
         return n
 
     def import_rows(self, rows: list[dict]) -> int:
@@ -435,14 +430,14 @@ class Store:
             return n
 
         n = self._run(True, write, default=0, write=True)
-        _generation[0] += 1
+        changed()
         return n
 
     # ----------------------------------------------------------------------------------------- ceilings
     def put_ceilings(self, peak_flops: float, copy_bytes_per_s: float, device: str | None = None) -> None:
         row = (device or device_fingerprint(), float(peak_flops), float(copy_bytes_per_s), time.time())
         self._run(True, lambda c: c.execute("INSERT OR REPLACE INTO ceilings VALUES (?, ?, ?, ?)", row), write=True)
-        _generation[0] += 1
+        changed()
 
     def get_ceilings(self, device: str | None = None) -> dict | None:
         row = self._run(False, lambda c: c.execute(

@@ -26,7 +26,7 @@ import time
 import warnings
 
 from ..backends import cpu as _cpu
-from .._config import get_num_threads
+from .._config import generation, get_num_threads
 from ..algos.base import Ceilings
 
 _COPY_BYTES_PER_S = 10e9  # per thread
@@ -134,15 +134,15 @@ def _calibration(backend: str = "cpu") -> dict:
     from . import cache
 
     _fit = _fits.setdefault(backend, {"for": None, "top": 0, "samples": {}, "generation": None, "value": None})
-    generation = cache.generation()
+    gen = generation()
     device, version = cache.device_fingerprint(backend), cache._version()
     target = (str(cache.cache_path()), device, version)
-    if _fit["for"] == target and _fit["generation"] == generation and _fit["value"] is not None:
+    if _fit["for"] == target and _fit["generation"] == gen and _fit["value"] is not None:
         return _fit["value"]
     value = {"ceilings": None, "factors": {}}
     if _fit["for"] != target:
         _fit.update({"for": target, "top": 0, "samples": {}})
-    _fit["generation"], _fit["value"] = generation, value  # set first: the fit below calls the formulas
+    _fit["generation"], _fit["value"] = gen, value  # set first: the fit below calls the formulas
     try:
         store = cache.default_store()
         value["ceilings"] = store.get_ceilings(device)

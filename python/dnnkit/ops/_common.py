@@ -15,9 +15,8 @@ _problems = Memo()
 
 # Calls already validated and dispatched, by operator and call signature: the operator's name, then what its
 # checks and its dispatch depend on (each argument's shape and dtype, the other arguments as the operator
-# keys them, algo, the workspace limit, the dispatch state) -> what a repeated call needs to run (its plan,
-# how to allocate its outputs). A hit skips the checks and the dispatch, most of a small call's time
-# (bench/dispatch.py).
+# keys them, algo, dispatch_state()) -> what a repeated call needs to run (its plan, how to allocate its
+# outputs). A hit skips the checks and the dispatch, most of a small call's time (bench/dispatch.py).
 _calls = Memo(4096)
 
 def _plan(op: str, p, algo, workspace_limit=None):

@@ -6,7 +6,6 @@ import numpy as np
 
 from ..algos import conv_cpu as _conv_kernels
 from .._checks import _DTYPE_NAMES, _array, _empty, _same_dtype
-from .._config import get_workspace_limit
 from ..backends import DeviceArray, cpu as _cpu, device_of, placement_error
 from ..dispatch import dispatch_state
 from ..problem import ConvProblem, _conv_pair
@@ -147,7 +146,7 @@ def _conv2d_key(input, weight, bias, stride, padding, dilation, groups, algo):
                padding if type(padding) is int or type(padding) is str else _typed(padding),
                dilation if type(dilation) is int else _typed(dilation),
                groups if type(groups) is int else _typed(groups),
-               algo, get_workspace_limit(), dispatch_state())
+               algo, dispatch_state())
         hash(key)
     except TypeError:  # an unhashable argument: the checks report what is wrong with it
         return None

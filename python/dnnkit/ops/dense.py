@@ -14,7 +14,6 @@ from ..algos.gemm_cpu import ACTIVATION_CODES, LINEAR_RUN_KINDS
 from .._checks import (
     _DTYPE_NAMES, _activation, _array, _empty, _flag, _linear_backward_shapes, _output, _same_dtype, _scalar, _unshared,
 )
-from .._config import get_workspace_limit
 from ..backends import DeviceArray, cpu as _cpu, device_of, placement_error
 from ..dispatch import dispatch_state, plan as _dispatch_plan
 from ..packed import PackedWeight
@@ -72,7 +71,7 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, alg
     if (type(a) is np.ndarray and type(b) is np.ndarray and type(trans_a) is bool and type(trans_b) is bool
             and type(alpha) is float and type(beta) is float and type(algo) is str and stream is None
             and alpha != 0.0):
-        key = ("gemm", a.shape, a.dtype, b.shape, b.dtype, trans_a, trans_b, algo, get_workspace_limit(),
+        key = ("gemm", a.shape, a.dtype, b.shape, b.dtype, trans_a, trans_b, algo,
                dispatch_state())
         hit = _calls.get(key)
         if hit is not None:
@@ -155,7 +154,7 @@ def _linear_key(input, weight, bias, activation, algo):
             and type(algo) is str):
         return None
     return ("linear", input.shape, input.dtype, packed, weight.shape, weight.dtype,
-            None if bias is None else (bias.shape, bias.dtype), activation, algo, get_workspace_limit(),
+            None if bias is None else (bias.shape, bias.dtype), activation, algo,
             dispatch_state())
 
 

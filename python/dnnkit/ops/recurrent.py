@@ -49,7 +49,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..algos.rnn_cpu import reserve_elems as _reserve_elems
-from .._config import get_workspace_limit
 from ..backends import DeviceArray, device_of, placement_error
 from .._checks import _DTYPE_NAMES, _FLOAT_DTYPES, _array, _empty, _flag
 from ..dispatch import dispatch_state
@@ -549,7 +548,7 @@ def _cell_key(op, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo):
         return None
     try:
         return (op, train, algo, _sig(x), _sig(h), _sig(c), _sig(w_ih), _sig(w_hh), _sig(b_ih), _sig(b_hh),
-                get_workspace_limit(), dispatch_state())
+                dispatch_state())
     except AttributeError:
         return None
 
