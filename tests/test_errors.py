@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dnnkit
-from dnnkit.problem import ACTIVATIONS, GemmProblem
+from dnnkit.problem import ACTIVATIONS, MAX_SIZE, GemmProblem, parse_descriptor
 
 F32 = np.float32
 A = np.ones((3, 4), F32)
@@ -161,11 +161,10 @@ def _broadcast(shape, dtype=F32):
     return np.broadcast_to(np.ones((), dtype), shape)
 
 
-@pytest.mark.parametrize("side", [2**20, 2**40], ids=["4TiB", "overflow"])
-def test_gemm_output_too_large_raises_memory_error(side):
-    """An output that cannot be allocated raises MemoryError before any kernel runs (no crash, no hang).
-    2**20 squared float32 is 4 TiB, more than the machine has; 2**40 squared overflows a byte count."""
-    a, b = _broadcast((side, 1)), _broadcast((1, side))
+def test_gemm_output_too_large_raises_memory_error():
+    """An output that cannot be allocated raises MemoryError before any kernel runs (no crash, no hang):
+    2**20 squared float32 is 4 TiB, more than the machine has."""
+    a, b = _broadcast((2**20, 1)), _broadcast((1, 2**20))
     with pytest.raises(MemoryError, match="gemm"):
         dnnkit.gemm(a, b)
 
@@ -174,6 +173,38 @@ def test_linear_output_too_large_raises_memory_error():
     x, w = _broadcast((2**21, 1)), _broadcast((2**21, 1))
     with pytest.raises(MemoryError, match="linear"):
         dnnkit.linear(x, w)
+
+
+BIG = MAX_SIZE + 1
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: dnnkit.gemm(_broadcast((BIG, 1)), B[:1]), "gemm: .*m must be at most 2147483647"),
+    (lambda: dnnkit.gemm(_broadcast((2**40, 1)), _broadcast((1, 2**40))), "gemm: .*m must be at most"),
+    (lambda: dnnkit.linear(_broadcast((2**16, 2**15, 4)), A), "linear: .*m must be at most"),
+    (lambda: dnnkit.lstm(_broadcast((BIG, 1, 1)), None, None, [np.ones((4, 1), F32)] * 2),
+     "lstm: .*seq must be at most"),
+    (lambda: dnnkit.conv2d(_broadcast((1, 1, BIG, 1)), np.ones((1, 1, 1, 1), F32)), "conv2d: .*ih must be at most"),
+    (lambda: dnnkit.conv2d(np.ones((1, 1, 4, 4), F32), np.ones((1, 1, 3, 3), F32), padding=2**62),
+     "conv2d: padding must be at most 2147483647"),
+    (lambda: dnnkit.conv2d(np.ones((1, 1, 4, 4), F32), np.ones((1, 1, 3, 3), F32), stride=(1, BIG)),
+     "conv2d: stride must be at most"),
+    (lambda: dnnkit.conv2d(np.ones((1, 1, 4, 4), F32), np.ones((1, 1, 1, 1), F32), dilation=2**40),
+     "conv2d: dilation must be at most"),
+], ids=["gemm", "gemm-overflow", "linear", "lstm", "conv2d-input", "conv2d-padding", "conv2d-stride",
+        "conv2d-dilation"])
+def test_a_size_over_the_largest_is_a_value_error_naming_the_operator(call, message):
+    """Every size a problem holds is at most MAX_SIZE (2**31 - 1, as BLAS's int arguments): over it, a
+    ValueError naming the operator and the size, before anything is allocated or run."""
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.parametrize("text", ["m2147483648n1k1", "m99999999999999999999n1k1",
+                                  "mb1ic1ih4oc1kh3ph2147483648", "lstm_l1t1mb1slc4611686018427387904sic4"])
+def test_a_descriptor_over_the_largest_size_is_refused(text):
+    with pytest.raises(ValueError, match="must be at most 2147483647"):
+        parse_descriptor(text)
 
 
 # ------------------------------------------------------------------------------------- settings, explain

@@ -35,6 +35,14 @@ def _array(op: str, name: str, x, ndim=None) -> np.ndarray:
     return x
 
 
+def _new_problem(op: str, cls, *args, **kwargs):
+    """cls(*args, **kwargs), its ValueError (a size over problem.MAX_SIZE) naming the public function op."""
+    try:
+        return cls(*args, **kwargs)
+    except ValueError as e:
+        raise ValueError(f"{op}: {e}") from None
+
+
 def _same_dtype(op: str, **arrays) -> np.dtype:
     named = [(k, v) for k, v in arrays.items() if v is not None]
     dtype = named[0][1].dtype

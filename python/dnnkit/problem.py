@@ -28,6 +28,9 @@ DTYPES = {"f32": "float32", "f64": "float64"}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 ACTIVATIONS = ("identity", "relu", "tanh", "sigmoid", "gelu")
 DEVICES = ("cpu", "cuda")
+# The largest size a problem takes in any one field (a dimension, a stride, a padding, a dilation), as
+# BLAS's and cuBLAS's int arguments: the kernels' sizing rules multiply fields in 64-bit integers.
+MAX_SIZE = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class GemmProblem:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"GemmProblem: {name} must be an int >= 0, got {v!r}")
+            if v > MAX_SIZE:
+                raise ValueError(f"GemmProblem: {name} must be at most {MAX_SIZE}, got {v}")
         if self.dtype not in DTYPE_CODES:
             raise ValueError(f"GemmProblem: dtype must be one of {tuple(DTYPE_CODES)}, got {self.dtype!r}")
         if self.activation not in ACTIVATIONS:
@@ -178,6 +183,8 @@ class ConvProblem:
             lo = _CONV_MIN.get(f, 1)
             if f not in ("oh", "ow") and v < lo:
                 raise ValueError(f"ConvProblem: {f} must be >= {lo}, got {v}")
+            if v > MAX_SIZE:
+                raise ValueError(f"ConvProblem: {f} must be at most {MAX_SIZE}, got {v}")
         for f in ("ic", "oc"):
             if getattr(self, f) % self.g:
                 raise ValueError(f"ConvProblem: {f} ({getattr(self, f)}) must be divisible by g ({self.g})")
@@ -491,6 +498,8 @@ def _conv_pair(op: str, arg: str, v, lo: int, strings: bool = False) -> tuple[in
         raise TypeError(f"{op}: {arg} must be {what}, got {type(v).__name__} {v!r}")
     if min(pair) < lo:
         raise ValueError(f"{op}: {arg} must be >= {lo}, got {v!r}")
+    if max(pair) > MAX_SIZE:
+        raise ValueError(f"{op}: {arg} must be at most {MAX_SIZE}, got {v!r}")
     return pair
 
 
@@ -588,6 +597,8 @@ class RnnProblem:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"RnnProblem: {name} must be an int >= {lo}, got {v!r}")
+            if v > MAX_SIZE:
+                raise ValueError(f"RnnProblem: {name} must be at most {MAX_SIZE}, got {v}")
         if self.dirs > 2:
             raise ValueError(f"RnnProblem: dirs must be 1 or 2, got {self.dirs}")
         if isinstance(self.proj, bool) or not isinstance(self.proj, int) or self.proj < 0:

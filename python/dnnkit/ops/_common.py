@@ -19,6 +19,7 @@ _problems = Memo()
 # outputs). A hit skips the checks and the dispatch, most of a small call's time (bench/dispatch.py).
 _calls = Memo(4096)
 
+
 def _plan(op: str, p, algo, workspace_limit=None):
     """dispatch.plan, its errors naming the public function op (linear's problems are GEMM problems)."""
     try:

@@ -12,7 +12,8 @@ import numpy as np
 from ..algos import gemm_cpu as _fc_kernels
 from ..algos.gemm_cpu import ACTIVATION_CODES, LINEAR_RUN_KINDS
 from .._checks import (
-    _DTYPE_NAMES, _activation, _array, _empty, _flag, _linear_backward_shapes, _output, _same_dtype, _scalar, _unshared,
+    _DTYPE_NAMES, _activation, _array, _empty, _flag, _linear_backward_shapes, _new_problem, _output, _same_dtype,
+    _scalar, _unshared,
 )
 from ..backends import DeviceArray, cpu as _cpu, device_of, placement_error
 from ..dispatch import dispatch_state, plan as _dispatch_plan
@@ -21,12 +22,14 @@ from ..problem import GemmProblem
 from ._common import _accumulate_target, _calls, _gpu, _host_stream, _plan, _problems
 
 
-def _gemm_problem(m, n, k, trans_a, trans_b, dtype, bias=False, activation="identity", packed=False) -> GemmProblem:
+def _gemm_problem(op, m, n, k, trans_a, trans_b, dtype, bias=False, activation="identity",
+                  packed=False) -> GemmProblem:
     key = ("gemm", m, n, k, trans_a, trans_b, dtype, bias, activation, packed)
     p = _problems.get(key)
     if p is None:
-        p = _problems.put(key, GemmProblem(m, n, k, trans_a=trans_a, trans_b=trans_b, dtype=_DTYPE_NAMES[dtype],
-                                           bias=bias, activation=activation, packed=packed))
+        p = _problems.put(key, _new_problem(op, GemmProblem, m, n, k, trans_a=trans_a, trans_b=trans_b,
+                                            dtype=_DTYPE_NAMES[dtype], bias=bias, activation=activation,
+                                            packed=packed))
     return p
 
 
@@ -53,7 +56,7 @@ def _gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b):
             raise ValueError("gemm: beta is nonzero but c is None; pass c to accumulate into")
     else:
         _output(op, "c", c, (m, n), dtype)
-    p = _gemm_problem(m, n, k, bool(trans_a), bool(trans_b), dtype)
+    p = _gemm_problem("gemm", m, n, k, bool(trans_a), bool(trans_b), dtype)
     return p, A, B, alpha, beta
 
 
@@ -139,7 +142,7 @@ def _linear_prepare(x, weight, bias, activation):
     act = _activation(op, activation)
     lead = x.shape[:-1]
     m = math.prod(lead)
-    p = _gemm_problem(m, out_f, in_f, False, True, dtype, bias is not None, act)
+    p = _gemm_problem(op, m, out_f, in_f, False, True, dtype, bias is not None, act)
     return p, x.reshape(m, in_f), w, bias, lead
 
 
@@ -195,7 +198,7 @@ def linear(input, weight, bias=None, *, activation=None, return_preactivation=Fa
             _calls.put(key, (plan, LINEAR_RUN_KINDS.get(type(plan.algorithm))))
         return (y, y.copy()) if return_preactivation else y
     z = _empty("linear", y.shape, y.dtype)
-    pz = _gemm_problem(p.m, p.n, p.k, False, True, w.dtype, p.bias)
+    pz = _gemm_problem("linear", p.m, p.n, p.k, False, True, w.dtype, p.bias)
     plan.algorithm.run(pz, x2, w.T, out=z.reshape(p.m, p.n), bias=bias)
     _fc_kernels.activation_forward(z, y, ACTIVATION_CODES[p.activation])
     return y, z
@@ -223,7 +226,7 @@ def _linear_packed_prepare(x, pw, bias, activation):
         raise ValueError(f"linear: bias must have {out_f} elements (weight rows), got {bias.shape[0]}")
     act = _activation(op, activation)
     m = math.prod(x.shape[:-1])
-    p = _gemm_problem(m, out_f, in_f, False, True, x.dtype, bias is not None, act, packed=True)
+    p = _gemm_problem(op, m, out_f, in_f, False, True, x.dtype, bias is not None, act, packed=True)
     return p, x.reshape(m, in_f), bias, x.shape[:-1]
 
 
@@ -244,7 +247,7 @@ def _linear_packed(x, pw, bias, activation, return_preactivation, algo):
             _calls.put(key, ACTIVATION_CODES[p.activation])
         return (y, y.copy()) if return_preactivation else y
     z = _empty(op, y.shape, y.dtype)
-    pz = _gemm_problem(p.m, p.n, p.k, False, True, x2.dtype, p.bias, packed=True)
+    pz = _gemm_problem(op, p.m, p.n, p.k, False, True, x2.dtype, p.bias, packed=True)
     _plan(op, pz, algo).run(x2, pw, out=z.reshape(p.m, p.n), bias=bias)
     _fc_kernels.activation_forward(z, y, ACTIVATION_CODES[p.activation])
     return y, z
@@ -306,11 +309,11 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
             None if y is None else np.ascontiguousarray(y), gz, ACTIVATION_CODES[act],
         )
     # grad_input (M x K) = gz (M x N) @ weight (N x K)
-    p_dx = _gemm_problem(m, in_f, out_f, False, False, dtype)
+    p_dx = _gemm_problem(op, m, in_f, out_f, False, False, dtype)
     grad_x = _empty(op, x.shape, dtype)
     _plan(op, p_dx, algo).run(gz, w, out=grad_x.reshape(m, in_f))
     # grad_weight (N x K) = gz.T (N x M) @ input (M x K)
-    p_dw = _gemm_problem(out_f, in_f, m, True, False, dtype)
+    p_dw = _gemm_problem(op, out_f, in_f, m, True, False, dtype)
     grad_w = _empty(op, (out_f, in_f), dtype) if into_w is None else into_w
     _plan(op, p_dw, algo).run(gz.T, x2, out=grad_w, beta=0.0 if into_w is None else 1.0)
     grad_b = _fc_kernels.column_sums(np.ascontiguousarray(gz), into_b) if bias else None

@@ -12,7 +12,8 @@ import math
 from ..algos import gemm_cuda as _fc
 from ..backends import cuda as _cuda, device_of
 from .._checks import (
-    _DTYPE_NAMES, _activation, _flag, _linear_backward_shapes, _same_dtype as _checks_same_dtype, _scalar,
+    _DTYPE_NAMES, _activation, _flag, _linear_backward_shapes, _new_problem, _same_dtype as _checks_same_dtype,
+    _scalar,
 )
 from ..dispatch import plan as _dispatch_plan
 from ..problem import GemmProblem
@@ -84,7 +85,8 @@ def gemm_prepare(a, b, c, alpha, beta, trans_a, trans_b):
     else:
         dc = _cuda.adopt(op, "c", c)
         _check_out(op, "c", dc, (m, n), dtype)
-    p = GemmProblem(m, n, k, trans_a=bool(trans_a), trans_b=bool(trans_b), dtype=dtype, device="cuda")
+    p = _new_problem(op, GemmProblem, m, n, k, trans_a=bool(trans_a), trans_b=bool(trans_b), dtype=dtype,
+                     device="cuda")
     return p, A, B, dc, alpha, beta
 
 
@@ -130,8 +132,8 @@ def linear_prepare(x, weight, bias, activation):
     act = _activation(op, activation)
     lead = tuple(tuple(dx.shape)[:-1])
     m = math.prod(lead)
-    p = GemmProblem(m, out_f, in_f, trans_a=False, trans_b=True, dtype=dtype, bias=db is not None, activation=act,
-                    device="cuda")
+    p = _new_problem(op, GemmProblem, m, out_f, in_f, trans_a=False, trans_b=True, dtype=dtype, bias=db is not None,
+                     activation=act, device="cuda")
     return p, dx, dw, db, lead
 
 
@@ -204,10 +206,10 @@ def linear_backward(grad_output, input, weight, bias, activation, output, preact
         _, gz = _cuda.empty(op, None, (m, out_f), dtype, s)
         if m and out_f:
             _fc.activation_backward(gy2, v, gz, act, v_is_z, s)
-    p_dx = GemmProblem(m, in_f, out_f, dtype=dtype, device="cuda")
+    p_dx = _new_problem(op, GemmProblem, m, in_f, out_f, dtype=dtype, device="cuda")
     gx, dgx = _cuda.empty(op, input, tuple(dx.shape), dtype, s)
     _run_gemm(op, p_dx, algo, gz, dw, _rows(op, "grad_input", dgx, in_f), 0.0, s)
-    p_dw = GemmProblem(out_f, in_f, m, trans_a=True, dtype=dtype, device="cuda")
+    p_dw = _new_problem(op, GemmProblem, out_f, in_f, m, trans_a=True, dtype=dtype, device="cuda")
     if into_w is None:
         gw, dgw = _cuda.empty(op, weight, (out_f, in_f), dtype, s)
     else:

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import dispatch
 from ..backends import cuda as _cuda, device_of, placement_error
-from .._checks import _flag
+from .._checks import _flag, _new_problem
 from ..algos.rnn_cuda import SAVED
 from ..problem import RnnProblem
 from ._rnn_args import _dropout, _generator, _layers, _proj_size, _weight_label, _weights
@@ -99,8 +99,8 @@ def sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_firs
             if tuple(dh.shape) != lead + (width,):
                 raise ValueError(f"{op}: {name} must have shape {lead + (width,)}, got {tuple(dh.shape)}")
             states[name] = dh.reshape((L * D, 1, width)) if unbatched else dh
-    p = RnnProblem(mode, T, B, I, H, layers=L, dirs=D, bias=has_bias, direction="fwd", dtype=dtype, device="cuda",
-                   proj=P)
+    p = _new_problem(op, RnnProblem, mode, T, B, I, H, layers=L, dirs=D, bias=has_bias, direction="fwd",
+                     dtype=dtype, device="cuda", proj=P)
     plan = _plan(op, p, algo)
     s = _cuda.stream_for(op, stream, x, h0, c0, *arrays)
     out_shape = (T, D * S) if unbatched else ((B, T, D * S) if batch_first else (T, B, D * S))
@@ -315,7 +315,7 @@ def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo="auto", stream=N
         if tuple(d.shape) != state:
             raise ValueError(f"{op}: {name} must have shape {state}, got {tuple(d.shape)}")
         states.append(d.reshape((1, B, H)))
-    p = RnnProblem(mode, 1, B, I, H, bias=b_ih is not None, dtype=dtype, device="cuda")
+    p = _new_problem(op, RnnProblem, mode, 1, B, I, H, bias=b_ih is not None, dtype=dtype, device="cuda")
     plan = _plan(op, p, algo)
     s = _cuda.stream_for(op, stream, x, h, c, w_ih, w_hh, b_ih, b_hh)
     h_new, dh = _cuda.empty(op, x, state, dtype, s)

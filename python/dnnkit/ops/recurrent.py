@@ -50,7 +50,7 @@ import numpy as np
 
 from ..algos.rnn_cpu import reserve_elems as _reserve_elems
 from ..backends import DeviceArray, device_of, placement_error
-from .._checks import _DTYPE_NAMES, _FLOAT_DTYPES, _array, _empty, _flag
+from .._checks import _DTYPE_NAMES, _FLOAT_DTYPES, _array, _empty, _flag, _new_problem
 from ..dispatch import dispatch_state
 from ..packed import PackedWeight, unpacked
 from ..problem import RnnProblem
@@ -102,13 +102,13 @@ class RnnReserve:
                 f"directions={D} {self.x.dtype} {self.nbytes} bytes>")
 
 
-def _problem(mode, T, B, I, H, L, D, bias, direction, dtype, P=0) -> RnnProblem:
+def _problem(op, mode, T, B, I, H, L, D, bias, direction, dtype, P=0) -> RnnProblem:
     """One RnnProblem per distinct call signature (a dictionary hit, not a validation, per call)."""
     key = ("rnn", mode, T, B, I, H, L, D, bias, direction, dtype, P)
     p = _problems.get(key)
     if p is None:
-        p = _problems.put(key, RnnProblem(mode, T, B, I, H, layers=L, dirs=D, bias=bias, direction=direction,
-                                          dtype=_DTYPE_NAMES[np.dtype(dtype)], proj=P))
+        p = _problems.put(key, _new_problem(op, RnnProblem, mode, T, B, I, H, layers=L, dirs=D, bias=bias,
+                                            direction=direction, dtype=_DTYPE_NAMES[np.dtype(dtype)], proj=P))
     return p
 
 
@@ -190,7 +190,7 @@ def _sequence_stack(op, mode, xt, h0, c0, flat, p_drop, rng, dims, has_bias, rec
         w = flat[per * k0:per * k1]
         h0_l = None if h0 is None else h0[k0:k1]
         c0_l = None if c0 is None else c0[k0:k1]
-        p = _problem(mode, T, B, il, H, 1, D, has_bias, "fwd", dtype, P)
+        p = _problem(op, mode, T, B, il, H, 1, D, has_bias, "fwd", dtype, P)
         _plan(op, p, algo).run(inp, h0_l, c0_l, w, out=[out], h_n=h_n[k0:k1],
                                c_n=None if c_n is None else c_n[k0:k1], reserve=buffer)
         stack.append(RnnReserve(op=op, mode=mode, cell=False, shape=shape, problem=p, x=inp, h0=h0_l, c0=c0_l,
@@ -251,7 +251,7 @@ def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, b
     c0 = _state(op, "c0", c0, lead + (H,), x.dtype) if mode == "lstm" else None
     xt = np.ascontiguousarray(xt)
     shape = (_CELL_CODES[mode], T, B, I, H, num_layers, dirs, P)
-    p = _problem(mode, T, B, I, H, num_layers, dirs, has_bias, "fwd", x.dtype, P)
+    p = _problem(op, mode, T, B, I, H, num_layers, dirs, has_bias, "fwd", x.dtype, P)
     stack = masks = None
     if train and ((p_drop > 0.0 and num_layers > 1) or recompute):
         rng = _generator(op, generator) if p_drop > 0.0 and num_layers > 1 else None
@@ -404,7 +404,7 @@ def _run_backward(op, r: RnnReserve, dy, dh_n, dc_n, into=None, algo="auto"):
     else:
         grads = list(into)
     fp = r.problem
-    p = _problem(fp.mode, fp.seq, fp.batch, fp.input, fp.hidden, fp.layers, fp.dirs, fp.bias, "bwd", dtype, fp.proj)
+    p = _problem(op, fp.mode, fp.seq, fp.batch, fp.input, fp.hidden, fp.layers, fp.dirs, fp.bias, "bwd", dtype, fp.proj)
     _plan(op, p, algo).run(r.x, r.h0, r.c0, r.weights, r.ys, r.buffer, dy, dh_n, dc_n,
                            out=(dx, dh0, dc0, grads), accumulate=into is not None)
     return dx, dh0, dc0, grads
@@ -631,7 +631,7 @@ def _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo):
     shape = (_CELL_CODES[mode], 1, B, I, H, 1, 1, 0)
     train = _flag(op, "train", train)
     flat = [w_ih, w_hh, b_ih, b_hh]
-    p = _problem(mode, 1, B, I, H, 1, 1, b_ih is not None, "fwd", dtype)
+    p = _problem(op, mode, 1, B, I, H, 1, 1, b_ih is not None, "fwd", dtype)
     hit = (_plan(op, p, algo), shape, unbatched)
     h_out, c_out, buffer = _cell_run(op, mode, hit, x, h, c, flat, train)
     if key is not None:
