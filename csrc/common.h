@@ -118,7 +118,9 @@ inline int thread_count() {
 #endif
 }
 
-// Number of threads kernels use; set from Python (dnnkit.set_num_threads).
+// Number of threads kernels use; set from Python (dnnkit.set_num_threads), 1 to kMaxThreads. The bound
+// keeps a mistyped count from reaching OpenMP, which aborts the process when it cannot create a thread.
+constexpr int kMaxThreads = 1024;
 int get_num_threads();
 void set_num_threads(int n);
 

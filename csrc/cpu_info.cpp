@@ -278,7 +278,9 @@ int get_num_threads() {
 }
 
 void set_num_threads(int n) {
-  if (n < 1) throw std::invalid_argument("set_num_threads: n must be >= 1");
+  if (n < 1 || n > kMaxThreads)
+    throw std::invalid_argument("set_num_threads: n must be between 1 and " + std::to_string(kMaxThreads) + ", got " +
+                                std::to_string(n));
   g_num_threads.store(n);
 }
 

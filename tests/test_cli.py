@@ -202,6 +202,7 @@ def test_autotune_plot(tmp_path):
     ("DNNKIT_TUNING", "bogus", "get_tuning() == 'heuristic'"),
     ("DNNKIT_NUM_THREADS", "two", "get_num_threads() >= 1"),
     ("DNNKIT_NUM_THREADS", "0", "get_num_threads() >= 1"),
+    ("DNNKIT_NUM_THREADS", "100000", "get_num_threads() <= 1024"),
     ("DNNKIT_WORKSPACE_LIMIT", "lots", "get_workspace_limit() is None"),
 ])
 def test_a_bad_environment_variable_is_ignored_with_a_warning(name, value, expect):

@@ -116,8 +116,11 @@ void bind_runtime(py::module_& m) {
   m.def("get_num_threads", &get_num_threads);
 
   m.def("set_num_threads", [](int n) {
-    if (n < 1) throw py::value_error("set_num_threads: n must be >= 1");
-    set_num_threads(n);
+    try {
+      set_num_threads(n);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
     ++g_settings_generation;
   });
 
@@ -127,6 +130,7 @@ void bind_runtime(py::module_& m) {
   m.def("block_cache_bytes", [] { return block_cache_bytes(); }, "Bytes of blocks now kept for reuse.");
 
   m.attr("RECYCLE_BYTES") = py::int_(kRecycleBytes);  // empty's and scratch's smallest block-cache block
+  m.attr("MAX_THREADS") = py::int_(kMaxThreads);      // the most threads set_num_threads takes
 
   m.def("empty", [](const py::iterable& dims, int itemsize) -> py::array {
     std::vector<py::ssize_t> shape;

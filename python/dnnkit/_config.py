@@ -15,10 +15,12 @@ NAN_SEMANTICS = ("any", "strict")
 
 
 def _default_threads() -> int:
+    """The CPUs this process may run on, at most MAX_THREADS."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        n = os.cpu_count() or 1
+    return max(1, min(n, _cpu.MAX_THREADS))
 
 
 def parse_bytes(text: str) -> int:
@@ -48,13 +50,13 @@ def _env(name: str, parse):
         return None
 
 
-def _positive_int(raw: str) -> int:
+def _thread_count(raw: str) -> int:
     try:
         value = int(raw)
     except ValueError:
         raise ValueError("not an integer") from None
-    if value < 1:
-        raise ValueError("must be >= 1")
+    if value < 1 or value > _cpu.MAX_THREADS:
+        raise ValueError(f"must be between 1 and {_cpu.MAX_THREADS}")
     return value
 
 
@@ -65,11 +67,12 @@ def _tuning_mode(raw: str) -> str:
 
 
 def set_num_threads(n: int) -> None:
-    """Number of CPU threads every dnnkit kernel uses (default: the cores this process may run on)."""
+    """Number of CPU threads every dnnkit kernel uses (default: the cores this process may run on), 1 to
+    MAX_THREADS (1024)."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"set_num_threads: n must be an int, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"set_num_threads: n must be >= 1, got {n}")
+    if n < 1 or n > _cpu.MAX_THREADS:
+        raise ValueError(f"set_num_threads: n must be between 1 and {_cpu.MAX_THREADS}, got {n}")
     _cpu.set_num_threads(n)
 
 
@@ -195,8 +198,8 @@ def algo_overrides() -> dict:
 
 
 def _init_from_env() -> None:
-    n = _env("DNNKIT_NUM_THREADS", _positive_int)
     if _cpu.available():
+        n = _env("DNNKIT_NUM_THREADS", _thread_count)
         _cpu.set_num_threads(n if n is not None else _default_threads())
     mode = _env("DNNKIT_TUNING", _tuning_mode)
     if mode is not None:

@@ -44,7 +44,8 @@ block_cache_release = ext.block_cache_release
 
 # Settings. settings_generation() changes whenever one of them does (a cached decision keyed by it is
 # stale then).
-set_num_threads = ext.set_num_threads
+set_num_threads = ext.set_num_threads  # 1 to MAX_THREADS, else ValueError
+MAX_THREADS = ext.MAX_THREADS if _extension.error is None else 0
 get_num_threads = ext.get_num_threads
 set_amx = ext.set_amx
 amx_enabled = ext.amx_enabled
