@@ -74,7 +74,7 @@ def plan(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None) 
     if not isinstance(algo, (str, Algorithm)):  # before it is hashed into the key
         raise TypeError(f"{p.op}: algo must be 'auto', an algorithm name or an Algorithm, got {type(algo).__name__}")
     limit = get_workspace_limit() if workspace_limit is None else workspace_limit
-    key = (p, algo, limit, _generation[0], _settings_generation())
+    key = (p, algo, limit, dispatch_state())
     hit = _plans.get(key)
     if hit is not None:
         return hit
