@@ -234,6 +234,33 @@ def test_set_workspace_limit_rejects_bad_values():
         dnnkit.set_workspace_limit("1 GiB")
 
 
+WIDE = np.zeros((300, 300), F32)  # its repr alone is thousands of characters
+X4, W4 = np.zeros((1, 2, 5, 5), F32), np.zeros((3, 2, 3, 3), F32)
+
+
+@pytest.mark.parametrize("call, op, arg", [
+    (lambda: dnnkit.conv2d(X4, W4, stride=WIDE), "conv2d", "stride"),
+    (lambda: dnnkit.conv2d(X4, W4, padding=WIDE), "conv2d", "padding"),
+    (lambda: dnnkit.conv2d(X4, W4, padding="s" * 5000), "conv2d", "padding"),
+    (lambda: dnnkit.conv2d(X4, W4, dilation=list(range(5000))), "conv2d", "dilation"),
+    (lambda: dnnkit.conv2d(X4, W4, groups=WIDE), "conv2d", "groups"),
+    (lambda: dnnkit.conv2d_backward_filter(X4, WIDE, np.zeros((1, 3, 3, 3), F32)), "conv2d_backward_filter",
+     "weight_shape"),
+    (lambda: dnnkit.conv2d_backward_data(WIDE, W4, np.zeros((1, 3, 3, 3), F32)), "conv2d_backward_data",
+     "input_shape"),
+    (lambda: dnnkit.linear(A, B.T, activation=WIDE), "linear", "activation"),
+    (lambda: dnnkit.rnn(np.zeros((2, 1, 4), F32), None, [np.zeros((4, 4), F32)] * 2, nonlinearity=WIDE), "rnn",
+     "nonlinearity"),
+    (lambda: dnnkit.set_tuning(WIDE), "set_tuning", "mode"),
+    (lambda: dnnkit.set_nan_semantics(WIDE), "set_nan_semantics", "mode"),
+])
+def test_errors_quote_arrays_and_long_values_briefly(call, op, arg):
+    with pytest.raises((TypeError, ValueError)) as e:
+        call()
+    msg = str(e.value)
+    assert msg.startswith(op + ":") and arg in msg and len(msg) < 300, msg
+
+
 def test_set_isa_rejects_unknown_isa():
     with pytest.raises(ValueError, match="isa"):
         dnnkit._cpu.set_isa("sse9")

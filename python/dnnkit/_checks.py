@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 
 from .backends import DeviceArray, cpu as _cpu, device_of
-from .problem import ACTIVATIONS
+from .problem import ACTIVATIONS, shown
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
@@ -72,7 +72,7 @@ def _activation(op: str, activation) -> str:
     if activation is None:
         return "identity"
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
-        raise ValueError(f"{op}: activation must be None or one of {ACTIVATIONS}, got {activation!r}")
+        raise ValueError(f"{op}: activation must be None or one of {ACTIVATIONS}, got {shown(activation)}")
     return activation
 
 

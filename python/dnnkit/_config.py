@@ -118,11 +118,15 @@ def changed() -> None:
     _generation[0] += 1
 
 
+def _quoted(mode) -> str:
+    return repr(mode) if isinstance(mode, str) and len(mode) <= 80 else type(mode).__name__
+
+
 def set_tuning(mode: str) -> None:
     """What dispatch does for a problem with no explicit algo: see DESIGN.md. 'off' takes the first
     supporting algorithm of the registry."""
-    if mode not in TUNING_MODES:
-        raise ValueError(f"set_tuning: mode must be one of {TUNING_MODES}, got {mode!r}")
+    if not isinstance(mode, str) or mode not in TUNING_MODES:
+        raise ValueError(f"set_tuning: mode must be one of {TUNING_MODES}, got {_quoted(mode)}")
     _state["tuning"] = mode
     changed()
 
@@ -152,8 +156,8 @@ def set_nan_semantics(mode: str) -> None:
     Winograd (a NaN or Inf spreads over its transform tiles, Inf turns NaN) and FFT (one spreads over its
     image) are then left out. 'any' (default): every algorithm within its accuracy tolerance on finite
     inputs. Also DNNKIT_NAN_SEMANTICS."""
-    if mode not in NAN_SEMANTICS:
-        raise ValueError(f"set_nan_semantics: mode must be one of {NAN_SEMANTICS}, got {mode!r}")
+    if not isinstance(mode, str) or mode not in NAN_SEMANTICS:
+        raise ValueError(f"set_nan_semantics: mode must be one of {NAN_SEMANTICS}, got {_quoted(mode)}")
     _state["nan_semantics"] = mode
     changed()
 

@@ -33,6 +33,18 @@ DEVICES = ("cpu", "cuda")
 MAX_SIZE = 2**31 - 1
 
 
+def shown(v, limit: int = 80, typed: bool = False) -> str:
+    """A value as an error message quotes it: an array (anything with a shape and a dtype) by its type,
+    shape and dtype, anything else by its repr (after its type's name with typed), cut to about `limit`
+    characters."""
+    shape, dtype = getattr(v, "shape", None), getattr(v, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{type(v).__name__} of shape {tuple(shape)}, dtype {dtype}"
+    text = repr(v)
+    text = text if len(text) <= limit else text[:limit] + " ..."
+    return f"{type(v).__name__} {text}" if typed else text
+
+
 @dataclass(frozen=True)
 class GemmProblem:
     """C (M x N) := act(alpha * op(A) op(B) + beta * C + bias), op(A) M x K, op(B) K x N."""
@@ -411,7 +423,7 @@ class ConvProblem:
         n, c, h, w = _conv_shape(op, "input", x_shape, "(N, C, H, W)")
         k, cg, r, s = _conv_shape(op, "weight", w_shape, "(out_channels, in_channels/groups, kH, kW)")
         if isinstance(groups, bool) or not isinstance(groups, numbers.Integral):
-            raise TypeError(f"{op}: groups must be an int, got {type(groups).__name__} {groups!r}")
+            raise TypeError(f"{op}: groups must be an int, got {shown(groups, typed=True)}")
         groups = int(groups)
         if groups < 1:
             raise ValueError(f"{op}: groups must be >= 1, got {groups}")
@@ -445,7 +457,8 @@ class ConvProblem:
                     )
                 ph, pw = total[0] // 2, total[1] // 2
             else:
-                raise ValueError(f"{op}: padding must be an int, a pair of ints, 'same' or 'valid', got {padding!r}")
+                raise ValueError(
+                    f"{op}: padding must be an int, a pair of ints, 'same' or 'valid', got {shown(padding)}")
         else:
             ph, pw = _conv_pair(op, "padding", padding, 0, strings=True)
         for dim, i, kk, p, d in (("height", h, r, ph, dh), ("width", w, s, pw, dw)):
@@ -461,7 +474,7 @@ class ConvProblem:
             try:
                 dtype = np.dtype(dtype).name
             except TypeError:
-                raise TypeError(f"{op}: dtype must be float32 or float64, got {dtype!r}") from None
+                raise TypeError(f"{op}: dtype must be float32 or float64, got {shown(dtype)}") from None
         try:
             return cls(g=groups, mb=n, ic=c, ih=h, iw=w, oc=k, oh=conv_output_size(h, r, sh, ph, dh - 1),
                        ow=conv_output_size(w, s, sw, pw, dw - 1), kh=r, kw=s, sh=sh, sw=sw, ph=ph, pw=pw,
@@ -475,9 +488,9 @@ def _conv_shape(op: str, arg: str, shape, layout: str) -> tuple[int, int, int, i
         raise TypeError(f"{op}: {arg} shape must be a sequence of ints, got {type(shape).__name__}")
     dims = tuple(shape)
     if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in dims):
-        raise TypeError(f"{op}: {arg} shape must be a sequence of ints, got {dims!r}")
+        raise TypeError(f"{op}: {arg} shape must be a sequence of ints, got {shown(dims)}")
     if len(dims) != 4:
-        raise ValueError(f"{op}: {arg} must be 4-D {layout}, got shape {dims}")
+        raise ValueError(f"{op}: {arg} must be 4-D {layout}, got shape {shown(dims)}")
     if any(v < 0 for v in dims):
         raise ValueError(f"{op}: {arg} shape must not be negative, got {dims}")
     return tuple(int(v) for v in dims)
@@ -490,12 +503,12 @@ def _conv_pair(op: str, arg: str, v, lo: int, strings: bool = False) -> tuple[in
         pair = (int(v), int(v))
     elif isinstance(v, (tuple, list)):
         if len(v) != 2:
-            raise ValueError(f"{op}: {arg} must be {what}, got {v!r}")
+            raise ValueError(f"{op}: {arg} must be {what}, got {shown(v)}")
         if any(isinstance(e, bool) or not isinstance(e, numbers.Integral) for e in v):
-            raise TypeError(f"{op}: {arg} must be {what}, got {v!r}")
+            raise TypeError(f"{op}: {arg} must be {what}, got {shown(v)}")
         pair = (int(v[0]), int(v[1]))
     else:
-        raise TypeError(f"{op}: {arg} must be {what}, got {type(v).__name__} {v!r}")
+        raise TypeError(f"{op}: {arg} must be {what}, got {shown(v, typed=True)}")
     if min(pair) < lo:
         raise ValueError(f"{op}: {arg} must be >= {lo}, got {v!r}")
     if max(pair) > MAX_SIZE:

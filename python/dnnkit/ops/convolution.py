@@ -8,7 +8,7 @@ from ..algos import conv_cpu as _conv_kernels
 from .._checks import _DTYPE_NAMES, _array, _empty, _same_dtype
 from ..backends import DeviceArray, cpu as _cpu, device_of, placement_error
 from ..dispatch import dispatch_state
-from ..problem import ConvProblem, _conv_pair
+from ..problem import ConvProblem, _conv_pair, shown
 from ._common import _calls, _plan, _problems
 
 
@@ -17,9 +17,10 @@ def _shape4(op: str, name: str, shape) -> tuple:
     try:
         t = tuple(int(v) for v in shape)
     except (TypeError, ValueError):
-        raise TypeError(f"{op}: {name} must be a sequence of 4 ints, got {shape!r}") from None
+        raise TypeError(f"{op}: {name} must be a sequence of 4 ints, got {shown(shape)}") from None
     if len(t) != 4 or any(v < 0 for v in t) or any(int(v) != v for v in shape):
-        raise ValueError(f"{op}: {name} must be 4 non-negative ints (N, C, H, W or K, C/groups, R, S), got {shape!r}")
+        raise ValueError(
+            f"{op}: {name} must be 4 non-negative ints (N, C, H, W or K, C/groups, R, S), got {shown(shape)}")
     return t
 
 

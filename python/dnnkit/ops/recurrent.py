@@ -53,7 +53,7 @@ from ..backends import DeviceArray, device_of, placement_error
 from .._checks import _DTYPE_NAMES, _FLOAT_DTYPES, _array, _empty, _flag, _new_problem
 from ..dispatch import dispatch_state
 from ..packed import PackedWeight, unpacked
-from ..problem import RnnProblem
+from ..problem import RnnProblem, shown
 from ._common import _accumulate_target, _calls, _plan, _problems
 from ._rnn_args import _dropout, _generator, _layers, _proj_size, _weight_label, _weights
 
@@ -321,8 +321,8 @@ def rnn(x, h0, weights, *, nonlinearity="tanh", num_layers=1, bidirectional=Fals
         dropout=0.0, generator=None, recompute=False, algo="auto", stream=None):
     """torch.nn.RNN's forward (nonlinearity 'tanh' or 'relu'): returns (output, h_n), and a reserve for
     rnn_backward when train. dropout, generator, recompute, algo and stream as for lstm."""
-    if nonlinearity not in ("tanh", "relu"):
-        raise ValueError(f"rnn: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+    if not isinstance(nonlinearity, str) or nonlinearity not in ("tanh", "relu"):
+        raise ValueError(f"rnn: nonlinearity must be 'tanh' or 'relu', got {shown(nonlinearity)}")
     return _sequence("rnn", "rnn_" + nonlinearity, x, h0, None, weights, num_layers, bidirectional, batch_first,
                      train, dropout, generator, recompute, 0, algo, stream)
 
