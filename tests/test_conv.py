@@ -489,6 +489,33 @@ def test_pointwise_images_side_by_side(isa, num_threads, dtype):
         check_backward_data(bwd, case)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_backward_filter_images_side_by_side_along_the_depth(isa, num_threads, dtype):
+    """im2col_gemm's backward filter on planes under 128 pixels: several images' dY rows and columns
+    gathered along one product's depth (conv.h, Batching::depth). 1x1 (the planes copied), 1x1 stride 2
+    and 3x3 (im2col per image), groups, a dW over the size threads keep private copies of (so the shared
+    path runs on two threads too), and a workspace limit that leaves a last chunk of fewer images."""
+    algo = next(a for a in ALGOS["bwd_filter"] if a.name == "im2col_gemm")
+    shapes = [  # n, c, k, h, w, r, groups, stride, padding, layout
+        (5, 6, 8, 5, 5, 1, 1, 1, 0, "C"), (4, 8, 6, 7, 6, 1, 2, 2, 0, "strided"), (3, 4, 5, 6, 6, 3, 1, 1, 1, "C"),
+        (3, 300, 230, 3, 3, 1, 1, 1, 0, "C"), (6, 4, 6, 1, 1, 1, 2, 1, 0, "C")]
+    cases = [ConvCase(n, c, k, h, w, r, r, g, stride, pad, 1, dtype, False, layout, 300 + i)
+             for i, (n, c, k, h, w, r, g, stride, pad, layout) in enumerate(shapes)]
+    for case in cases:
+        check_backward_filter(algo, case)
+    before = dnnkit.get_workspace_limit()
+    try:  # two images a chunk of the first shape (8 + 6 values a pixel): chunks of 2, 2 and 1
+        dnnkit.set_workspace_limit(2 * np.dtype(dtype).itemsize * (8 + 6) * 25)
+        if num_threads == 1:
+            assert algo.chunk(_problem(cases[0], "bwd_filter")) == 2 * 25
+            check_backward_filter(algo, cases[0])
+    finally:
+        dnnkit.set_workspace_limit(before)
+    if num_threads == 1:
+        assert algo.chunk(_problem(cases[0], "bwd_filter")) == 5 * 25  # all five images in one product
+    assert algo.chunk(_problem(cases[3], "bwd_filter")) == 3 * 9  # dW of 69,000 values: shared
+
+
 # (n, c, k, h, w, r, s, groups, stride, padding, dilation): implicit_gemm's B panels against its runs
 IMPLICIT_EDGE_SHAPES = [
     (3, 4, 5, 6, 1, 3, 1, 1, 1, (1, 0), 1),     # one output column: every panel column its own run

@@ -110,10 +110,15 @@ void bind_conv(py::module_& m) {
         "Test and algorithm entry: direction fwd|bwd_data|bwd_filter|bwd_bias, kernel direct|im2col_gemm|implicit_gemm|gemm_col2im;\n"
         "fwd: (x, w) -> y; bwd_data: (w, dy) -> dx; bwd_filter: (x, dy) -> dw; bwd_bias: (dy, None) -> db.");
 
-  m.def("im2col_chunk", [](const py::tuple& shape, index_t max_elems, bool batch_images) {
-    return im2col_chunk(conv_shape(shape), std::max<index_t>(max_elems, 1), batch_images);
-  }, py::arg("shape"), py::arg("max_elems"), py::arg("batch_images") = false,
-     "Output pixels per im2col chunk for a workspace of at most max_elems elements (batch_images: forward).");
+  m.def("im2col_chunk", [](const py::tuple& shape, index_t max_elems, const std::string& batching) {
+    Batching b = Batching::none;
+    if (batching == "columns") b = Batching::columns;
+    else if (batching == "depth") b = Batching::depth;
+    else if (batching != "none") throw py::value_error("im2col_chunk: batching must be none, columns or depth");
+    return im2col_chunk(conv_shape(shape), std::max<index_t>(max_elems, 1), b);
+  }, py::arg("shape"), py::arg("max_elems"), py::arg("batching") = "none",
+     "Output pixels per im2col chunk for a workspace of at most max_elems elements; small planes go several\n"
+     "images side by side along the GEMM's columns (forward, backward data) or its depth (backward filter).");
 
   m.def("conv_workspace_elems",
         [](const std::string& dir, const std::string& algo, const py::tuple& shape, index_t chunk, index_t itemsize) {

@@ -27,35 +27,51 @@ struct ConvShape {
 
 // ---- im2col + GEMM (im2col.cpp). `col` is caller-owned workspace of col_elems(shape, chunk) elements;
 // output pixels are processed `chunk` at a time so the workspace stays bounded.
-// Output pixels per im2col chunk (the GEMM's N) for a workspace of at most max_workspace_elems.
-// With batch_images (the forward pass), a chunk may cover several whole images, side by side in one
-// GEMM, when one image's output plane is too narrow for the micro-kernel (fewer than kMinGemmColumns).
+// When one image's output plane is too narrow for the GEMM (fewer than kMinGemmColumns pixels), a chunk
+// may cover several whole images side by side: along the GEMM's columns (the forward, and the backward
+// data of a 1x1 layer; the output block is then copied back to NCHW), or along its depth (the backward
+// filter: nb images' dY rows and columns gathered, one product nb*PQ deep instead of nb that each read
+// and write all of dW).
 constexpr index_t kMinGemmColumns = 512;
-index_t im2col_chunk(const ConvShape& sh, index_t max_workspace_elems, bool batch_images);
+// Along the depth, only planes of fewer than kMinGemmDepth pixels: gathering dY costs more than a product
+// of 196 per image loses (res4's 1x1 layers), and a product of 49 per image is 1.2-1.4x slower than
+// one of 392 (res5's; bench/ab.py --filter kh1).
+constexpr index_t kMinGemmDepth = 128;
+enum class Batching { none, columns, depth };
 
-// Images side by side in one forward GEMM for this chunk: 1 means one image at a time.
+// Rows of the GEMM's output block when images go side by side along its columns: Kg (forward) or Cg
+// (backward data of a 1x1 convolution); one size fits both.
+inline index_t batched_out_rows(const ConvShape& sh) { return std::max(sh.kg(), sh.cg()); }
+
+// Workspace elements one image takes when images go side by side.
+inline index_t batched_elems_per_image(const ConvShape& sh, Batching b) {
+  if (b == Batching::depth) return (sh.kg() + sh.crs()) * sh.pq();  // its dY rows and its columns
+  return ((sh.is_pointwise() ? 0 : sh.crs()) + batched_out_rows(sh)) * sh.pq();  // 1x1: the GEMM reads x
+}
+
+// Output pixels per chunk (the GEMM's N, or its depth) for a workspace of at most max_workspace_elems.
+index_t im2col_chunk(const ConvShape& sh, index_t max_workspace_elems, Batching batching);
+
+// Images side by side in one GEMM for this chunk: 1 means one image at a time.
 inline index_t images_per_chunk(const ConvShape& sh, index_t chunk) {
   const index_t pq = sh.pq();
   if (pq == 0 || pq >= kMinGemmColumns || sh.n < 2 || chunk < 2 * pq) return 1;
   return std::min<index_t>(sh.n, chunk / pq);
 }
 
-// Rows of the GEMM's output block when images go side by side: Kg (forward) or Cg (backward data of a
-// 1x1 convolution); one size fits both.
-inline index_t batched_out_rows(const ConvShape& sh) { return std::max(sh.kg(), sh.cg()); }
-
-// Workspace elements for a chunk: the column buffer, plus (batched) the GEMM's output block.
+// Workspace elements for a chunk of the forward or the backward data: the column buffer, plus
+// (batched) the GEMM's output block.
 inline index_t col_elems(const ConvShape& sh, index_t chunk) {
   const index_t nb = images_per_chunk(sh, chunk);
-  if (nb > 1) return ((sh.is_pointwise() ? 0 : sh.crs()) + batched_out_rows(sh)) * nb * sh.pq();  // 1x1: the GEMM reads x
+  if (nb > 1) return batched_elems_per_image(sh, Batching::columns) * nb;
   return sh.is_pointwise() ? 0 : sh.crs() * chunk;
 }
 
 // Backward filter by im2col: with two images or more and a small dW (K x CRS, at most 64K values, a
 // part of L2), threads take whole images, each with its own column buffer and partial dW, summed at the
-// end, rather than splitting every narrow per-image GEMM (conv1's: 64 x 147, 12544 deep). A large dW
-// read and written by every image's GEMM (res5's 1x1 layers: 4 MB, 49 deep) is faster shared
-// (bench/conv.py --direction bwd_filter).
+// end, rather than splitting every narrow per-image GEMM (conv1's: 64 x 147, 12544 deep). A large dW is
+// shared, the threads splitting each product; small planes then go side by side along the depth
+// (res5's 1x1 layers: one product 392 deep rather than eight 49 deep, each reading and writing 4 MB).
 constexpr index_t kBwdFilterPrivateMax = index_t(1) << 16;
 inline int im2col_bwd_filter_threads(const ConvShape& sh) {
   if (sh.n < 2 || sh.k * sh.crs() > kBwdFilterPrivateMax) return 1;
@@ -63,7 +79,10 @@ inline int im2col_bwd_filter_threads(const ConvShape& sh) {
 }
 inline index_t im2col_bwd_filter_elems(const ConvShape& sh, index_t chunk) {
   const int nt = im2col_bwd_filter_threads(sh);
-  if (nt <= 1) return col_elems(sh, chunk);
+  if (nt <= 1) {
+    const index_t nb = images_per_chunk(sh, chunk);
+    return nb > 1 ? batched_elems_per_image(sh, Batching::depth) * nb : (sh.is_pointwise() ? 0 : sh.crs() * chunk);
+  }
   return nt * (round_up(col_elems(sh, chunk), 16) + round_up(sh.k * sh.crs(), 16));
 }
 

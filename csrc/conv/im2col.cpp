@@ -3,7 +3,8 @@
 //   forward        Y[n,g][:, j0:j1] (Kg x J)   = W_g (Kg x CRS) @ col (CRS x J)
 //   backward data  col (CRS x J)                = W_g^T (CRS x Kg) @ dY[n,g][:, j0:j1];  dX += col2im(col)
 //   backward filt  dW_g (Kg x CRS)             += dY[n,g][:, j0:j1] (Kg x J) @ col^T (J x CRS)
-// where col[(c*R + r)*S + s][j] = x[n, g*Cg + c, p*sh - ph + r*dh, q*sw - pw + s*dw] (0 outside).
+// where col[(c*R + r)*S + s][j] = x[n, g*Cg + c, p*sh - ph + r*dh, q*sw - pw + s*dw] (0 outside). Small
+// planes go several images side by side (conv.h, Batching).
 #include <algorithm>
 #include <cstring>
 
@@ -14,11 +15,12 @@
 
 namespace dnnkit {
 
-index_t im2col_chunk(const ConvShape& sh, index_t max_workspace_elems, bool batch_images) {
+index_t im2col_chunk(const ConvShape& sh, index_t max_workspace_elems, Batching batching) {
   const index_t pq = sh.pq();
   if (pq == 0) return 1;
-  if (batch_images && pq < kMinGemmColumns && sh.n >= 2) {
-    const index_t per_image = ((sh.is_pointwise() ? 0 : sh.crs()) + batched_out_rows(sh)) * pq;
+  const index_t narrow = batching == Batching::depth ? kMinGemmDepth : kMinGemmColumns;
+  if (batching != Batching::none && pq < narrow && sh.n >= 2) {
+    const index_t per_image = batched_elems_per_image(sh, batching);
     const index_t nb = std::min<index_t>(sh.n, max_workspace_elems / std::max<index_t>(per_image, 1));
     if (nb >= 2) return nb * pq;
   }
@@ -99,6 +101,17 @@ void col2im(const ConvShape& sh, const T* col, index_t j0, index_t j1, T* dx) {
   }
 }
 
+// nn images' planes side by side (rows x nn*PQ, row stride nn*PQ): row r of image n0 + i from
+// in + ((n0 + i)*planes + r)*PQ. The inverse of unbatch.
+template <typename T>
+void batch(const T* in, index_t rows, index_t nn, index_t PQ, index_t n0, index_t planes, T* blk) {
+  const index_t J = nn * PQ;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(get_num_threads()) if (rows * J > 32768)
+  for (index_t i = 0; i < nn; ++i)
+    for (index_t r = 0; r < rows; ++r)
+      std::memcpy(blk + r * J + i * PQ, in + ((n0 + i) * planes + r) * PQ, sizeof(T) * PQ);
+}
+
 // The GEMM's output block for nn images side by side (rows x nn*PQ, row stride nn*PQ) back to NCHW:
 // row r of image n0 + i to out + ((n0 + i)*planes + r)*PQ.
 template <typename T>
@@ -106,7 +119,8 @@ void unbatch(const T* blk, index_t rows, index_t nn, index_t PQ, index_t n0, ind
   const index_t J = nn * PQ;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(get_num_threads()) if (rows * J > 32768)
   for (index_t i = 0; i < nn; ++i)
-    for (index_t r = 0; r < rows; ++r) std::memcpy(out + ((n0 + i) * planes + r) * PQ, blk + r * J + i * PQ, sizeof(T) * PQ);
+    for (index_t r = 0; r < rows; ++r)
+      std::memcpy(out + ((n0 + i) * planes + r) * PQ, blk + r * J + i * PQ, sizeof(T) * PQ);
 }
 
 }  // namespace
@@ -206,6 +220,30 @@ template <typename T>
 void conv2d_bwd_filter_im2col(const ConvShape& sh, const T* x, const T* dy, T* dw, T* col, index_t chunk) {
   const index_t Kg = sh.kg(), CRS = sh.crs(), PQ = sh.pq(), HW = sh.h * sh.w;
   const int nt = im2col_bwd_filter_threads(sh);
+  const index_t nb = nt > 1 ? 1 : images_per_chunk(sh, chunk);
+  if (nb > 1) {
+    // nb images side by side along the depth: colb (CRS x nb*PQ) and dyb (Kg x nb*PQ), one GEMM.
+    T* const colb = col;
+    T* const dyb = col + CRS * nb * PQ;
+    for (index_t g = 0; g < sh.g; ++g) {
+      T* dwg = dw + g * Kg * CRS;
+      T beta = T(0);
+      for (index_t n0 = 0; n0 < sh.n; n0 += nb) {
+        const index_t nn = std::min(nb, sh.n - n0), J = nn * PQ;
+        if (sh.is_pointwise()) {
+          batch(x + g * sh.cg() * HW, CRS, nn, PQ, n0, sh.c, colb);  // 1x1 stride 1: HW == PQ, CRS == Cg
+        } else {
+          const T* xg = x + (n0 * sh.c + g * sh.cg()) * HW;
+          for (index_t i = 0; i < nn; ++i) im2col(sh, xg + i * sh.c * HW, 0, PQ, colb + i * PQ, J);
+        }
+        batch(dy + g * Kg * PQ, Kg, nn, PQ, n0, sh.k, dyb);
+        gemm<T>(strided_gemm_args<T>(Kg, CRS, J, dyb, J, 1, colb, 1, J, dwg, CRS, beta));
+        beta = T(1);
+      }
+      if (beta == T(0)) std::fill(dwg, dwg + Kg * CRS, T(0));
+    }
+    return;
+  }
   if (nt > 1) {
     const index_t col_part = round_up(col_elems(sh, chunk), 16), per = col_part + round_up(sh.k * CRS, 16);
 #pragma omp parallel num_threads(nt)

@@ -109,10 +109,10 @@ class _CpuConv(Algorithm):
 
 class _Im2col(_CpuConv):
     tolerance = 1e-5
-    batch_images = False  # forward only: several small images side by side in one GEMM
+    batching = "none"  # where small images go side by side in one GEMM: "columns" or "depth" (conv.h)
 
-    def batch(self, p) -> bool:
-        return self.batch_images
+    def batch(self, p) -> str:
+        return self.batching
 
     def chunk(self, p) -> int:
         bound = workspace_bound()
@@ -126,7 +126,7 @@ class _Direct(_CpuConv):
 
 class Im2colGemmFwd(_Im2col):
     name, op, kernel, direction = "im2col_gemm", "conv2d_fwd", "im2col_gemm", "fwd"
-    batch_images = True
+    batching = "columns"
 
     def cost(self, p, c) -> float:
         n, ch, k, g, cg, kg, pq, direct = _dims(p)
@@ -143,16 +143,19 @@ class Im2colGemmFwd(_Im2col):
         return t
 
 
-def _gemm_backward_cost(p, c, whole_images: bool = False) -> float:
+def _gemm_backward_cost(p, c, whole_images: bool = False, deep_images: int = 1) -> float:
     """Backward data (W^T dy into columns, then col2im) or filter (dy times the columns) as one GEMM and a
     pass over the columns; whole_images: each thread runs whole images' products, each at a full panel's
-    width."""
+    width; deep_images: the filter's products take that many images side by side along their depth, dY
+    gathered for them."""
     n, ch, k, g, cg, kg, pq, direct = _dims(p)
     crs = cg * p.kh * p.kw
-    m, cols, inner = (crs, pq, kg) if p.direction == "bwd_data" else (kg, crs, pq)
+    m, cols, inner = (crs, pq, kg) if p.direction == "bwd_data" else (kg, crs, pq * deep_images)
     if whole_images:
         cols = max(cols, FULL_WIDTH_COLUMNS)
     columns = 2 * n * ch * p.kh * p.kw * pq * p.itemsize / c.bandwidth
+    if deep_images > 1:
+        columns += 2 * n * k * pq * p.itemsize / c.bandwidth
     return direct / (c.peak(p) * gemm_efficiency(m, cols, inner)) + columns
 
 
@@ -162,9 +165,9 @@ class GemmCol2imBwdData(_Im2col):
     def cost(self, p, c) -> float:
         return _gemm_backward_cost(p, c)
 
-    def batch(self, p) -> bool:
+    def batch(self, p) -> str:
         """A 1x1 stride-1 layer's small planes go side by side in one GEMM, as in the forward pass."""
-        return (p.kh, p.kw, p.sh, p.sw, p.ph, p.pw) == (1, 1, 1, 1, 0, 0)
+        return "columns" if (p.kh, p.kw, p.sh, p.sw, p.ph, p.pw) == (1, 1, 1, 1, 0, 0) else "none"
 
 
 class Im2colGemmBwdFilter(_Im2col):
@@ -177,17 +180,22 @@ class Im2colGemmBwdFilter(_Im2col):
         small = p.oc * (p.ic // p.g) * p.kh * p.kw <= 1 << 16
         return min(get_num_threads(), p.mb) if p.mb >= 2 and small else 1
 
+    batching = "depth"  # where dW is shared (one thread's products): conv.h
+
     def chunk(self, p) -> int:
         nt = self._threads(p)
         if nt == 1:
             return super().chunk(p)
         bound = workspace_bound() // nt - p.oc * (p.ic // p.g) * p.kh * p.kw * p.itemsize
-        return int(_cpu.im2col_chunk(shape_tuple(p), max(bound, 0) // p.itemsize, False))
+        return int(_cpu.im2col_chunk(shape_tuple(p), max(bound, 0) // p.itemsize, "none"))
 
     def cost(self, p, c) -> float:
         """_gemm_backward_cost; where threads take whole images, each runs its images' products alone, as
-        wide as a full panel (no split of dW's few columns between the threads)."""
-        return _gemm_backward_cost(p, c, whole_images=self._threads(p) > 1)
+        wide as a full panel (no split of dW's few columns between the threads); small planes side by
+        side as the extension's chunk says."""
+        pq = p.oh * p.ow
+        deep = self.chunk(p) // pq if pq and self._threads(p) == 1 else 1
+        return _gemm_backward_cost(p, c, whole_images=self._threads(p) > 1, deep_images=max(deep, 1))
 
 
 class ImplicitGemmFwd(_CpuConv):
