@@ -65,13 +65,14 @@ for desc, algos in CONV:
                                             f"def call(): dnnkit.conv2d(x, w, algo='{algo}', **kw)")
 BWD = {"bwd_data": ("conv2d_backward_data(x.shape, w, dy", ["gemm_col2im", "winograd_f4x4_3x3", "direct"]),
        "bwd_filter": ("conv2d_backward_filter(x, w.shape, dy", ["im2col_gemm", "winograd_f4x4_3x3", "direct"])}
-# Backward: the first two layers with every algorithm; 1x1 layers of small planes (res5's, several
-# images side by side in one product) by their GEMM algorithms.
-SMALL_1X1 = ["mb8ic512ih7oc2048oh7kh1", "mb8ic1024ih14oc2048oh7kh1sh2", "mb8ic1024ih14oc256oh14kh1"]
-for desc, algos in CONV[:2] + [(d, []) for d in SMALL_1X1]:
+# Backward: the first two layers with every algorithm; layers of small planes (res4's and res5's,
+# several images side by side in one product) by their GEMM algorithms.
+SMALL = ["mb8ic512ih7oc2048oh7kh1", "mb8ic1024ih14oc2048oh7kh1sh2", "mb8ic1024ih14oc256oh14kh1",
+             "mb8ic512ih28oc256oh14kh1sh2", "mb8ic512ih7oc512oh7kh3ph1"]
+for desc, algos in CONV[:2] + [(d, []) for d in SMALL]:
     for direction, (head, bwd_algos) in BWD.items():
         for algo in bwd_algos:
-            if "winograd" in algo and "winograd_f4x4_3x3" not in algos or desc in SMALL_1X1 and algo == "direct":
+            if "winograd" in algo and "winograd_f4x4_3x3" not in algos or desc in SMALL and algo == "direct":
                 continue
             CASES[f"conv {direction} {desc} {algo}"] = (
                 f"p = ConvProblem.parse('{desc}')\n"

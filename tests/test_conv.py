@@ -490,6 +490,32 @@ def test_pointwise_images_side_by_side(isa, num_threads, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_backward_data_images_side_by_side_before_col2im(isa, num_threads, dtype):
+    """gemm_col2im's backward data on small planes of kernels other than 1x1 stride 1: the columns of
+    several images side by side (one GEMM whose B is packed from their gradient planes), then col2im
+    image by image from its part of them. 3x3 with padding, 1x1 stride 2 (input pixels no column covers),
+    dilation and groups, a plane of one pixel, strided input, and a workspace limit that leaves a last
+    chunk of fewer images."""
+    algo = next(a for a in ALGOS["bwd_data"] if a.name == "gemm_col2im")
+    shapes = [  # n, c, k, h, w, r, groups, stride, padding, dilation, layout
+        (5, 4, 6, 5, 5, 3, 1, 1, 1, 1, "C"), (4, 6, 8, 7, 6, 1, 2, 2, 0, 1, "strided"),
+        (3, 4, 6, 7, 7, 3, 2, 1, 2, 2, "C"), (6, 3, 5, 3, 3, 3, 1, 1, 0, 1, "C")]
+    cases = [ConvCase(n, c, k, h, w, r, r, g, stride, pad, dil, dtype, False, layout, 400 + i)
+             for i, (n, c, k, h, w, r, g, stride, pad, dil, layout) in enumerate(shapes)]
+    for case in cases:
+        p = _problem(case, "bwd_data")
+        assert algo.chunk(p) >= 2 * p.oh * p.ow  # images side by side
+        check_backward_data(algo, case)
+    before = dnnkit.get_workspace_limit()
+    try:  # two images a chunk of the first shape (CRS 36 + 6 output rows, 25 pixels): chunks of 2, 2 and 1
+        dnnkit.set_workspace_limit(2 * np.dtype(dtype).itemsize * (36 + 6) * 25)
+        assert algo.chunk(_problem(cases[0], "bwd_data")) == 2 * 25
+        check_backward_data(algo, cases[0])
+    finally:
+        dnnkit.set_workspace_limit(before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_backward_filter_images_side_by_side_along_the_depth(isa, num_threads, dtype):
     """im2col_gemm's backward filter on planes under 128 pixels: several images' dY rows and columns
     gathered along one product's depth (conv.h, Batching::depth). 1x1 (the planes copied), 1x1 stride 2

@@ -73,16 +73,18 @@ void im2col(const ConvShape& sh, const T* x, index_t j0, index_t j1, T* col, ind
   }
 }
 
-// dx (Cg x H x W) += col2im(col); threads own whole input channels, so no two write one element.
+// dx (Cg x H x W) += col2im(col) (CRS x (j1-j0), row stride ldcol); threads own whole input channels, so
+// no two write one element.
 template <typename T>
-void col2im(const ConvShape& sh, const T* col, index_t j0, index_t j1, T* dx) {
+void col2im(const ConvShape& sh, const T* col, index_t j0, index_t j1, T* dx, index_t ldcol = -1) {
   const index_t J = j1 - j0, R = sh.r, S = sh.s, H = sh.h, W = sh.w, Q = sh.q;
+  if (ldcol < 0) ldcol = J;
 #pragma omp parallel for schedule(static) num_threads(get_num_threads()) if (sh.crs() * J > 32768)
   for (index_t c = 0; c < sh.cg(); ++c) {
     T* dxc = dx + c * H * W;
     for (index_t r = 0; r < R; ++r)
       for (index_t s = 0; s < S; ++s) {
-        const T* src = col + ((c * R + r) * S + s) * J;
+        const T* src = col + ((c * R + r) * S + s) * ldcol;
         index_t q_lo, q_hi;
         valid_range(Q, W, sh.sw, sh.pw, s * sh.dw, &q_lo, &q_hi);
         index_t p = j0 / Q, q0 = j0 % Q;  // output pixel j = p*Q + q, advanced a row at a time
@@ -194,6 +196,26 @@ void conv2d_bwd_data_col2im(const ConvShape& sh, const T* w, const T* dy, T* dx,
         a.b_group_stride = sh.k * PQ;
         gemm<T>(a);
         unbatch(xt, Cg, nn, PQ, n0, sh.c, dx + g * Cg * HW);  // 1x1 stride 1: HW == PQ
+      }
+    }
+    return;
+  }
+  if (nb > 1) {
+    // Other kernels: the columns of nb images side by side (CRS x nb*PQ), one GEMM whose B is packed
+    // from the nb gradient planes, then col2im image by image.
+    for (index_t n0 = 0; n0 < sh.n; n0 += nb) {
+      const index_t nn = std::min(nb, sh.n - n0), J = nn * PQ;
+      for (index_t g = 0; g < sh.g; ++g) {
+        GemmArgs<T> a = strided_gemm_args<T>(CRS, J, Kg, w + g * Kg * CRS, 1, CRS, dy + (n0 * sh.k + g * Kg) * PQ, PQ,
+                                             1, col, J, T(0));
+        a.b_group_cols = PQ;
+        a.b_group_stride = sh.k * PQ;
+        gemm<T>(a);
+        for (index_t i = 0; i < nn; ++i) {
+          T* dxg = dx + ((n0 + i) * sh.c + g * sh.cg()) * HW;
+          std::fill(dxg, dxg + sh.cg() * HW, T(0));
+          col2im(sh, col + i * PQ, 0, PQ, dxg, J);
+        }
       }
     }
     return;

@@ -143,31 +143,35 @@ class Im2colGemmFwd(_Im2col):
         return t
 
 
-def _gemm_backward_cost(p, c, whole_images: bool = False, deep_images: int = 1) -> float:
+def _gemm_backward_cost(p, c, whole_images: bool = False, images: int = 1) -> float:
     """Backward data (W^T dy into columns, then col2im) or filter (dy times the columns) as one GEMM and a
     pass over the columns; whole_images: each thread runs whole images' products, each at a full panel's
-    width; deep_images: the filter's products take that many images side by side along their depth, dY
-    gathered for them."""
+    width; images: that many side by side in each product (the data's along its columns, the filter's
+    along its depth, dY gathered for them)."""
     n, ch, k, g, cg, kg, pq, direct = _dims(p)
     crs = cg * p.kh * p.kw
-    m, cols, inner = (crs, pq, kg) if p.direction == "bwd_data" else (kg, crs, pq * deep_images)
+    m, cols, inner = (crs, pq * images, kg) if p.direction == "bwd_data" else (kg, crs, pq * images)
     if whole_images:
         cols = max(cols, FULL_WIDTH_COLUMNS)
     columns = 2 * n * ch * p.kh * p.kw * pq * p.itemsize / c.bandwidth
-    if deep_images > 1:
+    if images > 1 and p.direction == "bwd_filter":
         columns += 2 * n * k * pq * p.itemsize / c.bandwidth
     return direct / (c.peak(p) * gemm_efficiency(m, cols, inner)) + columns
+
+
+def _side_by_side(p, chunk: int) -> int:
+    """Images side by side in one product for this chunk (csrc/conv/conv.h images_per_chunk)."""
+    pq = p.oh * p.ow
+    return max(1, chunk // pq) if pq else 1
 
 
 class GemmCol2imBwdData(_Im2col):
     name, op, kernel, direction = "gemm_col2im", "conv2d_bwd_data", "gemm_col2im", "bwd_data"
 
-    def cost(self, p, c) -> float:
-        return _gemm_backward_cost(p, c)
+    batching = "columns"  # small planes side by side in one GEMM, as in the forward pass
 
-    def batch(self, p) -> str:
-        """A 1x1 stride-1 layer's small planes go side by side in one GEMM, as in the forward pass."""
-        return "columns" if (p.kh, p.kw, p.sh, p.sw, p.ph, p.pw) == (1, 1, 1, 1, 0, 0) else "none"
+    def cost(self, p, c) -> float:
+        return _gemm_backward_cost(p, c, images=_side_by_side(p, self.chunk(p)))
 
 
 class Im2colGemmBwdFilter(_Im2col):
@@ -193,9 +197,8 @@ class Im2colGemmBwdFilter(_Im2col):
         """_gemm_backward_cost; where threads take whole images, each runs its images' products alone, as
         wide as a full panel (no split of dW's few columns between the threads); small planes side by
         side as the extension's chunk says."""
-        pq = p.oh * p.ow
-        deep = self.chunk(p) // pq if pq and self._threads(p) == 1 else 1
-        return _gemm_backward_cost(p, c, whole_images=self._threads(p) > 1, deep_images=max(deep, 1))
+        images = _side_by_side(p, self.chunk(p)) if self._threads(p) == 1 else 1
+        return _gemm_backward_cost(p, c, whole_images=self._threads(p) > 1, images=images)
 
 
 class ImplicitGemmFwd(_CpuConv):
