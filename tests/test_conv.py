@@ -783,7 +783,8 @@ def test_same_padding_with_an_odd_total_pads_one_more_on_the_bottom_right(kernel
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_filter"])
 def test_a_workspace_the_caller_owns(direction):
     """workspace=: the named algorithm runs in the caller's array (the same result as in dnnkit's own);
-    "auto" picks among the algorithms that fit in it; too small, or not an array, is an error naming it."""
+    "auto" picks among the algorithms that fit in it; too small, not an array, or sharing memory with an
+    input (whole or in part) is an error naming it."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 16, 12, 12)).astype(np.float32)
     w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
@@ -804,6 +805,13 @@ def test_a_workspace_the_caller_owns(direction):
         call(workspace=[0] * 1024)
     with pytest.raises(ValueError, match=f"^{name}: workspace must be a C-contiguous"):
         call(workspace=np.empty((64, 64), np.float32)[:, ::2])
+    arrays = {"fwd": (("input", x), ("weight", w)), "bwd_data": (("weight", w), ("grad_output", dy)),
+              "bwd_filter": (("input", x), ("grad_output", dy))}[direction]
+    for arg, a in arrays:
+        before = a.copy()
+        with pytest.raises(ValueError, match=f"^{name}: workspace overlaps {arg}"):
+            call(workspace=a if arg == arrays[0][0] else a[1:].reshape(-1).view(np.uint8))  # whole, or a part
+        assert np.array_equal(a, before)  # refused before anything ran
 
 
 @needs_api

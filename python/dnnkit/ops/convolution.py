@@ -79,6 +79,15 @@ def _caller_workspace(op: str, workspace):
     return workspace.reshape(-1).view(np.uint8)
 
 
+def _apart(op: str, ws, **arrays) -> None:
+    """A ValueError naming op and the argument where the caller's workspace shares memory with an input
+    (the algorithm would overwrite it)."""
+    if ws is not None:
+        for name, a in arrays.items():
+            if a is not None and np.may_share_memory(ws, a):
+                raise ValueError(f"{op}: workspace overlaps {name}; the algorithm would overwrite it")
+
+
 def _conv_plan(op: str, p, algo, ws):
     """The plan for p; with a caller's workspace ws, one whose workspace fits in it (its limit)."""
     return _plan(op, p, algo, None if ws is None else max(0, ws.nbytes - (_WORKSPACE_ALIGN - 1)))
@@ -183,6 +192,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         p, x, w, bias = _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups)
     except DeviceArray:
         raise placement_error("conv2d", input=input, weight=weight, bias=bias, workspace=workspace) from None
+    _apart("conv2d", ws, input=x, weight=w, bias=bias)
     plan = _conv_plan("conv2d", p, algo, ws)
     y = _empty("conv2d", (p.mb, p.oc, p.oh, p.ow), x.dtype)
     plan.run(np.ascontiguousarray(x), np.ascontiguousarray(w), out=y,
@@ -220,6 +230,7 @@ def conv2d_backward_data(input_shape, weight, grad_output, stride=1, padding=0, 
         p, w, dy = _conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation, groups)
     except DeviceArray:
         raise placement_error(op, weight=weight, grad_output=grad_output, workspace=workspace) from None
+    _apart(op, ws, weight=w, grad_output=dy)
     plan = _conv_plan(op, p, algo, ws)
     dx = _empty(op, (p.mb, p.ic, p.ih, p.iw), w.dtype)
     plan.run(np.ascontiguousarray(w), np.ascontiguousarray(dy), out=dx,
@@ -257,6 +268,7 @@ def conv2d_backward_filter(input, weight_shape, grad_output, stride=1, padding=0
         p, x, dy = _conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding, dilation, groups)
     except DeviceArray:
         raise placement_error(op, input=input, grad_output=grad_output, workspace=workspace) from None
+    _apart(op, ws, input=x, grad_output=dy)
     plan = _conv_plan(op, p, algo, ws)
     dw = _empty(op, (p.oc, p.ic // p.g, p.kh, p.kw), x.dtype)
     plan.run(np.ascontiguousarray(x), np.ascontiguousarray(dy), out=dw,
