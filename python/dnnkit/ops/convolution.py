@@ -168,7 +168,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     K x C/groups x R x S, bias K or None; stride, dilation int or pair; padding int, pair, "same" or "valid".
     Returns N x K x P x Q.
 
-    workspace: an array the caller owns (any dtype, C-contiguous) for the algorithm's scratch, as cuDNN's
+    workspace: an array the caller owns (any dtype, C-contiguous, sharing no memory with the inputs) for the
+    algorithm's scratch, as cuDNN's
     workspace: "auto" then picks among the algorithms whose workspace fits in it, and an algorithm named
     by algo that needs more is an error saying how much (explain() lists each one's). None: dnnkit's own."""
     key = None if workspace is not None else _conv2d_key(input, weight, bias, stride, padding, dilation, groups, algo)
