@@ -489,6 +489,25 @@ def test_pointwise_images_side_by_side(isa, num_threads, dtype):
         check_backward_data(bwd, case)
 
 
+def test_backward_filter_threads_columns_in_chunks_of_whole_rows():
+    """im2col_gemm's backward filter where the threads take whole images (a small dW) and one image's
+    columns exceed a quarter of a thread's share of L3: each image in chunks of whole output rows
+    (conv.h), the last one shorter, summed into the same dW as one chunk would give."""
+    l3 = dnnkit._cpu.l3_cache_bytes()
+    crs, itemsize = 8 * 7 * 7, 8
+    fit = l3 // (4 * 2 * crs * itemsize)  # columns a chunk holds on two threads
+    side = int(np.ceil(np.sqrt(1.5 * fit))) + 1  # a plane of about 1.5 chunks: P = H at padding 3
+    if not l3 or side > 160:
+        pytest.skip(f"an L3 of {l3} bytes needs too large a plane for this test")
+    algo = next(a for a in ALGOS["bwd_filter"] if a.name == "im2col_gemm")
+    before = dnnkit.get_num_threads()
+    try:
+        dnnkit.set_num_threads(2)
+        check_backward_filter(algo, ConvCase(2, 8, 4, side, side + 1, 7, 7, 1, 1, 3, 1, np.float64, False, "C", 500))
+    finally:
+        dnnkit.set_num_threads(before)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_backward_data_images_side_by_side_before_col2im(isa, num_threads, dtype):
     """gemm_col2im's backward data on small planes of kernels other than 1x1 stride 1: the columns of
