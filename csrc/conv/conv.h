@@ -33,9 +33,9 @@ struct ConvShape {
 // filter: nb images' dY rows and columns gathered, one product nb*PQ deep instead of nb that each read
 // and write all of dW).
 constexpr index_t kMinGemmColumns = 512;
-// Along the depth, only planes of fewer than kMinGemmDepth pixels: gathering dY costs more than a product
-// of 196 per image loses (res4's 1x1 layers), and a product of 49 per image is 1.2-1.4x slower than
-// one of 392 (res5's; bench/ab.py --filter kh1).
+// Along the depth, only planes under kMinGemmDepth pixels: eight products 49 deep run 1.2-1.5x slower
+// than one 392 deep (res5's 1x1 layers), while at 196 a product gathering dY costs more than it saves
+// (res4's); bench/ab.py --filter bwd_filter.
 constexpr index_t kMinGemmDepth = 128;
 enum class Batching { none, columns, depth };
 

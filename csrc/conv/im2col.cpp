@@ -270,7 +270,8 @@ void conv2d_bwd_filter_im2col(const ConvShape& sh, const T* x, const T* dy, T* d
   if (nt > 1) {
     const index_t col_part = round_up(col_elems(sh, chunk), 16), per = col_part + round_up(sh.k * CRS, 16);
     // Each thread's columns within a quarter of its share of L3 (whole output rows, one at least), so that
-    // the GEMM's packing reads them back from cache (conv1's: 1 MB here, not 7.4 MB an image; 1.06x).
+    // the GEMM's packing reads them back from cache (conv1's: 1 MB of an 8 MB L3, not 7.4 MB an image:
+    // 1.07x; bench/conv.py --direction bwd_filter --filter conv1).
     const index_t fit = static_cast<index_t>(l3_cache_bytes()) / (4 * nt * CRS * static_cast<index_t>(sizeof(T)));
     if (!sh.is_pointwise() && fit > 0 && fit < chunk) chunk = std::min(chunk, std::max(fit / sh.q, index_t(1)) * sh.q);
 #pragma omp parallel num_threads(nt)
