@@ -33,8 +33,8 @@ struct ConvShape {
 // filter: nb images' dY rows and columns gathered, one product nb*PQ deep instead of nb that each read
 // and write all of dW).
 constexpr index_t kMinGemmColumns = 512;
-// Along the depth, only planes under kMinGemmDepth pixels: eight products 49 deep run 1.2-1.5x slower
-// than one 392 deep (res5's 1x1 layers), while at 196 a product gathering dY costs more than it saves
+// Along the depth, only planes under kMinGemmDepth pixels: below it one image's product is too shallow
+// for the dW it reads and writes (res5's 1x1 layers), above it gathering dY costs more than it saves
 // (res4's); bench/ab.py --filter bwd_filter.
 constexpr index_t kMinGemmDepth = 128;
 enum class Batching { none, columns, depth };

@@ -183,27 +183,10 @@ template <typename T>
 void conv2d_bwd_data_col2im(const ConvShape& sh, const T* w, const T* dy, T* dx, T* col, index_t chunk) {
   const index_t Kg = sh.kg(), CRS = sh.crs(), PQ = sh.pq(), HW = sh.h * sh.w;
   const index_t nb = images_per_chunk(sh, chunk);
-  if (nb > 1 && sh.is_pointwise()) {
-    // A 1x1 layer's small planes, nb images side by side as in the forward pass: one GEMM, its B packed
-    // straight from the nb gradient planes, into xt (Cg x nb*PQ), then xt -> NCHW.
-    T* xt = col;
-    const index_t Cg = sh.cg();
-    for (index_t n0 = 0; n0 < sh.n; n0 += nb) {
-      const index_t nn = std::min(nb, sh.n - n0), J = nn * PQ;
-      for (index_t g = 0; g < sh.g; ++g) {
-        GemmArgs<T> a = strided_gemm_args<T>(Cg, J, Kg, w + g * Kg * CRS, 1, CRS, dy + (n0 * sh.k + g * Kg) * PQ, PQ,
-                                             1, xt, J, T(0));
-        a.b_group_cols = PQ;
-        a.b_group_stride = sh.k * PQ;
-        gemm<T>(a);
-        unbatch(xt, Cg, nn, PQ, n0, sh.c, dx + g * Cg * HW);  // 1x1 stride 1: HW == PQ
-      }
-    }
-    return;
-  }
   if (nb > 1) {
-    // Other kernels: the columns of nb images side by side (CRS x nb*PQ), one GEMM whose B is packed
-    // from the nb gradient planes, then col2im image by image.
+    // nb images side by side as in the forward pass: one GEMM whose B is packed straight from the nb
+    // gradient planes, into col (CRS x nb*PQ); then a 1x1 stride-1 layer's block goes to NCHW as it is
+    // (CRS == Cg, PQ == HW), other kernels' through col2im image by image.
     for (index_t n0 = 0; n0 < sh.n; n0 += nb) {
       const index_t nn = std::min(nb, sh.n - n0), J = nn * PQ;
       for (index_t g = 0; g < sh.g; ++g) {
@@ -212,6 +195,10 @@ void conv2d_bwd_data_col2im(const ConvShape& sh, const T* w, const T* dy, T* dx,
         a.b_group_cols = PQ;
         a.b_group_stride = sh.k * PQ;
         gemm<T>(a);
+        if (sh.is_pointwise()) {
+          unbatch(col, CRS, nn, PQ, n0, sh.c, dx + g * sh.cg() * HW);
+          continue;
+        }
         for (index_t i = 0; i < nn; ++i) {
           T* dxg = dx + ((n0 + i) * sh.c + g * sh.cg()) * HW;
           std::fill(dxg, dxg + sh.cg() * HW, T(0));
@@ -270,8 +257,8 @@ void conv2d_bwd_filter_im2col(const ConvShape& sh, const T* x, const T* dy, T* d
   if (nt > 1) {
     const index_t col_part = round_up(col_elems(sh, chunk), 16), per = col_part + round_up(sh.k * CRS, 16);
     // Each thread's columns within a quarter of its share of L3 (whole output rows, one at least), so that
-    // the GEMM's packing reads them back from cache (conv1's: 1 MB of an 8 MB L3, not 7.4 MB an image:
-    // 1.07x; bench/conv.py --direction bwd_filter --filter conv1).
+    // the GEMM's packing reads them back from cache rather than memory (bench/conv.py --direction
+    // bwd_filter --filter conv1).
     const index_t fit = static_cast<index_t>(l3_cache_bytes()) / (4 * nt * CRS * static_cast<index_t>(sizeof(T)));
     if (!sh.is_pointwise() && fit > 0 && fit < chunk) chunk = std::min(chunk, std::max(fit / sh.q, index_t(1)) * sh.q);
 #pragma omp parallel num_threads(nt)
