@@ -6,6 +6,8 @@ column_sums: out[j] (+)= sum_i x[i, j], summed in float64 and rounded once, as t
 takes 32 columns; its 8 warps' lanes each sum a strided share of the rows of one column (reads coalesced
 along the row), and the 8 partial sums of a column are added in shared memory in a fixed order, so the
 result does not depend on timing.
+Blocks narrower than these where one block covers the whole array (threads(), sum_block()): no thread of a
+lone block lies past the array, and the kernels' index arithmetic with the full sizes holds.
 """
 from __future__ import annotations
 
@@ -17,6 +19,16 @@ from .epilogue import activation, activation_grad
 ELTWISE_THREADS = 256
 SUM_COLUMNS = 32
 SUM_ROWS = 8
+
+
+def threads(total: int) -> int:
+    """The threads of a block of the grid-stride kernels over `total` elements."""
+    return max(1, min(ELTWISE_THREADS, total))
+
+
+def sum_block(m: int, n: int) -> tuple:
+    """The block of column_sums over an m x n array."""
+    return (max(1, min(SUM_COLUMNS, n)), max(1, min(SUM_ROWS, m)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,7 +55,7 @@ def activation_backward(dtype: str, act: int, v_is_z: bool):
 @functools.lru_cache(maxsize=None)
 def column_sums(dtype: str, accumulate: bool):
     """kernel(x, out, m, n): out[j] = sum_i x[i, j] (accumulate: out[j] += it). Launch: grid
-    cdiv(n, SUM_COLUMNS), block (SUM_COLUMNS, SUM_ROWS)."""
+    cdiv(n, SUM_COLUMNS), block sum_block(m, n)."""
     f64 = DTYPES["float64"]
     t = DTYPES[dtype]
 
@@ -62,7 +74,7 @@ def column_sums(dtype: str, accumulate: bool):
         cuda.syncthreads()
         if row == 0 and col < int32(n):
             total = part[0, lane]
-            for r in range(1, SUM_ROWS):
+            for r in range(1, int32(cuda.blockDim.y)):
                 total += part[r, lane]
             if accumulate:
                 total += f64(out[col])

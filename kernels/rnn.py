@@ -9,16 +9,24 @@ the recurrent part of the n gate, W_hn h + b_hn). Gate order and formulas are to
   GRU (r, z, n):     r = s(x_r + h_r), z = s(x_z + h_z), n = tanh(x_n + r h_n), h' = (1 - z) n + z h
   RNN:               h' = tanh(pre) or relu(pre)
 Arguments are 2-D arrays of any row stride (a step's rows of the projection, a slice of the output), so
-no step copies anything. Launch: grid (cdiv(H, STEP_X), cdiv(B, STEP_Y)), block (STEP_X, STEP_Y).
+no step copies anything. Launch: step_grid(rows, columns), the kernel's last two arguments.
 """
 from __future__ import annotations
 
 import functools
 
-from ._jit import DTYPES, cuda, device, int32, kernel, math
+from ._jit import DTYPES, cdiv, cuda, device, int32, kernel, math
 
 STEP_X = 32   # hidden units a block: a warp's loads of a gate row are contiguous
 STEP_Y = 8    # batch rows a block
+
+
+def step_grid(rows: int, cols: int) -> tuple:
+    """(grid, block) of an element-wise kernel over rows x cols, a thread an element: blocks of STEP_X x
+    STEP_Y threads, narrower or shorter where one block covers the whole width or height, so that no
+    block holds threads past the array in a dimension it spans alone. unit()'s arithmetic with the full
+    STEP_X and STEP_Y holds for either (a shrunk dimension has one block)."""
+    return ((cdiv(cols, STEP_X), cdiv(rows, STEP_Y)), (max(1, min(STEP_X, cols)), max(1, min(STEP_Y, rows))))
 
 
 @device

@@ -1,9 +1,12 @@
 """GPU dispatch without a GPU: which GPU GEMM algorithm supports a problem and why not, the rules that
 choose among them untuned (by how many tiles of C the GPU's SMs get), split-K's slices and workspace,
-and explain() on GPU descriptors. Nothing here launches a kernel."""
+explain() on GPU descriptors, and the element-wise kernels' launch shapes. Nothing here launches a
+kernel."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dnnkit
 from dnnkit import algos
@@ -82,3 +85,28 @@ def test_tf32_only_where_allowed(sms):
         dnnkit.set_allow_tf32(False)
     with pytest.raises(TypeError, match="set_allow_tf32: allowed must be a bool"):
         dnnkit.set_allow_tf32(1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(1, 40), cols=st.integers(1, 100))
+def test_element_wise_launches_cover_the_array_once_and_no_lone_block_runs_past_it(rows, cols):
+    """Every (row, column) falls to one thread (the kernels' index arithmetic, block sizes at full width);
+    a block is narrower or shorter than the full one only where it is the dimension's one block, and then
+    exactly as wide or tall as the array."""
+    from dnnkit.kernels import eltwise, rnn
+
+    (gx, gy), (bx, by) = rnn.step_grid(rows, cols)
+    cells = [(y * rnn.STEP_Y + ty, x * rnn.STEP_X + tx)
+             for y in range(gy) for x in range(gx) for ty in range(by) for tx in range(bx)]
+    inside = [c for c in cells if c[0] < rows and c[1] < cols]
+    assert len(inside) == len(set(inside)) == rows * cols
+    assert (bx, by) == (rnn.STEP_X if gx > 1 else cols if cols < rnn.STEP_X else rnn.STEP_X,
+                        rnn.STEP_Y if gy > 1 else min(rows, rnn.STEP_Y))
+    sx, sy = eltwise.sum_block(rows, cols)
+    assert sx == min(cols, eltwise.SUM_COLUMNS) and sy == min(rows, eltwise.SUM_ROWS)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gemm_cuda, "sm_count", lambda: 132)
+        grid, threads = gemm_cuda._eltwise_grid(rows * cols)
+    covered = {b * eltwise.ELTWISE_THREADS + t for b in range(grid) for t in range(threads)}
+    assert grid * eltwise.ELTWISE_THREADS >= rows * cols and set(range(rows * cols)) <= covered
+    assert threads == eltwise.ELTWISE_THREADS or (grid == 1 and threads == rows * cols)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
@@ -20,6 +21,23 @@ def _gpu_present() -> bool:
 
 
 GPU = _gpu_present()
+
+
+@pytest.fixture(autouse=True)
+def poisoned_workspace(monkeypatch):
+    """The backend's workspace arrives filled with NaN (integers: all ones), so a kernel that reads memory
+    nothing wrote gives a wrong result instead of the zeros a fresh allocation often holds."""
+    from dnnkit.backends import cuda
+
+    scratch = cuda.scratch
+
+    def poisoned(shape, dtype, stream):
+        a = scratch(shape, dtype, stream)
+        dt = np.dtype(dtype)
+        a.copy_to_device(np.full(a.shape, np.nan if dt.kind in "fc" else np.iinfo(dt).max, dt))
+        return a
+
+    monkeypatch.setattr(cuda, "scratch", poisoned)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -244,8 +244,11 @@ class Tf32Gemm(Algorithm):
         return LAUNCH_S + tile_cost(p, c, 64, 64, p.k, blocks, c.tf32_flops, TILE_EFFICIENCY["tf32"])
 
 
-def _eltwise_blocks(m: int, n: int, threads: int) -> int:
-    return max(1, min(-(-m * n // threads), 32 * sm_count()))
+def _eltwise_grid(total: int) -> tuple:
+    """(grid, block) of the grid-stride element-wise kernels over `total` elements: at most 32 blocks an
+    SM; one block of eltwise.threads(total) below a full block's elements."""
+    _, _, eltwise = _kernels()
+    return max(1, min(-(-total // eltwise.ELTWISE_THREADS), 32 * sm_count())), eltwise.threads(total)
 
 
 def activation_forward(z, y, act: str, stream) -> None:
@@ -253,7 +256,7 @@ def activation_forward(z, y, act: str, stream) -> None:
     _, _, eltwise = _kernels()
     m, n = z.shape
     k = eltwise.activation_forward(_cuda.dtype_name(z), ACTIVATION_CODES[act])
-    _cuda.launch(k, _eltwise_blocks(m, n, eltwise.ELTWISE_THREADS), eltwise.ELTWISE_THREADS, stream, z, y, m, n)
+    _cuda.launch(k, *_eltwise_grid(m * n), stream, z, y, m, n)
 
 
 def activation_backward(gy, v, gz, act: str, v_is_z: bool, stream) -> None:
@@ -261,7 +264,7 @@ def activation_backward(gy, v, gz, act: str, v_is_z: bool, stream) -> None:
     _, _, eltwise = _kernels()
     m, n = gy.shape
     k = eltwise.activation_backward(_cuda.dtype_name(gy), ACTIVATION_CODES[act], bool(v_is_z))
-    _cuda.launch(k, _eltwise_blocks(m, n, eltwise.ELTWISE_THREADS), eltwise.ELTWISE_THREADS, stream, gy, v, gz, m, n)
+    _cuda.launch(k, *_eltwise_grid(m * n), stream, gy, v, gz, m, n)
 
 
 def multiply(x, y, out, stream) -> None:
@@ -271,8 +274,7 @@ def multiply(x, y, out, stream) -> None:
     for d in x.shape:
         n *= int(d)
     k = eltwise.multiply(_cuda.dtype_name(x))
-    _cuda.launch(k, _eltwise_blocks(1, n, eltwise.ELTWISE_THREADS), eltwise.ELTWISE_THREADS, stream,
-                 x.reshape(n), y.reshape(n), out.reshape(n), n)
+    _cuda.launch(k, *_eltwise_grid(n), stream, x.reshape(n), y.reshape(n), out.reshape(n), n)
 
 
 def column_sums(x, out, accumulate: bool, stream) -> None:
@@ -280,7 +282,7 @@ def column_sums(x, out, accumulate: bool, stream) -> None:
     _jit, _, eltwise = _kernels()
     m, n = x.shape
     k = eltwise.column_sums(_cuda.dtype_name(x), bool(accumulate))
-    _cuda.launch(k, _jit.cdiv(n, eltwise.SUM_COLUMNS), (eltwise.SUM_COLUMNS, eltwise.SUM_ROWS), stream, x, out, m, n)
+    _cuda.launch(k, _jit.cdiv(n, eltwise.SUM_COLUMNS), eltwise.sum_block(m, n), stream, x, out, m, n)
 
 
 def _taken_before(p, algo) -> str | None:

@@ -57,16 +57,15 @@ def _sequence_cost(p, c, backward: bool) -> float:
     return total
 
 
-def _step_launcher(p, stream):
-    """(launch(kernel, *args), block) for the element-wise step kernels of p: a thread a (row, unit)."""
+def _launcher(stream):
+    """launch(kernel, *args) for the element-wise step kernels on stream: a thread a (row, column) of the
+    array the kernel's last two arguments (rows, columns) describe."""
     _jit, kr = _kernels()
-    grid = (_jit.cdiv(p.hidden, kr.STEP_X), _jit.cdiv(p.batch, kr.STEP_Y))
-    block = (kr.STEP_X, kr.STEP_Y)
 
     def launch(k, *args):
-        _cuda.launch(k, grid, block, stream, *args)
+        _cuda.launch(k, *kr.step_grid(args[-2], args[-1]), stream, *args)
 
-    return launch, block
+    return launch
 
 
 class GpuSteps(Algorithm):
@@ -110,7 +109,7 @@ class GpuSteps(Algorithm):
         _jit, kr = _kernels()
         G, H, T, B, P, dt = _GATES[p.mode], p.hidden, p.seq, p.batch, p.proj, p.dtype
         S = P or H
-        launch, _ = _step_launcher(p, stream)
+        launch = _launcher(stream)
         rec = gemm_plan(GemmProblem(B, G * H, S, trans_b=True, bias=has_bias, dtype=dt, device="cuda"))
         out_proj = gemm_plan(GemmProblem(B, S, H, trans_b=True, dtype=dt, device="cuda")) if P else None
         gh = _cuda.scratch((B, G * H), dt, stream) if p.mode == "gru" else None
@@ -161,7 +160,7 @@ class GpuSteps(Algorithm):
         if B == 0:
             return out
         dt = p.dtype
-        launch, _ = _step_launcher(p, stream)
+        launch = _launcher(stream)
 
         t = np.dtype(dt).type
         gx = _cuda.scratch((T * B, G * H), dt, stream)
@@ -260,7 +259,7 @@ class GpuWavefront(GpuSteps):
         zeros = None
         if h0 is None or (p.mode == "lstm" and c0 is None):
             zeros = _cuda.scratch((B, H), dt, streams[0])
-            _step_launcher(p, streams[0])[0](kr.fill(dt), zeros, np.dtype(dt).type(0.0), B, H)
+            _launcher(streams[0])(kr.fill(dt), zeros, np.dtype(dt).type(0.0), B, H)
         zeroed = _cuda.signal(streams[0])  # every layer's stream may read zeros from here on
         for st in streams[1:]:
             _cuda.wait(zeroed, st)
@@ -274,7 +273,7 @@ class GpuWavefront(GpuSteps):
             inp = x if layer == 0 else dropped[layer - 1] if masks is not None else outs[layer - 1]
             feats = inp.shape[2]
             gx = _cuda.scratch((T * B, G * H), dt, st)
-            launch, _ = _step_launcher(p, st)
+            launch = _launcher(st)
             c = None
             if p.mode == "lstm":
                 c = c_n[layer]
@@ -312,10 +311,9 @@ class GpuWavefront(GpuSteps):
             multiply(y[s0:s1], mask[s0:s1], dropped[s0:s1], stream)
             return
         _, kr = _kernels()
-        width = int(y.shape[2])
+        launch = _launcher(stream)
         for t in range(s0, s1):
-            _cuda.launch(kr.mul(p.dtype), (-(-width // kr.STEP_X), -(-p.batch // kr.STEP_Y)), (kr.STEP_X, kr.STEP_Y),
-                         stream, y[:, t, :], mask[:, t, :], dropped[:, t, :], p.batch, width)
+            launch(kr.mul(p.dtype), y[:, t, :], mask[:, t, :], dropped[:, t, :], p.batch, int(y.shape[2]))
 
     @staticmethod
     def _project(p, ls, s0: int, s1: int, batch_first: bool, gemm_plan):
@@ -417,7 +415,7 @@ class GpuPersistent(GpuSteps):
         G, H, T, B, dt = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dtype
         units, blocks, rt, bt, shared = persistent_layout(p, *_cuda.resident_limits())
         hseq = _cuda.scratch((T, kp.hseq_row(B, H, p.itemsize)), dt, stream)
-        launch, _ = _step_launcher(p, stream)
+        launch = _launcher(stream)
         _jit, kr = _kernels()
         zero_bias = None
         if not has_bias:
@@ -481,12 +479,10 @@ class GpuStepsBackward(Algorithm):
         G, H, T, B, D, L, P = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dirs, p.layers, p.proj
         S, per = P or H, 5 if P else 4
         dt = p.dtype
-        launch, block = _step_launcher(p, stream)
+        launch = _launcher(stream)
 
         def fill_zero(a2):
-            r, c = a2.shape
-            _cuda.launch(kr.fill(dt), (_jit.cdiv(c, kr.STEP_X), _jit.cdiv(r, kr.STEP_Y)), block, stream, a2,
-                         np.dtype(dt).type(0.0), r, c)
+            launch(kr.fill(dt), a2, np.dtype(dt).type(0.0), *a2.shape)
 
         def step_view(a3, t):  # a step's (B, .) rows of a (T, B, .) array, or of (B, T, .) with batch_first
             return a3[:, t, :] if batch_first else a3[t]
