@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("numba.cuda")
+from hypothesis import assume, given, settings, strategies as st  # noqa: E402
 
 import dnnkit  # noqa: E402
 from dnnkit import reference as ref  # noqa: E402
@@ -15,14 +16,18 @@ from gpu_helpers import close, dev, host, rand  # noqa: E402
 GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
 
-def _weights(rng, mode, I, H, L, D, bias, dtype):
-    G, ws = GATES[mode], []
+def _weights(rng, mode, I, H, L, D, bias, dtype, P=0):
+    """torch's weight list: per layer and direction W_ih, W_hh, then b_ih, b_hh with biases, then W_hr with
+    a projection (P > 0: an LSTM's h is P wide)."""
+    G, S, ws = GATES[mode], P or H, []
     for layer in range(L):
         for _ in range(D):
-            fan = I if layer == 0 else D * H
-            ws += [rand(rng, (G * H, fan), dtype) * 0.5, rand(rng, (G * H, H), dtype) * 0.5]
+            fan = I if layer == 0 else D * S
+            ws += [rand(rng, (G * H, fan), dtype) * 0.5, rand(rng, (G * H, S), dtype) * 0.5]
             if bias:
                 ws += [rand(rng, (G * H,), dtype), rand(rng, (G * H,), dtype)]
+            if P:
+                ws += [rand(rng, (P, H), dtype) * 0.5]
     return ws
 
 
@@ -127,6 +132,56 @@ def test_wavefront(mode, L, P, dropout, batch_first, train):
         results.append([host(a) for a in got])
     for a, b in zip(*results):
         assert np.array_equal(a, b)
+
+
+@settings(max_examples=5, deadline=None)
+@given(data=st.data())
+def test_sequences_over_drawn_shapes(data):
+    """Drawn modes and shapes (gate rows past one tile's 32, a second block of batch rows), layers,
+    directions, biases, initial states, layouts and LSTM projections, on a drawn GPU algorithm that runs
+    them: the training forward and the backward through time against the float64 reference."""
+    mode = data.draw(st.sampled_from(sorted(GATES)))
+    T, B, I = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 10)), data.draw(st.integers(1, 8))
+    H, L, D = data.draw(st.sampled_from([1, 2, 5, 9])), data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
+    P = data.draw(st.integers(0, H - 1)) if mode == "lstm" else 0
+    bias, states, batch_first = data.draw(st.booleans()), data.draw(st.booleans()), data.draw(st.booleans())
+    algo = data.draw(st.sampled_from(["gpu_steps", "gpu_persistent", "gpu_wavefront"]))
+    S, dtype = P or H, np.float64
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    x, ws = rand(rng, (T, B, I), dtype), _weights(rng, mode, I, H, L, D, bias, dtype, P)
+    h0 = rand(rng, (L * D, B, S), dtype) if states else None
+    c0 = rand(rng, (L * D, B, H), dtype) if states and mode == "lstm" else None
+    gy, gh = rand(rng, (T, B, D * S), dtype), rand(rng, (L * D, B, S), dtype)
+    bf = (lambda a: np.ascontiguousarray(a.transpose(1, 0, 2))) if batch_first else (lambda a: a)
+    d = (lambda a: None if a is None else dev(a))
+    kw = dict(num_layers=L, bidirectional=D == 2, batch_first=batch_first, train=True, algo=algo)
+    try:
+        if mode == "lstm":
+            out, (h_n, c_n), reserve = dnnkit.lstm(dev(bf(x)), d(h0), d(c0), [dev(w) for w in ws], proj_size=P, **kw)
+        elif mode == "gru":
+            (out, h_n, reserve), c_n = dnnkit.gru(dev(bf(x)), d(h0), [dev(w) for w in ws], **kw), None
+        else:
+            (out, h_n, reserve), c_n = dnnkit.rnn(dev(bf(x)), d(h0), [dev(w) for w in ws], nonlinearity=mode[4:],
+                                                  **kw), None
+    except ValueError as e:
+        assume(f"algo '{algo}' cannot run" not in str(e))
+        raise
+    want = ref.rnn_sequence_ref(mode, x, h0, c0, ws, num_layers=L, bidirectional=D == 2)
+    assert close(bf(host(out)), want[0], dtype) and close(host(h_n), want[1], dtype)
+    if mode == "lstm":
+        assert close(host(c_n), want[2], dtype)
+    back = {"lstm": lambda: dnnkit.lstm_backward(dev(bf(gy)), dev(gh), None, reserve),
+            "gru": lambda: dnnkit.gru_backward(dev(bf(gy)), dev(gh), reserve)}.get(
+        mode, lambda: dnnkit.rnn_backward(dev(bf(gy)), dev(gh), reserve))()
+    bwant = ref.rnn_sequence_backward_ref(mode, x, h0, c0, ws, gy, gh, None, num_layers=L, bidirectional=D == 2)
+    assert close(bf(host(back[0])), bwant[0], dtype)
+    if states:
+        assert close(host(back[1]), bwant[1], dtype)
+        if mode == "lstm":
+            assert close(host(back[2]), bwant[2], dtype)
+    assert len(back[-1]) == len(ws)
+    for g, w in zip(back[-1], bwant[3]):
+        assert close(host(g), w, dtype)
 
 
 PERSISTENT_CASES = [  # as CASES
