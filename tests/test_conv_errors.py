@@ -1,0 +1,101 @@
+"""Convolution's bad input: a ValueError or TypeError whose message starts with the operator's name and
+names the argument."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dnnkit
+
+F32, F64 = np.float32, np.float64
+X = np.ones((2, 4, 8, 8), F32)
+W = np.ones((6, 4, 3, 3), F32)
+DY = np.ones((2, 6, 6, 6), F32)  # conv2d(X, W) with the defaults: 8 - 3 + 1 = 6
+
+BAD_INPUT = [
+    # conv2d
+    ("channels", lambda: dnnkit.conv2d(X, np.ones((6, 3, 3, 3), F32)), "conv2d"),
+    ("groups_divide", lambda: dnnkit.conv2d(X, np.ones((6, 1, 3, 3), F32), groups=3), "conv2d"),
+    ("groups_out", lambda: dnnkit.conv2d(X, np.ones((5, 2, 3, 3), F32), groups=2), "conv2d"),
+    ("groups_zero", lambda: dnnkit.conv2d(X, W, groups=0), "conv2d"),
+    ("groups_float", lambda: dnnkit.conv2d(X, W, groups=1.5), "conv2d"),
+    ("weight_3d", lambda: dnnkit.conv2d(X, np.ones((6, 4, 3), F32)), "conv2d"),
+    ("weight_5d", lambda: dnnkit.conv2d(X, np.ones((6, 4, 3, 3, 1), F32)), "conv2d"),
+    ("input_2d", lambda: dnnkit.conv2d(np.ones((8, 8), F32), W), "conv2d"),
+    ("input_5d", lambda: dnnkit.conv2d(np.ones((1, 2, 4, 8, 8), F32), W), "conv2d"),
+    ("stride_zero", lambda: dnnkit.conv2d(X, W, stride=0), "conv2d"),
+    ("stride_negative", lambda: dnnkit.conv2d(X, W, stride=(1, -1)), "conv2d"),
+    ("stride_triple", lambda: dnnkit.conv2d(X, W, stride=(1, 1, 1)), "conv2d"),
+    ("stride_str", lambda: dnnkit.conv2d(X, W, stride="1"), "conv2d"),
+    ("dilation_zero", lambda: dnnkit.conv2d(X, W, dilation=0), "conv2d"),
+    ("padding_negative", lambda: dnnkit.conv2d(X, W, padding=-1), "conv2d"),
+    ("padding_pair_negative", lambda: dnnkit.conv2d(X, W, padding=(0, -2)), "conv2d"),
+    ("padding_triple", lambda: dnnkit.conv2d(X, W, padding=(1, 1, 1)), "conv2d"),
+    ("padding_str", lambda: dnnkit.conv2d(X, W, padding="full"), "conv2d"),
+    ("padding_float", lambda: dnnkit.conv2d(X, W, padding=1.0), "conv2d"),
+    ("same_strided", lambda: dnnkit.conv2d(X, W, stride=2, padding="same"), "conv2d"),
+    ("kernel_too_large", lambda: dnnkit.conv2d(X, np.ones((6, 4, 9, 3), F32)), "conv2d"),
+    ("dtype_mismatch", lambda: dnnkit.conv2d(X, W.astype(F64)), "conv2d"),
+    ("bias_dtype", lambda: dnnkit.conv2d(X, W, np.ones(6, F64)), "conv2d"),
+    ("bias_shape", lambda: dnnkit.conv2d(X, W, np.ones(5, F32)), "conv2d"),
+    ("input_int", lambda: dnnkit.conv2d(X.astype(np.int32), W.astype(np.int32)), "conv2d"),
+    ("input_float16", lambda: dnnkit.conv2d(X.astype(np.float16), W.astype(np.float16)), "conv2d"),
+    ("input_none", lambda: dnnkit.conv2d(None, W), "conv2d"),
+    ("algo_unknown", lambda: dnnkit.conv2d(X, W, algo="no_such_algorithm"), "conv2d"),
+    ("algo_other_direction", lambda: dnnkit.conv2d(X, W, algo="gemm_col2im"), "conv2d"),
+    ("algo_not_str", lambda: dnnkit.conv2d(X, W, algo=3), "conv2d"),
+    # conv2d_backward_data
+    ("bd_input_shape_3d", lambda: dnnkit.conv2d_backward_data((2, 4, 8), W, DY), "conv2d_backward_data"),
+    ("bd_input_shape_str", lambda: dnnkit.conv2d_backward_data("2488", W, DY), "conv2d_backward_data"),
+    ("bd_channels", lambda: dnnkit.conv2d_backward_data((2, 5, 8, 8), W, DY), "conv2d_backward_data"),
+    ("bd_weight_3d", lambda: dnnkit.conv2d_backward_data(X.shape, np.ones((6, 4, 3), F32), DY), "conv2d_backward_data"),
+    ("bd_dy_shape", lambda: dnnkit.conv2d_backward_data(X.shape, W, np.ones((2, 6, 7, 6), F32)),
+     "conv2d_backward_data"),
+    ("bd_dy_3d", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY[0]), "conv2d_backward_data"),
+    ("bd_dtype", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY.astype(F64)), "conv2d_backward_data"),
+    ("bd_stride_zero", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY, stride=0), "conv2d_backward_data"),
+    ("bd_padding_triple", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY, padding=(0, 0, 0)),
+     "conv2d_backward_data"),
+    ("bd_padding_negative", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY, padding=-1), "conv2d_backward_data"),
+    ("bd_groups", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY, groups=3), "conv2d_backward_data"),
+    ("bd_algo", lambda: dnnkit.conv2d_backward_data(X.shape, W, DY, algo="no_such_algorithm"),
+     "conv2d_backward_data"),
+    # conv2d_backward_filter
+    ("bf_weight_shape_3d", lambda: dnnkit.conv2d_backward_filter(X, (6, 4, 3), DY), "conv2d_backward_filter"),
+    ("bf_channels", lambda: dnnkit.conv2d_backward_filter(X, (6, 3, 3, 3), DY), "conv2d_backward_filter"),
+    ("bf_input_3d", lambda: dnnkit.conv2d_backward_filter(X[0], W.shape, DY), "conv2d_backward_filter"),
+    ("bf_dy_shape", lambda: dnnkit.conv2d_backward_filter(X, W.shape, np.ones((2, 5, 6, 6), F32)),
+     "conv2d_backward_filter"),
+    ("bf_dtype", lambda: dnnkit.conv2d_backward_filter(X.astype(F64), W.shape, DY), "conv2d_backward_filter"),
+    ("bf_dilation_zero", lambda: dnnkit.conv2d_backward_filter(X, W.shape, DY, dilation=0), "conv2d_backward_filter"),
+    ("bf_padding_str", lambda: dnnkit.conv2d_backward_filter(X, W.shape, DY, padding="full"),
+     "conv2d_backward_filter"),
+    ("bf_algo", lambda: dnnkit.conv2d_backward_filter(X, W.shape, DY, algo="no_such_algorithm"),
+     "conv2d_backward_filter"),
+    # conv2d_backward_bias
+    ("bb_3d", lambda: dnnkit.conv2d_backward_bias(DY[0]), "conv2d_backward_bias"),
+    ("bb_int", lambda: dnnkit.conv2d_backward_bias(DY.astype(np.int64)), "conv2d_backward_bias"),
+    ("bb_none", lambda: dnnkit.conv2d_backward_bias(None), "conv2d_backward_bias"),
+]
+
+
+@pytest.mark.parametrize("call, op", [c[1:] for c in BAD_INPUT], ids=[c[0] for c in BAD_INPUT])
+def test_bad_input_names_the_operator(call, op):
+    with pytest.raises((ValueError, TypeError)) as e:
+        call()
+    assert str(e.value).startswith(f"{op}: "), f"message does not start with '{op}: ': {e.value}"
+
+
+def test_bad_input_messages_name_the_argument():
+    for call, pattern in [
+        (lambda: dnnkit.conv2d(X, W, stride=0), r"^conv2d: .*stride"),
+        (lambda: dnnkit.conv2d(X, W, padding="full"), r"^conv2d: .*padding"),
+        (lambda: dnnkit.conv2d(X, W, dilation=0), r"^conv2d: .*dilation"),
+        (lambda: dnnkit.conv2d(X, np.ones((6, 1, 3, 3), F32), groups=3), r"^conv2d: .*groups"),
+        (lambda: dnnkit.conv2d(X, np.ones((6, 4, 3), F32)), r"^conv2d: .*weight"),
+        (lambda: dnnkit.conv2d(X, W, algo="no_such_algorithm"), r"^conv2d: .*algo.*no_such_algorithm"),
+        (lambda: dnnkit.conv2d_backward_data(X.shape, W, np.ones((2, 6, 7, 6), F32)),
+         r"^conv2d_backward_data: .*grad_output|^conv2d_backward_data: .*dy"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=pattern):
+            call()
