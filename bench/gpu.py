@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import importlib.util
 import os
 import subprocess
 import sys
@@ -37,6 +38,7 @@ RNN_SHAPES = [  # mode, hidden, batch, steps
     ("lstm", 512, 64, 50), ("lstm", 1024, 1, 25), ("lstm", 1024, 32, 50), ("lstm", 2048, 128, 25),
     ("lstm", 512, 1, 100), ("gru", 512, 64, 50), ("gru", 1024, 1, 25), ("gru", 2048, 16, 25)]
 STACK_SHAPES = [("lstm", 512, 16, 50, 4), ("gru", 1024, 4, 25, 3)]  # mode, hidden, batch, steps, layers
+TEST_WORKERS = 8  # pytest processes sharing the GPU in --tests
 TESTS_TIMEOUT, SANITIZER_TIMEOUT = 150, 60  # seconds: what is left of a stage past these is cut, the rest still runs
 QUICK = {"gemm": 5, "rnn": 4}
 H100_FP32_PEAK = 67e12  # dense FP32 FLOP/s of an H100 SXM: the fraction of the peak where the GPU's own is unknown
@@ -68,11 +70,15 @@ def versions() -> None:
 
 
 def tests(out: str) -> int:
+    """The GPU tests, over several processes where pytest-xdist is installed: most of their time on a GPU
+    is each kernel variant's first compilation, which runs on the host, one core a process."""
     # test_codegen.py needs no GPU and runs in the main suite
     gpu_tests = os.path.join(ROOT, "tests", "gpu")
-    return sh([sys.executable, "-m", "pytest", "-v", "--tb=short", "-rfE", "-p", "no:cacheprovider", gpu_tests,
-               "--ignore", os.path.join(gpu_tests, "test_codegen.py")], os.path.join(out, "gpu_tests.log"),
-              timeout=TESTS_TIMEOUT)
+    workers = min(TEST_WORKERS, os.cpu_count() or 1)
+    spread = ["-n", str(workers)] if workers > 1 and importlib.util.find_spec("xdist") is not None else []
+    return sh([sys.executable, "-m", "pytest", "-v", "--tb=short", "-rfE", "-p", "no:cacheprovider", *spread,
+               gpu_tests, "--ignore", os.path.join(gpu_tests, "test_codegen.py")],
+              os.path.join(out, "gpu_tests.log"), timeout=TESTS_TIMEOUT)
 
 
 def subset() -> None:
