@@ -84,7 +84,14 @@ def poisoned_workspace(monkeypatch):
     def poisoned(shape, dtype, stream):
         a = scratch(shape, dtype, stream)
         dt = np.dtype(dtype)
-        a.copy_to_device(np.full(a.shape, np.nan if dt.kind in "fc" else np.iinfo(dt).max, dt))
+        fill = np.full(a.shape, np.nan if dt.kind in "fc" else np.iinfo(dt).max, dt)
+        if SIMULATOR or stream is None:
+            a.copy_to_device(fill)
+        else:
+            # on the workspace's own stream, finished before anything more is queued there: a kernel on a
+            # stream that does not wait for the legacy default stream could otherwise run first
+            a.copy_to_device(fill, stream=stream)
+            stream.synchronize()
         return a
 
     monkeypatch.setattr(cuda, "scratch", poisoned)
