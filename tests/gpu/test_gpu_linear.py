@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("numba.cuda")
+from hypothesis import given, settings, strategies as st  # noqa: E402
 
 import dnnkit  # noqa: E402
 from dnnkit import reference as ref  # noqa: E402
@@ -61,6 +62,33 @@ def test_linear_backward_accumulates_and_skips_the_bias():
     assert close(host(gw), rw + gw0, np.float32) and close(host(gb), rb + gb0, np.float32)
     _, _, none = dnnkit.linear_backward(dev(gy), dev(x), dev(w), bias=False)
     assert none is None
+
+
+@settings(max_examples=8, deadline=None)
+@given(m=st.integers(1, 40), n=st.integers(1, 40), k=st.integers(1, 24), activation=st.sampled_from(ACTS),
+       bias=st.booleans(), saved=st.sampled_from(["output", "preactivation"]), accumulate=st.booleans(),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_linear_forward_and_backward_over_drawn_shapes(m, n, k, activation, bias, saved, accumulate, dtype):
+    """linear (bias and activation fused, the preactivation returned) and linear_backward (from the output
+    or the preactivation, into accumulate_into or new arrays) on drawn shapes."""
+    rng = np.random.default_rng(m * 10000 + n * 100 + k)
+    x, w, b, gy = rand(rng, (m, k), dtype), rand(rng, (n, k), dtype), rand(rng, (n,), dtype), rand(rng, (m, n), dtype)
+    y, z = dnnkit.linear(dev(x), dev(w), dev(b) if bias else None, activation=activation,
+                         return_preactivation=True)
+    zr = ref.linear_ref(x, w, b if bias else None)
+    assert close(host(z), zr, dtype) and close(host(y), ref.linear_ref(x, w, b if bias else None, activation), dtype)
+    gw0, gb0 = rand(rng, (n, k), dtype), rand(rng, (n,), dtype)
+    into = (dev(gw0), dev(gb0) if bias else None) if accumulate else None
+    kw = {saved: y if saved == "output" else z} if activation is not None else {}
+    if saved == "output" and activation == "gelu":
+        kw = {"preactivation": z}
+    gx, gw, gb = dnnkit.linear_backward(dev(gy), dev(x), dev(w), bias=bias, activation=activation,
+                                        accumulate_into=into, **kw)
+    rx, rw, rb = ref.linear_backward_ref(gy, x, w, bias, activation, preactivation=zr)
+    assert close(host(gx), rx, dtype) and close(host(gw), rw + (gw0 if accumulate else 0), dtype)
+    assert (gb is None) if not bias else close(host(gb), rb + (gb0 if accumulate else 0), dtype)
+    if accumulate:
+        assert gw is into[0] and (gb is into[1])
 
 
 def test_linear_errors_name_the_argument():
