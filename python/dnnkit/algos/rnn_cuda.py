@@ -24,9 +24,9 @@ STEPS_RULE = "gpu_steps is the rule where nothing measured decides; tuning times
 
 
 def _kernels():
-    from dnnkit.kernels import _jit, rnn
+    from dnnkit.kernels import rnn
 
-    return _jit, rnn
+    return rnn
 
 
 def _gemm_s(c, m: int, n: int, k: int, dtype: str) -> float:
@@ -60,7 +60,7 @@ def _sequence_cost(p, c, backward: bool) -> float:
 def _launcher(stream):
     """launch(kernel, *args) for the element-wise step kernels on stream: a thread a (row, column) of the
     array the kernel's last two arguments (rows, columns) describe."""
-    _jit, kr = _kernels()
+    kr = _kernels()
 
     def launch(k, *args):
         _cuda.launch(k, *kr.step_grid(args[-2], args[-1]), stream, *args)
@@ -106,7 +106,7 @@ class GpuSteps(Algorithm):
         columns), save the training save or None, w its weights (w_ih, w_hh, b_ih, b_hh[, w_hr]), m the
         projection's m_t buffer (inference with a projection); steps: the loop's steps (a range of them;
         default all T). Returns the view of y that holds the last step's h."""
-        _jit, kr = _kernels()
+        kr = _kernels()
         G, H, T, B, P, dt = _GATES[p.mode], p.hidden, p.seq, p.batch, p.proj, p.dtype
         S = P or H
         launch = _launcher(stream)
@@ -154,7 +154,7 @@ class GpuSteps(Algorithm):
         arrays that receive what the backward reads (n = SAVED[mode], one more with a projection: m);
         masks (dropout: one per layer but the last, in the outputs' layout) and dropped, arrays that
         receive each such layer's output times its mask, which the next layer reads."""
-        _jit, kr = _kernels()
+        kr = _kernels()
         G, H, T, B, D, L, P = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dirs, p.layers, p.proj
         S, per = P or H, 5 if P else 4
         if B == 0:
@@ -247,7 +247,7 @@ class GpuWavefront(GpuSteps):
     def run(self, p, x, h0, c0, weights, *, out, h_n, c_n=None, batch_first=False, stream=None, gemm_plan, ys=None,
             saves=None, masks=None, dropped=None):
         """As GpuSteps.run."""
-        _jit, kr = _kernels()
+        kr = _kernels()
         G, H, T, B, L, P = _GATES[p.mode], p.hidden, p.seq, p.batch, p.layers, p.proj
         S, per = P or H, 5 if P else 4
         if B == 0:
@@ -310,7 +310,7 @@ class GpuWavefront(GpuSteps):
         if not batch_first:
             multiply(y[s0:s1], mask[s0:s1], dropped[s0:s1], stream)
             return
-        _, kr = _kernels()
+        kr = _kernels()
         launch = _launcher(stream)
         for t in range(s0, s1):
             launch(kr.mul(p.dtype), y[:, t, :], mask[:, t, :], dropped[:, t, :], p.batch, int(y.shape[2]))
@@ -416,7 +416,7 @@ class GpuPersistent(GpuSteps):
         units, blocks, rt, bt, shared = persistent_layout(p, *_cuda.resident_limits())
         hseq = _cuda.scratch((T, kp.hseq_row(B, H, p.itemsize)), dt, stream)
         launch = _launcher(stream)
-        _jit, kr = _kernels()
+        kr = _kernels()
         zero_bias = None
         if not has_bias:
             zero_bias = _cuda.scratch((1, G * H), dt, stream)
@@ -475,7 +475,7 @@ class GpuStepsBackward(Algorithm):
 
         from .gemm_cuda import column_sums
 
-        _jit, kr = _kernels()
+        kr = _kernels()
         G, H, T, B, D, L, P = _GATES[p.mode], p.hidden, p.seq, p.batch, p.dirs, p.layers, p.proj
         S, per = P or H, 5 if P else 4
         dt = p.dtype
