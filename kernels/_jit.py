@@ -20,6 +20,7 @@ DTYPES = {"float32": numba.float32, "float64": numba.float64}
 ALIGN16 = "" if SIMULATOR else ", alignment=16"
 int32 = numba.int32
 uint32 = numba.uint32
+uint64 = numba.uint64
 
 
 def kernel(fn=None, **options):
@@ -40,4 +41,4 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["SIMULATOR", "ALIGN16", "DTYPES", "cuda", "int32", "uint32", "kernel", "device", "cdiv", "math"]
+__all__ = ["SIMULATOR", "ALIGN16", "DTYPES", "cuda", "int32", "uint32", "uint64", "kernel", "device", "cdiv", "math"]

@@ -230,6 +230,7 @@ class SassProfile:
     inner_instructions: int = 0  # in the innermost loop with FMAs (the fewest instructions)
     inner_ffma: int = 0
     inner_lds: tuple = ()   # that loop's shared loads, by width: (("LDS", n), ("LDS.128", n), ...)
+    loop_early_stores: int = 0  # shared stores (STS) in the main loop before its first FFMA or HMMA
 
     @property
     def loop_ffma_share(self) -> float:
@@ -258,7 +259,7 @@ def sass_profile(text: str) -> SassProfile:
                 out[key] = out.get(key, 0) + 1
         return out
 
-    best, inner = (0, 0, 0), None
+    best, inner, early = (0, 0, 0), None, 0
     for at, target in branches:
         start = at_address.get(target)
         if start is not None and start <= at:
@@ -267,6 +268,8 @@ def sass_profile(text: str) -> SassProfile:
             h = sum(op.startswith("HMMA") for op in body)
             if (f + h, f) > (best[1] + best[2], best[1]):
                 best = (len(body), f, h)
+                first = next((i for i, op in enumerate(body) if op.startswith(("FFMA", "DFMA", "HMMA"))), len(body))
+                early = sum(op.startswith("STS") for op in body[:first])
             if f and (inner is None or len(body) < len(inner[0])):
                 inner = (body, f)
     lds = widths(ops)
@@ -274,4 +277,4 @@ def sass_profile(text: str) -> SassProfile:
                        local=sum(op.startswith(("LDL", "STL")) for op in ops), loop_instructions=best[0],
                        loop_ffma=best[1], loop_mma=best[2], inner_instructions=len(inner[0]) if inner else 0,
                        inner_ffma=inner[1] if inner else 0,
-                       inner_lds=tuple(sorted(widths(inner[0]).items())) if inner else ())
+                       inner_lds=tuple(sorted(widths(inner[0]).items())) if inner else (), loop_early_stores=early)

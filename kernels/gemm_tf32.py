@@ -18,7 +18,7 @@ import functools
 
 import numpy as np
 
-from ._jit import ALIGN16, DTYPES, SIMULATOR, cuda, int32, kernel, uint32
+from ._jit import ALIGN16, DTYPES, SIMULATOR, cuda, int32, kernel, uint32, uint64
 from .epilogue import activation
 from .gemm import Tile, _loads, _store
 
@@ -100,13 +100,13 @@ def _source(trans_a: bool, trans_b: bool, bias: bool, act: int, name: str) -> st
     ]
     if SIMULATOR:
         body += [f"xa = cuda.shared.array(({T // 32}, 32, 4), t)", f"xb = cuda.shared.array(({T // 32}, 32, 2), t)"]
-    body += _loads(TILE, "a", trans_a, "0") + _loads(TILE, "b", trans_b, "0")
+    body += (_loads(TILE, "a", trans_a, "fetch") + _loads(TILE, "b", trans_b, "fetch")
+             + _loads(TILE, "a", trans_a, "put", "0") + _loads(TILE, "b", trans_b, "put", "0"))
     body += ["cuda.syncthreads()",
              "for s in range(steps):",
              "    cur = s & 1", "    curu = u32(cur)",
-             "    if s + 1 < steps:",
-             f"        k0 = kbeg + int32(s + 1) * int32({BK})", "        nxt = cur ^ 1"]
-    body += ["        " + x for x in _loads(TILE, "a", trans_a, "nxt") + _loads(TILE, "b", trans_b, "nxt")]
+             f"    k0 = int32(kbeg + int32(s + 1) * int32({BK}))"]
+    body += ["    " + x for x in _loads(TILE, "a", trans_a, "fetch") + _loads(TILE, "b", trans_b, "fetch")]
     body += [f"    for kq in range({BK // 8}):", "        k_lo = u32(kq * 8 + tq)", "        k_hi = k_lo + u32(4)"]
     inner = []
     for mi in range(2):
@@ -119,6 +119,8 @@ def _source(trans_a: bool, trans_b: bool, bias: bool, act: int, name: str) -> st
         call = "mma_simulated(xa, xb, warp, lane, " if SIMULATOR else "mma_tf32("
         inner += [f"{', '.join(cs)} = {call}a{mi}_0, a{mi}_1, a{mi}_2, a{mi}_3, b{ni}_0, b{ni}_1, {', '.join(cs)})"]
     body += ["        " + x for x in inner]
+    body += ["    nxt = curu ^ u32(1)"]
+    body += ["    " + x for x in _loads(TILE, "a", trans_a, "put", "nxt") + _loads(TILE, "b", trans_b, "put", "nxt")]
     body += ["    cuda.syncthreads()"]
     for (mi, ni), cs in acc.items():
         for q, cname in enumerate(cs):
@@ -136,7 +138,8 @@ def gemm_tf32_kernel(trans_a: bool, trans_b: bool, bias: bool = False, act: int 
     unused). Launch: grid (cdiv(n, 64), cdiv(m, 64)), block TILE.threads (128)."""
     name = kernel_name(trans_a, trans_b, bias, act)
     t = DTYPES["float32"]
-    scope = {"cuda": cuda, "int32": int32, "u32": uint32, "t": t, "zero": t(0.0), "act_fn": activation("float32")}
+    scope = {"cuda": cuda, "int32": int32, "u32": uint32, "u64": uint64, "t": t, "zero": t(0.0),
+             "act_fn": activation("float32")}
     if SIMULATOR:
         scope["mma_simulated"] = cuda.jit(device=True)(mma_simulated)
     else:

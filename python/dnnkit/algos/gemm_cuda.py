@@ -19,7 +19,9 @@ from ..backends import cuda as _cuda
 from .base import Algorithm
 
 ACTIVATION_CODES = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3, "gelu": 4}
-_INT32 = 2**31 - 1
+# Operands' elements, and so each of m, n and k, under this: the kernels' index arithmetic is int32, and a
+# tile's loads reach up to a tile's rows and depth past the last (tested, not read).
+_INT32 = 2**31 - 1 - 256
 _GRID_Y = 65535
 DEFAULT_SMS = 132  # an H100 SXM's SM count, for rules when no GPU is present (the simulator)
 
@@ -93,7 +95,7 @@ class TiledGemm(Algorithm):
         if reason:
             return reason
         if max(p.m * p.k, p.k * p.n, p.m * p.n) > _INT32:
-            return "an operand of 2^31 elements or more (its index arithmetic is int32)"
+            return "an operand of 2^31 - 256 elements or more (its index arithmetic is int32)"
         if -(-p.m // self.bm) > _GRID_Y:
             return f"m = {p.m} needs more than {_GRID_Y} row blocks of {self.bm}"
         return None
@@ -152,7 +154,7 @@ class SplitKGemm(Algorithm):
         if p.k < 2 * self.MIN_SLICE:
             return f"k = {p.k}: fewer than two slices of {self.MIN_SLICE}"
         if max(p.m * p.k, p.k * p.n, p.m * p.n * self.MAX_SPLITS) > _INT32:
-            return "an operand or the workspace of 2^31 elements or more (its index arithmetic is int32)"
+            return "an operand or the workspace of 2^31 - 256 elements or more (its index arithmetic is int32)"
         if -(-p.m // 64) > _GRID_Y:
             return f"m = {p.m} needs more than {_GRID_Y} row blocks of 64"
         return None
@@ -217,7 +219,7 @@ class Tf32Gemm(Algorithm):
         if p.dtype != "float32":
             return f"dtype {p.dtype}: TF32 is for float32 operands"
         if max(p.m * p.k, p.k * p.n, p.m * p.n) > _INT32:
-            return "an operand of 2^31 elements or more (its index arithmetic is int32)"
+            return "an operand of 2^31 - 256 elements or more (its index arithmetic is int32)"
         if -(-p.m // 64) > _GRID_Y:
             return f"m = {p.m} needs more than {_GRID_Y} row blocks of 64"
         return None

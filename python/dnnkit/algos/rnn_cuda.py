@@ -14,11 +14,10 @@ import numpy as np
 from ..backends import cuda as _cuda
 from ..problem import RNN_MODES, GemmProblem
 from .base import Algorithm
-from .gemm_cuda import LAUNCH_S, multiply
+from .gemm_cuda import _INT32, LAUNCH_S, multiply
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 SAVED = {"lstm": 5, "gru": 4, "rnn_tanh": 0, "rnn_relu": 0}  # per unit a step: LSTM i, f, g, o, c; GRU r, z, n, hn
-_INT32 = 2**31 - 1
 # The reason gpu_persistent and gpu_wavefront give when untuned dispatch takes gpu_steps instead.
 STEPS_RULE = "gpu_steps is the rule where nothing measured decides; tuning times this one"
 
@@ -84,7 +83,7 @@ class GpuSteps(Algorithm):
             return f"dtype {p.dtype} is not float32 or float64"
         width = max(p.input, p.dirs * p.hidden)
         if p.seq * p.batch * max(_GATES[p.mode] * p.hidden, width) > _INT32:
-            return "a projection of 2^31 elements or more (the kernels' index arithmetic is int32)"
+            return "a projection of 2^31 - 256 elements or more (the kernels' index arithmetic is int32)"
         return None
 
     def cost(self, p, c) -> float:
@@ -376,7 +375,7 @@ class GpuPersistent(GpuSteps):
         if p.proj:
             return "an LSTM projection (proj_size): the persistent kernel has no projection step"
         if p.batch * p.hidden > _INT32 or p.hidden * _GATES[p.mode] * p.hidden > _INT32:
-            return "W_hh or a step's state of 2^31 elements or more"
+            return "W_hh or a step's state of 2^31 - 256 elements or more"
         layout = persistent_layout(p, *_cuda.resident_limits())
         return layout if isinstance(layout, str) else None
 
