@@ -62,7 +62,7 @@ def gemm_variants(layouts=(("n", "t"),)) -> list[Variant]:
             if tile_name == "64x64" and dtype == "float32":
                 k = gemm_tf32.gemm_tf32_kernel(False, True, True, 0)
                 out.append(Variant(gemm_tf32.kernel_name(False, True, True), k, sig, gemm_tf32.TILE.threads, False,
-                                   False, tensor_cores=True))
+                                   False, tensor_cores=True, launch_bounds=gemm_tf32.LAUNCH_BOUNDS))
             if tile_name == "64x64":
                 sig3 = (_arr(dtype, 2), _arr(dtype, 2), _arr(dtype, 3), _arr(dtype, 1)) + sig[4:]
                 k = gemm.gemm_kernel(tile, dtype, False, True, True)

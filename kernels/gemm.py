@@ -73,7 +73,7 @@ TILES = {
 }
 
 
-def _loads(tile: Tile, operand: str, trans: bool, phase: str, buf: str = "") -> list[str]:
+def _loads(tile: Tile, operand: str, trans: bool, phase: str, buf: str = "", convert: str = "") -> list[str]:
     """Source lines for one operand's tile of the depth step at k0, each thread's share a run of `count`
     values of one row of the operand as stored (the array's first index fixed, so that their addresses
     differ by constants):
@@ -83,7 +83,8 @@ def _loads(tile: Tile, operand: str, trans: bool, phase: str, buf: str = "") -> 
       memory in distinct banks).
     One bounds test for the run where it lies inside the operand, one a value where it does not.
     phase "fetch": the values into registers (va0, va1, ... or vb0, ...), zero outside the operand;
-    "put": those registers into shared buffer buf (depth-major: sA[buf, depth, row])."""
+    "put": those registers into shared buffer buf (depth-major: sA[buf, depth, row]), through the function
+    named by convert where one is."""
     BM, BN, BK, T = tile.bm, tile.bn, tile.bk, tile.threads
     if operand == "a":
         width, arr, lim, base, src, contiguous_k = BM, "sA", "m32", "bm", "a", not trans
@@ -102,7 +103,8 @@ def _loads(tile: Tile, operand: str, trans: bool, phase: str, buf: str = "") -> 
         shared = [("u32(kk)", f"u32(mn + int32({per * l}))") for l in range(count)]
         fixed, run, run_lim, stride = ("gk", "kend"), "g", lim, per
     if phase == "put":
-        return lines + [f"{arr}[{buf}, {i}, {j}] = {v}" for (i, j), v in zip(shared, vs)]
+        return lines + [f"{arr}[{buf}, {i}, {j}] = {f'{convert}({v})' if convert else v}"
+                        for (i, j), v in zip(shared, vs)]
     lines += [f"g = int32({base} + mn)", "gk = int32(k0 + kk)", " = ".join(vs) + " = zero",
               f"if {fixed[0]} < {fixed[1]}:", f"    row = {src}[u32({fixed[0]})]", f"    ru = u64({run})",
               f"    if int32({run} + int32({stride * (count - 1)})) < {run_lim}:"]

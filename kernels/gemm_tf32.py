@@ -2,9 +2,12 @@
 
 The operands are rounded to TF32 (10 explicit mantissa bits, cvt.rna: to nearest, ties away from zero)
 and multiplied by mma.sync.m16n8k8 (SASS HMMA.1688.F32.TF32), accumulating in float32. A block computes a
-64x64 tile of C with 4 warps, each a 32x32 quarter as 2 x 4 tiles of 16x8, 32 accumulators a lane; the
-depth advances 16 at a time through two shared-memory buffers (gemm.py's loaders, rows padded by 8 so
-that a warp's fragment loads fall in 32 distinct banks). Fragments follow the PTX ISA's layout for
+128x128 tile of C with 8 warps, each a 64x32 part of it as 4 x 4 tiles of 16x8, 64 accumulators a lane:
+each A fragment a lane loads from shared memory feeds 4 mma's, each B fragment 4 (the fragments' loads,
+not the tensor cores, bound a warp tile that is smaller). The depth advances 16 at a time through two
+shared-memory buffers (gemm.py's loaders and their order: the next step's global loads before the
+products, their stores after; rows padded by 8 so that a warp's fragment loads fall in 32 distinct
+banks); the operands are rounded to TF32 as they are stored there. Fragments follow the PTX ISA's layout for
 m16n8k8 .tf32 (lane = 4 * group + t):
   A (16 x 8, row): a0 (group, t), a1 (group + 8, t), a2 (group, t + 4), a3 (group + 8, t + 4)
   B (8 x 8, col):  b0 (t, group), b1 (t + 4, group)
@@ -22,14 +25,31 @@ from ._jit import ALIGN16, DTYPES, SIMULATOR, cuda, int32, kernel, uint32, uint6
 from .epilogue import activation
 from .gemm import Tile, _loads, _store
 
-TILE = Tile(64, 64, 16, 8, 4)  # the loaders' geometry: 128 threads, 32 outputs each
-WARPS_N = 2                    # warps across the tile's columns (and 2 down its rows): 32x32 each
+TILE = Tile(128, 128, 16, 8, 8)  # the block's tile of C and the loaders' geometry: 256 threads (8 warps)
+WARPS_N = 4                      # warps across the tile's columns, and 2 down its rows
+WM, WN = TILE.bm // (TILE.threads // 32 // WARPS_N), TILE.bn // WARPS_N  # a warp's tile of C: 64 x 32
+MI, NI = WM // 16, WN // 8       # its m16n8 mma tiles: 4 x 4, 64 accumulators a lane
+# One resident block an SM (8 warps): a thread takes about 150 registers. Two blocks would cap it at 128,
+# which sm_80's code exceeds by a spilled register.
+LAUNCH_BOUNDS = (TILE.threads,)
 
 
 def _mma_hardware():
+    """(mma_tf32, to_tf32): the mma.sync of operands already in TF32, and the rounding of a float32 to
+    TF32 (cvt.rna.tf32.f32, the result's low 13 bits zero), applied once a value as it enters shared
+    memory rather than at each of the mma's that read it."""
     from llvmlite import ir
     from numba import types
     from numba.core.extending import intrinsic
+
+    @intrinsic
+    def to_tf32(typingctx, x):
+        def codegen(context, builder, signature, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            cvt = ir.InlineAsm(ir.FunctionType(i32, [f32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+            return builder.bitcast(builder.call(cvt, [args[0]]), f32)
+
+        return types.float32(types.float32), codegen
 
     @intrinsic
     def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
@@ -38,8 +58,7 @@ def _mma_hardware():
 
         def codegen(context, builder, signature, args):
             f32, i32 = ir.FloatType(), ir.IntType(32)
-            cvt = ir.InlineAsm(ir.FunctionType(i32, [f32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
-            ops = [builder.call(cvt, [v]) for v in args[:6]]
+            ops = [builder.bitcast(v, i32) for v in args[:6]]
             asm = ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, "
                    "{$8, $9}, {$10, $11, $12, $13};")
             fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4), asm,
@@ -49,7 +68,7 @@ def _mma_hardware():
 
         return sig, codegen
 
-    return mma_tf32
+    return mma_tf32, to_tf32
 
 
 def tf32(x) -> np.float32:
@@ -80,47 +99,59 @@ def mma_simulated(xa, xb, warp, lane, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
 
 
 def kernel_name(trans_a: bool, trans_b: bool, bias: bool = False, act: int = 0) -> str:
-    return (f"gemm_tf32_64x64_{'t' if trans_a else 'n'}{'t' if trans_b else 'n'}{'_bias' if bias else ''}"
-            f"{f'_act{act}' if act else ''}")
+    return (f"gemm_tf32_{TILE.bm}x{TILE.bn}_{'t' if trans_a else 'n'}{'t' if trans_b else 'n'}"
+            f"{'_bias' if bias else ''}{f'_act{act}' if act else ''}")
 
 
 def _source(trans_a: bool, trans_b: bool, bias: bool, act: int, name: str) -> str:
     BM, BN, BK, T = TILE.bm, TILE.bn, TILE.bk, TILE.threads
-    acc = {(mi, ni): [f"c{mi}_{ni}_{q}" for q in range(4)] for mi in range(2) for ni in range(4)}
+    acc = {(mi, ni): [f"c{mi}_{ni}_{q}" for q in range(4)] for mi in range(MI) for ni in range(NI)}
     body = [
         "sA = cuda.shared.array((2, %d, %d), t%s)" % (BK, BM + 8, ALIGN16),
         "sB = cuda.shared.array((2, %d, %d), t%s)" % (BK, BN + 8, ALIGN16),
         "tid = int32(cuda.threadIdx.x)",
         "lane = tid % int32(32)", "warp = tid // int32(32)", "gq = lane // int32(4)", "tq = lane % int32(4)",
-        f"wm = (warp // int32({WARPS_N})) * int32(32)", f"wn = (warp % int32({WARPS_N})) * int32(32)",
+        f"wm = (warp // int32({WARPS_N})) * int32({WM})", f"wn = (warp % int32({WARPS_N})) * int32({WN})",
         f"bm = int32(cuda.blockIdx.y) * int32({BM})", f"bn = int32(cuda.blockIdx.x) * int32({BN})",
         "m32 = int32(m)", "n32 = int32(n)", "kbeg = int32(0)", "kend = int32(k)",
         " = ".join(x for v in acc.values() for x in v) + " = zero",
-        f"steps = (kend - kbeg + int32({BK - 1})) // int32({BK})", "k0 = kbeg",
+        f"steps = int32((kend - kbeg + int32({BK - 1})) // int32({BK}))", "k0 = kbeg",
     ]
     if SIMULATOR:
         body += [f"xa = cuda.shared.array(({T // 32}, 32, 4), t)", f"xb = cuda.shared.array(({T // 32}, 32, 2), t)"]
+    cv = "" if SIMULATOR else "to_tf32"  # the simulator's mma rounds its operands itself
     body += (_loads(TILE, "a", trans_a, "fetch") + _loads(TILE, "b", trans_b, "fetch")
-             + _loads(TILE, "a", trans_a, "put", "0") + _loads(TILE, "b", trans_b, "put", "0"))
+             + _loads(TILE, "a", trans_a, "put", "0", cv) + _loads(TILE, "b", trans_b, "put", "0", cv))
+    # The fragments' shared-memory indices: this lane's first depth, A row and B column, to which each
+    # fragment adds a constant. In 64 bits, so that the constants become the loads' address offsets.
+    body += ["tq64 = u64(tq)", "ar64 = u64(wm + gq)", "bc64 = u64(wn + gq)"]
     body += ["cuda.syncthreads()",
-             "for s in range(steps):",
-             "    cur = s & 1", "    curu = u32(cur)",
-             f"    k0 = int32(kbeg + int32(s + 1) * int32({BK}))"]
+             "s = int32(0)",
+             "while s < steps:",
+             "    cur64 = u64(s & int32(1))",
+             "    s = int32(s + int32(1))",
+             f"    k0 = int32(kbeg + s * int32({BK}))"]
     body += ["    " + x for x in _loads(TILE, "a", trans_a, "fetch") + _loads(TILE, "b", trans_b, "fetch")]
-    body += [f"    for kq in range({BK // 8}):", "        k_lo = u32(kq * 8 + tq)", "        k_hi = k_lo + u32(4)"]
-    inner = []
-    for mi in range(2):
-        inner += [f"ar = u32(wm + int32({mi * 16}) + gq)",
-                  f"a{mi}_0 = sA[curu, k_lo, ar]", f"a{mi}_1 = sA[curu, k_lo, ar + u32(8)]",
-                  f"a{mi}_2 = sA[curu, k_hi, ar]", f"a{mi}_3 = sA[curu, k_hi, ar + u32(8)]"]
-    for ni in range(4):
-        inner += [f"bc = u32(wn + int32({ni * 8}) + gq)", f"b{ni}_0 = sB[curu, k_lo, bc]", f"b{ni}_1 = sB[curu, k_hi, bc]"]
-    for (mi, ni), cs in acc.items():
-        call = "mma_simulated(xa, xb, warp, lane, " if SIMULATOR else "mma_tf32("
-        inner += [f"{', '.join(cs)} = {call}a{mi}_0, a{mi}_1, a{mi}_2, a{mi}_3, b{ni}_0, b{ni}_1, {', '.join(cs)})"]
-    body += ["        " + x for x in inner]
-    body += ["    nxt = curu ^ u32(1)"]
-    body += ["    " + x for x in _loads(TILE, "a", trans_a, "put", "nxt") + _loads(TILE, "b", trans_b, "put", "nxt")]
+    call = "mma_simulated(xa, xb, warp, lane, " if SIMULATOR else "mma_tf32("
+    for kq in range(BK // 8):
+        inner = []
+        lo, hi = f"tq64 + u64({kq * 8})", f"tq64 + u64({kq * 8 + 4})"
+        # B's fragments, then A's a row of mma tiles at a time (fewer fragments live at once).
+        for ni in range(NI):
+            col = f"bc64 + u64({ni * 8})"
+            inner += [f"b{kq}_{ni}_0 = sB[cur64, {lo}, {col}]", f"b{kq}_{ni}_1 = sB[cur64, {hi}, {col}]"]
+        for mi in range(MI):
+            r0, r8 = f"ar64 + u64({mi * 16})", f"ar64 + u64({mi * 16 + 8})"
+            inner += [f"a{kq}_{mi}_0 = sA[cur64, {lo}, {r0}]", f"a{kq}_{mi}_1 = sA[cur64, {lo}, {r8}]",
+                      f"a{kq}_{mi}_2 = sA[cur64, {hi}, {r0}]", f"a{kq}_{mi}_3 = sA[cur64, {hi}, {r8}]"]
+            for ni in range(NI):
+                cs = acc[mi, ni]
+                frags = ", ".join([f"a{kq}_{mi}_{x}" for x in range(4)] + [f"b{kq}_{ni}_{x}" for x in range(2)])
+                inner += [f"{', '.join(cs)} = {call}{frags}, {', '.join(cs)})"]
+        body += ["    " + x for x in inner]
+    body += ["    nxt = cur64 ^ u64(1)"]
+    body += ["    " + x for x in (_loads(TILE, "a", trans_a, "put", "nxt", cv)
+                                  + _loads(TILE, "b", trans_b, "put", "nxt", cv))]
     body += ["    cuda.syncthreads()"]
     for (mi, ni), cs in acc.items():
         for q, cname in enumerate(cs):
@@ -135,7 +166,7 @@ def _source(trans_a: bool, trans_b: bool, bias: bool, act: int, name: str) -> st
 @functools.lru_cache(maxsize=None)
 def gemm_tf32_kernel(trans_a: bool, trans_b: bool, bias: bool = False, act: int = 0):
     """The kernel for one layout and epilogue; arguments as gemm.gemm_kernel's (float32 only, k_chunk
-    unused). Launch: grid (cdiv(n, 64), cdiv(m, 64)), block TILE.threads (128)."""
+    unused). Launch: grid (cdiv(n, TILE.bn), cdiv(m, TILE.bm)), block TILE.threads (256)."""
     name = kernel_name(trans_a, trans_b, bias, act)
     t = DTYPES["float32"]
     scope = {"cuda": cuda, "int32": int32, "u32": uint32, "u64": uint64, "t": t, "zero": t(0.0),
@@ -143,8 +174,8 @@ def gemm_tf32_kernel(trans_a: bool, trans_b: bool, bias: bool = False, act: int 
     if SIMULATOR:
         scope["mma_simulated"] = cuda.jit(device=True)(mma_simulated)
     else:
-        scope["mma_tf32"] = _mma_hardware()
+        scope["mma_tf32"], scope["to_tf32"] = _mma_hardware()
     code = compile(_source(trans_a, trans_b, bias, act, name), f"<dnnkit.kernels.gemm_tf32:{name}>", "exec")
     exec(code, scope)  # noqa: S102 - the source is generated above from constants alone
-    return kernel(scope[name], launch_bounds=(TILE.threads,))
+    return kernel(scope[name], launch_bounds=LAUNCH_BOUNDS)
 

@@ -180,12 +180,13 @@ def test_tf32_kernel(ta, tb):
     exact one; two column blocks, a partial depth step, bias fused, C full of NaN not read."""
     from dnnkit.kernels import gemm_tf32
 
-    m, n, k = 17, 70, 19
+    m, n, k = 17, gemm_tf32.TILE.bn + 2, 19
     rng = np.random.default_rng(2)
     A, B, bias = rand(rng, (m, k)), rand(rng, (k, n)), rand(rng, (n,))
     a, b = (A.T.copy() if ta else A), (B.T.copy() if tb else B)
     c = dev(np.full((m, n), np.nan, np.float32))
-    gemm_tf32.gemm_tf32_kernel(ta, tb, True, 0)[(cdiv(n, 64), cdiv(m, 64)), gemm_tf32.TILE.threads](
+    tile = gemm_tf32.TILE
+    gemm_tf32.gemm_tf32_kernel(ta, tb, True, 0)[(cdiv(n, tile.bn), cdiv(m, tile.bm)), tile.threads](
         dev(a), dev(b), c, dev(bias), m, n, k, np.float32(1.0), np.float32(0.0), k)
     got = host(c)
     rounded = np.vectorize(gemm_tf32.tf32)

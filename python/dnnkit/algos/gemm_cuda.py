@@ -202,7 +202,7 @@ class SplitKGemm(Algorithm):
 
 class Tf32Gemm(Algorithm):
     """The tensor cores in TF32 (kernels/gemm_tf32.py): float32 operands rounded to 10 mantissa bits,
-    products by mma.sync m16n8k8, sums in float32; a 64x64 tile of C a block of 4 warps. Opt-in
+    products by mma.sync m16n8k8, sums in float32; a 128x128 tile of C a block of 8 warps. Opt-in
     (dnnkit.set_allow_tf32, DNNKIT_ALLOW_TF32=1, or algo="gemm_tf32"); its error against float64 is
     TF32's, about 1e-4 to 1e-3 relative (the tolerance the tuner holds it to: 2e-3)."""
 
@@ -211,6 +211,7 @@ class Tf32Gemm(Algorithm):
     backend = "cuda"
     tolerance = 2e-3
     tf32 = True
+    BM = BN = 128  # kernels/gemm_tf32.py TILE
 
     def supports(self, p) -> str | None:
         reason = gpu_float_reason(p)
@@ -220,8 +221,8 @@ class Tf32Gemm(Algorithm):
             return f"dtype {p.dtype}: TF32 is for float32 operands"
         if max(p.m * p.k, p.k * p.n, p.m * p.n) > _INT32:
             return "an operand of 2^31 - 256 elements or more (its index arithmetic is int32)"
-        if -(-p.m // 64) > _GRID_Y:
-            return f"m = {p.m} needs more than {_GRID_Y} row blocks of 64"
+        if -(-p.m // self.BM) > _GRID_Y:
+            return f"m = {p.m} needs more than {_GRID_Y} row blocks of {self.BM}"
         return None
 
     def own_rule(self, p) -> str | None:
@@ -235,15 +236,15 @@ class Tf32Gemm(Algorithm):
         sa, ta = _as_stored(a, False)
         sb, tb = _as_stored(b, False)
         k = gemm_tf32.gemm_tf32_kernel(ta, tb, bias is not None, ACTIVATION_CODES[p.activation])
-        _cuda.launch(k, (_jit.cdiv(p.n, 64), _jit.cdiv(p.m, 64)), gemm_tf32.TILE.threads, stream, sa, sb, out,
+        _cuda.launch(k, (_jit.cdiv(p.n, self.BN), _jit.cdiv(p.m, self.BM)), gemm_tf32.TILE.threads, stream, sa, sb, out,
                      out[0] if bias is None else bias, p.m, p.n, p.k, np.float32(alpha), np.float32(beta), p.k)
         return out
 
     def cost(self, p, c) -> float | None:
         if not c.tf32_flops:
             return None
-        blocks = -(-p.m // 64) * -(-p.n // 64)
-        return LAUNCH_S + tile_cost(p, c, 64, 64, p.k, blocks, c.tf32_flops, TILE_EFFICIENCY["tf32"])
+        blocks = -(-p.m // self.BM) * -(-p.n // self.BN)
+        return LAUNCH_S + tile_cost(p, c, self.BM, self.BN, p.k, blocks, c.tf32_flops, TILE_EFFICIENCY["tf32"])
 
 
 def _eltwise_grid(total: int) -> tuple:
