@@ -32,6 +32,11 @@ from ._jit import ALIGN16, DTYPES, cuda, int32, kernel, uint32, uint64
 from .epilogue import activation
 
 
+# Elements that pad each depth's row of a shared operand tile: rows stay 16-byte aligned, and a warp's
+# stores of the transposing loaders fall in distinct banks.
+PAD = 4
+
+
 @dataclass(frozen=True)
 class Tile:
     """A block's tile of C (bm x bn), its depth step (bk), and each thread's tile of C (tm x tn)."""
@@ -47,7 +52,7 @@ class Tile:
         return (self.bm // self.tm) * (self.bn // self.tn)
 
     def shared_bytes(self, itemsize: int) -> int:
-        return 2 * self.bk * ((self.bm + 4) + (self.bn + 4)) * itemsize
+        return 2 * self.bk * ((self.bm + PAD) + (self.bn + PAD)) * itemsize
 
     def __post_init__(self):
         t = self.threads
@@ -137,8 +142,8 @@ def _source(tile: Tile, trans_a: bool, trans_b: bool, split: bool, bias: bool, a
     acc = [[f"c{i}_{j}" for j in range(TN)] for i in range(TM)]
     ind = lambda lines, n: ["    " * n + x for x in lines]  # noqa: E731
     body = [
-        "sA = cuda.shared.array((2, %d, %d), t%s)" % (BK, BM + 4, ALIGN16),
-        "sB = cuda.shared.array((2, %d, %d), t%s)" % (BK, BN + 4, ALIGN16),
+        "sA = cuda.shared.array((2, %d, %d), t%s)" % (BK, BM + PAD, ALIGN16),
+        "sB = cuda.shared.array((2, %d, %d), t%s)" % (BK, BN + PAD, ALIGN16),
         "tid = int32(cuda.threadIdx.x)",
         f"tx = tid % int32({BN // TN})",
         f"ty = tid // int32({BN // TN})",

@@ -29,6 +29,9 @@ TILE = Tile(128, 128, 16, 8, 8)  # the block's tile of C and the loaders' geomet
 WARPS_N = 4                      # warps across the tile's columns, and 2 down its rows
 WM, WN = TILE.bm // (TILE.threads // 32 // WARPS_N), TILE.bn // WARPS_N  # a warp's tile of C: 64 x 32
 MI, NI = WM // 16, WN // 8       # its m16n8 mma tiles: 4 x 4, 64 accumulators a lane
+# Elements that pad each depth's row of a shared tile: a row 8 banks from the last, so that a warp's
+# fragment loads (4 depths x 8 rows) fall in 32 distinct banks.
+PAD = 8
 # One resident block an SM (8 warps): a thread takes about 150 registers. Two blocks would cap it at 128,
 # which sm_80's code exceeds by a spilled register.
 LAUNCH_BOUNDS = (TILE.threads,)
@@ -107,8 +110,8 @@ def _source(trans_a: bool, trans_b: bool, bias: bool, act: int, name: str) -> st
     BM, BN, BK, T = TILE.bm, TILE.bn, TILE.bk, TILE.threads
     acc = {(mi, ni): [f"c{mi}_{ni}_{q}" for q in range(4)] for mi in range(MI) for ni in range(NI)}
     body = [
-        "sA = cuda.shared.array((2, %d, %d), t%s)" % (BK, BM + 8, ALIGN16),
-        "sB = cuda.shared.array((2, %d, %d), t%s)" % (BK, BN + 8, ALIGN16),
+        "sA = cuda.shared.array((2, %d, %d), t%s)" % (BK, BM + PAD, ALIGN16),
+        "sB = cuda.shared.array((2, %d, %d), t%s)" % (BK, BN + PAD, ALIGN16),
         "tid = int32(cuda.threadIdx.x)",
         "lane = tid % int32(32)", "warp = tid // int32(32)", "gq = lane // int32(4)", "tq = lane % int32(4)",
         f"wm = (warp // int32({WARPS_N})) * int32({WM})", f"wn = (warp % int32({WARPS_N})) * int32({WN})",

@@ -1,7 +1,7 @@
 """GPU dispatch without a GPU: which GPU GEMM algorithm supports a problem and why not, the rules that
 choose among them untuned (by how many tiles of C the GPU's SMs get), split-K's slices and workspace,
-explain() on GPU descriptors, and the element-wise kernels' launch shapes. Nothing here launches a
-kernel."""
+explain() on GPU descriptors, the element-wise kernels' launch shapes, and the GEMM kernels' loaders
+(which thread stores what to shared memory). Nothing here launches a kernel."""
 from __future__ import annotations
 
 import pytest
@@ -110,3 +110,39 @@ def test_element_wise_launches_cover_the_array_once_and_no_lone_block_runs_past_
     covered = {b * eltwise.ELTWISE_THREADS + t for b in range(grid) for t in range(threads)}
     assert grid * eltwise.ELTWISE_THREADS >= rows * cols and set(range(rows * cols)) <= covered
     assert threads == eltwise.ELTWISE_THREADS or (grid == 1 and threads == rows * cols)
+
+
+class _Stores:
+    def __init__(self):
+        self.at = []
+
+    def __setitem__(self, index, value):
+        self.at.append(index)
+
+
+@pytest.mark.parametrize("tile_name", ["128x128", "64x64", "32x32", "tf32"])
+@pytest.mark.parametrize("operand, trans", [("a", False), ("a", True), ("b", False), ("b", True)])
+def test_gemm_loaders_fill_each_tile_once_and_store_it_without_bank_conflicts(tile_name, operand, trans):
+    """The GEMM kernels' loaders (their generated source, run for every thread of a block): every (depth,
+    row) of an operand's tile is stored to shared memory once a step; each store instruction of a warp
+    falls in 32 distinct banks (4-byte words) in the 128x128 and 64x64 tiles, at most two-way in the
+    others (runs of 8 depths: 32x32, TF32)."""
+    from dnnkit.kernels import gemm as kg
+    from dnnkit.kernels import gemm_tf32
+
+    tile, pad = (gemm_tf32.TILE, gemm_tf32.PAD) if tile_name == "tf32" else (kg.TILES[tile_name], kg.PAD)
+    width = tile.bm if operand == "a" else tile.bn
+    code = compile("\n".join(kg._loads(tile, operand, trans, "put", "0")), "<put>", "exec")
+    seen, banks = [], {}
+    for tid in range(tile.threads):
+        stores = _Stores()
+        scope = {"int32": int, "u32": int, "tid": tid, "sA": stores, "sB": stores}
+        scope.update({f"v{operand}{i}": 0.0 for i in range(tile.bk * width // tile.threads)})
+        exec(code, scope)  # noqa: S102 - the kernels' own generated source
+        for i, (buf, depth, row) in enumerate(stores.at):
+            assert buf == 0 and 0 <= depth < tile.bk and 0 <= row < width
+            seen.append((depth, row))
+            word = depth * (width + pad) + row
+            banks.setdefault((tid // 32, i, word % 32), set()).add(word)
+    assert sorted(seen) == [(d, r) for d in range(tile.bk) for r in range(width)]
+    assert max(len(words) for words in banks.values()) <= (1 if tile_name in ("128x128", "64x64") else 2)
