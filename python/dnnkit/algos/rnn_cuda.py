@@ -117,7 +117,9 @@ class GpuSteps(Algorithm):
             train = save_k is not None
             step = kr.lstm_step(dt, train) if p.mode == "lstm" else kr.gru_step(dt, train) if p.mode == "gru" else \
                 kr.rnn_step(dt, p.mode == "rnn_relu")
-            w_hh, b_hh = w[1], w[3]
+            # the recurrent weights as the products read them (views, made once for every step)
+            w_hh, b_hh = _cuda.transposed(w[1]), w[3]
+            w_hr = _cuda.transposed(w[4]) if P else None
             gx3 = gx.reshape((B, T, G * H) if batch_first else (T, B, G * H))
             for s in range(T) if steps is None else steps:
                 ti = s if d == 0 else T - 1 - s
@@ -125,14 +127,14 @@ class GpuSteps(Algorithm):
                 h_out = y[:, ti, d * S:(d + 1) * S] if batch_first else y[ti, :, d * S:(d + 1) * S]
                 save = save_k[ti] if train and p.mode in ("lstm", "gru") else g
                 if p.mode == "gru":
-                    rec.run(h_prev, _cuda.transposed(w_hh), out=gh, bias=b_hh, stream=stream)
+                    rec.run(h_prev, w_hh, out=gh, bias=b_hh, stream=stream)
                     launch(step, g, gh, h_prev, h_out, save, B, H)
                 else:
-                    rec.run(h_prev, _cuda.transposed(w_hh), out=g, beta=1.0, bias=b_hh, stream=stream)
+                    rec.run(h_prev, w_hh, out=g, beta=1.0, bias=b_hh, stream=stream)
                     if p.mode == "lstm" and P:
                         m_t = save[:, 5 * H:6 * H] if train else m
                         launch(step, g, c, m_t, save, B, H)
-                        out_proj.run(m_t, _cuda.transposed(w[4]), out=h_out, stream=stream)
+                        out_proj.run(m_t, w_hr, out=h_out, stream=stream)
                     elif p.mode == "lstm":
                         launch(step, g, c, h_out, save, B, H)
                     else:
@@ -328,8 +330,9 @@ class GpuWavefront(GpuSteps):
             return
         gx3 = gx.reshape(B, T, G * H)
         plan = gemm_plan(GemmProblem(B, G * H, feats, trans_b=True, bias=ls["has_bias"], dtype=dt, device="cuda"))
+        w_ih_t = _cuda.transposed(w_ih)
         for t in range(s0, s1):
-            plan.run(inp[:, t, :], _cuda.transposed(w_ih), out=gx3[:, t, :], bias=b_ih, stream=ls["st"])
+            plan.run(inp[:, t, :], w_ih_t, out=gx3[:, t, :], bias=b_ih, stream=ls["st"])
 
 
 # A grid barrier between persistent steps: every block's arrival through an atomic in L2 and its release
