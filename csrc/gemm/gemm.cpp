@@ -62,6 +62,9 @@ inline index_t a_block_offset(index_t ic, index_t pc, index_t mc, index_t kc, in
 
 // Columns a thread from which threads may split n rather than m (Plan::split_n).
 constexpr index_t kSplitNCols = 256;
+// Rows up to which threads also split n from half kSplitNCols columns a thread, where that shares the
+// panels out more evenly than splitting m: A is then one small block that every thread reads.
+constexpr index_t kSplitNRows = 256;
 // Columns a thread from which threads that split n each pack their own copy of the A block (Plan::own_a).
 constexpr index_t kOwnACols = 512;
 // Columns up to which an A with contiguous rows is read where it lies rather than packed (Plan::a_in_place,
@@ -100,11 +103,13 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   // every thread then reads the whole of A, each micro-panel of it for only its own columns: it needs
   // kSplitNCols or more columns per thread, and panels that share out about as evenly as A's, since
   // the thread with one panel more than another sets the time (bench/RESULTS.md: "The AVX2 path's
-  // changes"; the columns, in the Zen 1 section). Otherwise, splitting m reuses each A micro-panel over
-  // all columns.
+  // changes"; the columns, in the Zen 1 section), or a small A (kSplitNRows) and half as many columns
+  // where splitting m would leave one thread a panel more than another. Otherwise, splitting m reuses
+  // each A micro-panel over all columns.
   auto uneven = [nt](index_t panels) { return double(ceil_div(panels, index_t(nt)) * nt) / double(panels); };
   p.split_n = nt == 1 || panels_n >= panels_m ||
-              (n >= kSplitNCols * nt && uneven(panels_n) <= uneven(panels_m) + 0.02);
+              (n >= kSplitNCols * nt && uneven(panels_n) <= uneven(panels_m) + 0.02) ||
+              (m <= kSplitNRows && n >= kSplitNCols / 2 * nt && uneven(panels_n) + 0.02 < uneven(panels_m));
   // Equal NC blocks, each a multiple of NR; when threads split n, a multiple of nt of them.
   index_t njb = ceil_div(std::max<index_t>(n, 1), nc_for_l2(blk, p.kc, static_cast<index_t>(sizeof(T))));
   if (p.split_n) njb = round_up(njb, nt);
