@@ -146,3 +146,56 @@ def test_gemm_loaders_fill_each_tile_once_and_store_it_without_bank_conflicts(ti
             banks.setdefault((tid // 32, i, word % 32), set()).add(word)
     assert sorted(seen) == [(d, r) for d in range(tile.bk) for r in range(width)]
     assert max(len(words) for words in banks.values()) <= (1 if tile_name in ("128x128", "64x64") else 2)
+
+
+class _Operand:
+    """A 2-D operand whose element reads are recorded: a[i] is row i, row[j] records (i, j)."""
+
+    def __init__(self):
+        self.reads = []
+
+    def __getitem__(self, i):
+        reads = self.reads
+
+        class Row:
+            def __getitem__(self, j):
+                reads.append((i, j))
+                return 0.0
+
+        return Row()
+
+
+@pytest.mark.parametrize("tile_name", ["128x128", "64x64", "32x32", "tf32"])
+@pytest.mark.parametrize("operand, trans", [("a", False), ("a", True), ("b", False), ("b", True)])
+def test_gemm_loaders_read_each_tile_once_in_whole_sectors(tile_name, operand, trans):
+    """The GEMM kernels' loaders (their generated global loads, run for every thread of a block inside the
+    operand): every element of an operand's tile is read once a step; a warp's reads fill the 32-byte
+    sectors they touch (a float32 operand whose rows start 32-byte aligned); and where the operand's rows
+    run along the tile's rows (the transposed layouts) with 8 threads or more on a depth (a sector's
+    worth: all but the 32x32 tile's), each load instruction of a warp reads 4 whole sectors."""
+    from dnnkit.kernels import gemm as kg
+    from dnnkit.kernels import gemm_tf32
+
+    tile = gemm_tf32.TILE if tile_name == "tf32" else kg.TILES[tile_name]
+    width = tile.bm if operand == "a" else tile.bn
+    count = width * tile.bk // tile.threads
+    code = compile("\n".join(kg._loads(tile, operand, trans, "fetch")), "<fetch>", "exec")
+    ld, big = 4096, 10**6  # elements a stored row; sizes that put the tile inside the operand
+    rows_along_tile = trans if operand == "a" else not trans  # the stored operand's rows: the tile's rows
+    seen, warp_sectors, insn_sectors = [], {}, {}
+    for tid in range(tile.threads):
+        arr = _Operand()
+        scope = {"int32": int, "u32": int, "u64": int, "tid": tid, operand: arr, "zero": 0.0, "bm": 0, "bn": 0,
+                 "k0": 0, "kend": big, "m32": big, "n32": big}
+        exec(code, scope)  # noqa: S102 - the kernels' own generated source
+        assert len(arr.reads) == count
+        for i, (r, c) in enumerate(arr.reads):
+            seen.append((c, r) if rows_along_tile else (r, c))  # (tile row, depth)
+            sector = (r * ld + c) * 4 // 32
+            warp_sectors.setdefault(tid // 32, set()).add(sector)
+            insn_sectors.setdefault((tid // 32, i), set()).add(sector)
+    assert sorted(seen) == sorted((r, d) for r in range(width) for d in range(tile.bk))
+    warp_bytes = 32 * count * 4
+    assert all(len(s) == warp_bytes // 32 for s in warp_sectors.values())
+    if rows_along_tile and width // count >= 8:
+        assert all(len(s) == 4 for s in insn_sectors.values())
