@@ -653,6 +653,24 @@ def test_conv2d_zero_batch_and_same_padding_shapes():
 
 
 @needs_api
+@pytest.mark.parametrize("padding", [1, "same", (0, 2)])
+def test_conv2d_unbatched_input(padding):
+    """torch's unbatched input, C x H x W: the result K x P x Q, the first image of the batched call's."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 9, 8)).astype(np.float32)
+    w = rng.standard_normal((5, 3, 4, 3)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    for _ in range(2):  # the second call through the remembered dispatch
+        y = dnnkit.conv2d(x, w, b, padding=padding)
+        want = dnnkit.conv2d(x[None], w, b, padding=padding)[0]
+        assert y.shape == want.shape and y.flags.c_contiguous and np.array_equal(y, want)
+    assert dnnkit.explain("conv2d", x, w, padding=1).problem.mb == 1
+    for shape in [(9, 8), (1, 1, 3, 9, 8)]:
+        with pytest.raises(ValueError, match=r"conv2d: input must be 3-D or 4-D"):
+            dnnkit.conv2d(np.zeros(shape, np.float32), w)
+
+
+@needs_api
 def test_explain_conv2d_lists_every_forward_algorithm():
     if not hasattr(dnnkit, "explain"):
         pytest.skip("no dnnkit.explain")

@@ -129,7 +129,9 @@ def _pad_bottom_right(x: np.ndarray, extra) -> np.ndarray:
 
 def _conv2d_prepare(input, weight, bias, stride, padding, dilation, groups):
     op = "conv2d"
-    x = _array(op, "input", input, ndim=4)
+    x = _array(op, "input", input, ndim=(3, 4))
+    if x.ndim == 3:
+        x = x[None]  # unbatched: one image
     w = _array(op, "weight", weight, ndim=4)
     if bias is not None:
         bias = _array(op, "bias", bias, ndim=1)
@@ -164,9 +166,9 @@ def _conv2d_key(input, weight, bias, stride, padding, dilation, groups, algo):
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algo="auto", workspace=None):
-    """2-D convolution (cross-correlation), as torch.nn.functional.conv2d: input N x C x H x W, weight
-    K x C/groups x R x S, bias K or None; stride, dilation int or pair; padding int, pair, "same" or "valid".
-    Returns N x K x P x Q.
+    """2-D convolution (cross-correlation), as torch.nn.functional.conv2d: input N x C x H x W (or C x H x W,
+    unbatched), weight K x C/groups x R x S, bias K or None; stride, dilation int or pair; padding int, pair,
+    "same" or "valid". Returns N x K x P x Q (K x P x Q for an unbatched input).
 
     workspace: an array the caller owns (any dtype, C-contiguous, sharing no memory with the inputs) for the
     algorithm's scratch, as cuDNN's
@@ -182,6 +184,9 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         plan.run(np.ascontiguousarray(input), np.ascontiguousarray(weight), out=y,
                  bias=None if bias is None else np.ascontiguousarray(bias), workspace=_workspace(plan, input.dtype))
         return y
+    if np.ndim(input) == 3 and device_of(input) != "cuda":
+        x = _array("conv2d", "input", input, ndim=3)
+        return conv2d(x[None], weight, bias, stride, padding, dilation, groups, algo=algo, workspace=workspace)[0]
     odd = _odd_same(np.shape(weight), stride, padding, dilation)
     if odd is not None and np.ndim(input) == 4 and device_of(input) != "cuda":
         # The one extra row/column of padding on the bottom/right, by hand; the rest as usual.
