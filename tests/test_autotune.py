@@ -112,6 +112,30 @@ def test_inputs_are_random_not_zeros():
         assert np.count_nonzero(a) == a.size and a.std() > 0.3
 
 
+def test_the_tuner_takes_a_large_workspace_where_the_operator_does():
+    """A tuner's call gets its workspace as conv2d's does (backends/cpu.py workspace: from the block cache
+    above recycle_bytes), so the timing never counts the page faults of a fresh mapping a real call does not
+    take; the block goes back to the cache after the call."""
+    from dnnkit.backends import cpu
+
+    p = ConvProblem.parse("mb1ic512ih7oc512oh7kh3ph1", direction="bwd_filter")
+    nbytes = algos.get("conv2d_bwd_filter", "cpu", "winograd_f4x4_3x3").workspace_bytes(p)
+    assert nbytes >= cpu.recycle_bytes
+    seen = []
+
+    class Spy:
+        def run(self, p, *args, out, workspace=None, **kwargs):
+            seen.append((workspace.dtype, workspace.nbytes))
+
+    h = harness.harness(p)
+    ops = h.operands(p, np.random.default_rng(0))
+    dnnkit.empty_cache()
+    h.run(Spy(), p, ops, h.output(p, ops), nbytes)
+    assert seen == [(np.dtype(np.float32), nbytes)]
+    assert cpu.block_cache_bytes() >= nbytes
+    dnnkit.empty_cache()
+
+
 def test_an_inaccurate_candidate_is_excluded(planted, fresh_cache):
     bad = planted(_Planted("planted_noisy", noise=1e-2))
     p = ConvProblem.parse(SMALL_CONV)

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from .. import reference as ref
+from ..backends import cpu as _cpu
 from ..problem import RNN_MODES, ConvProblem, GemmProblem, RnnProblem
 
 
@@ -84,8 +85,8 @@ class Harness:
 
 
 class _ArrayOut(Harness):
-    """An operator with one output array and a workspace the caller allocates (as ops/convolution.py does, and counted
-    in the time: it is part of what a call costs)."""
+    """An operator with one output array and a workspace the caller allocates (as ops/convolution.py does, from
+    the same source, and counted in the time: it is part of what a call costs)."""
 
     def output_shape(self, p) -> tuple:
         raise NotImplementedError
@@ -100,7 +101,7 @@ class _ArrayOut(Harness):
     def run(self, algorithm, p, ops, out, workspace_bytes):
         kwargs = dict(ops.kwargs)
         if p.op != "gemm":
-            kwargs["workspace"] = None if workspace_bytes == 0 else np.empty(workspace_bytes // p.itemsize, p.dtype)
+            kwargs["workspace"] = _cpu.workspace(workspace_bytes, p.dtype)
         algorithm.run(p, *ops.args, out=out, **kwargs)
         return out
 

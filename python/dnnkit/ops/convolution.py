@@ -50,17 +50,10 @@ def _conv_problem(op, direction, x_shape, w_shape, stride, padding, dilation, gr
 
 def _workspace(plan, dtype):
     """The workspace array a plan's run needs (None for none)."""
-    nbytes, p = plan.workspace_bytes, plan.problem
-    if nbytes == 0:
-        return None
-    if nbytes < _cpu.recycle_bytes:
-        return _empty(p.op, (nbytes // dtype.itemsize,), dtype)
-    # Larger workspaces come from the kernels' block cache: a fresh mapping would take a page fault and a
-    # zeroed page per 4 KiB on every call.
     try:
-        return _cpu.scratch(nbytes).view(dtype)
-    except MemoryError:
-        raise MemoryError(f"{p.op}: cannot allocate a workspace of {nbytes} bytes") from None
+        return _cpu.workspace(plan.workspace_bytes, dtype)
+    except (MemoryError, ValueError):
+        raise MemoryError(f"{plan.problem.op}: cannot allocate a workspace of {plan.workspace_bytes} bytes") from None
 
 
 _WORKSPACE_ALIGN = 64  # bytes: a caller's workspace is used from its first 64-byte boundary
