@@ -455,6 +455,24 @@ def test_the_cost_model_picks_what_wins_on_resnet50(fresh_cache, ceilings):
         assert choose(ConvProblem.parse(d)).name in ("im2col_gemm", "implicit_gemm"), (d, ceilings)
 
 
+def test_one_image_on_two_threads_is_one_product_split_between_them(fresh_cache):
+    """implicit_gemm gives each thread whole (image, group) products only while there are as many of them as
+    threads; one image's product is split between the threads as im2col_gemm's GEMM is, with the filters'
+    packing on top: on a 1x1 layer of one image the plain GEMM is predicted faster, as bench/conv.py --batch 1
+    measures it. At batch 1 Winograd F(4x4) still wins ResNet-50's 3x3 layers of 14x14 pixels and more."""
+    threads = dnnkit.get_num_threads()
+    dnnkit.set_num_threads(2)
+    try:
+        for d in ["mb1ic1024ih14oc256oh14kh1ph0", "mb1ic256ih14oc1024oh14kh1ph0"]:
+            p = ConvProblem.parse(d)
+            assert choose(p).name == "im2col_gemm", d
+            assert cost_model.raw_predict("implicit_gemm", p) > cost_model.raw_predict("im2col_gemm", p)
+        for d in RESNET_3X3[:3]:
+            assert choose(ConvProblem.parse(d.replace("mb8", "mb1"))).name == "winograd_f4x4_3x3", d
+    finally:
+        dnnkit.set_num_threads(threads)
+
+
 def test_a_wrong_model_is_caught(fresh_cache, monkeypatch):
     """The test above guards the model: Winograd's transforms made 50x too slow change its picks."""
     from dnnkit.algos import conv_cpu

@@ -53,13 +53,14 @@ from .gemm_cpu import FULL_WIDTH_COLUMNS, gemm_efficiency, gemm_mc, micro_rows
 # Bound on the im2col column buffer when the user sets no tighter workspace limit.
 DEFAULT_COL_BYTES = 64 << 20
 
-# The cost formulas' constants, fitted to bench/conv.py's ResNet-50 layers (docs/algorithms.md, "The cost
-# model"). Winograd's transforms in the time of this many float32 FLOPs at the peak (they are vector
-# arithmetic on the same units, so they scale with the peak and the ISA's width as the products do):
-TRANSFORM_FLOPS = 192.0   # one input or output transform element
-FILTER_FLOPS = 480.0      # one element of U, transformed, stored and read back
-FILTER_FEW_FLOPS = 96.0   # the same in the few-tiles schedule (U^T built in L2, never stored)
-WINOGRAD_GEMM_EFFICIENCY = 0.7  # the transform-domain products on the micro-kernel, operands in L2
+# The cost formulas' constants, fitted to ResNet-50's layers at batch 1, 2 and 8 in all three directions on
+# two machines (bench/autotune.py; docs/algorithms.md, "The cost model"). Winograd's transforms in the time
+# of this many float32 FLOPs at the peak (they are vector arithmetic on the same units, so they scale with
+# the peak and the ISA's width as the products do):
+TRANSFORM_FLOPS = 64.0    # one input or output transform element
+FILTER_FLOPS = 128.0      # one element of U, transformed, stored and read back
+FILTER_FEW_FLOPS = 24.0   # the same in the few-tiles schedule (U^T built in L2, never stored)
+WINOGRAD_GEMM_EFFICIENCY = 0.8  # the transform-domain products on the micro-kernel, operands in L2
 WINOGRAD_FEW_TILES = 32         # csrc/conv/winograd.cpp: at most this many tiles, the transposed schedule
 WINOGRAD_BWD_DEPTH = 256        # csrc/conv/winograd.cpp kBwdDepth: tiles per chunk of the backward filter
 
@@ -210,14 +211,17 @@ class ImplicitGemmFwd(_CpuConv):
         return get_num_threads()  # the workspace holds one padded image-group per thread
 
     def cost(self, p, c) -> float:
-        """One GEMM per (image, group), a thread each while there are enough: its B panels packed from the
-        image (the columns read and written once), the image first copied zero-padded when the layer
-        pads, the filters (A) packed once for all products. A thread runs whole products, so a narrow
-        plane costs less than in one GEMM split across the threads."""
+        """One GEMM per (image, group): its B panels packed from the image (the columns read and written
+        once), the image first copied zero-padded when the layer pads, the filters (A) packed once for all
+        products. While there are as many products as threads, a thread runs whole products, so a narrow
+        plane costs less than in one GEMM split across the threads; the products left over (every one at
+        batch 1 with one group) run one at a time on all threads, as the blocked GEMM splits one."""
         n, ch, k, g, cg, kg, pq, direct = _dims(p)
-        full = FULL_WIDTH_COLUMNS
-        eff = gemm_efficiency(kg, max(pq, full), cg * p.kh * p.kw) * min(1.0, pq / full) ** 0.25
-        t = direct / (c.peak(p) * eff)
+        full, crs, tasks = FULL_WIDTH_COLUMNS, cg * p.kh * p.kw, n * g
+        whole = tasks // c.threads * c.threads if tasks else 0
+        alone = gemm_efficiency(kg, max(pq, full), crs) * min(1.0, pq / full) ** 0.25
+        shared = gemm_efficiency(kg, pq, crs)
+        t = direct / c.peak(p) * (whole / alone + (tasks - whole) / shared) / max(tasks, 1)
         t += 2 * n * ch * p.kh * p.kw * pq * p.itemsize / c.bandwidth
         t += 2 * k * cg * p.kh * p.kw * p.itemsize / c.bandwidth
         if p.ph or p.pw:
