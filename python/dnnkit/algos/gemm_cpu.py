@@ -53,8 +53,8 @@ def _run_rows(kernel, p, a, b, out, alpha, beta, bias):
 
 
 # ----------------------------------------------------------------------------------------- cost model
-# The blocked GEMM's share of the peak, fitted to bench/conv.py's ResNet-50 products (docs/algorithms.md,
-# "The cost model"): lower for narrow N, short K and few rows.
+# The blocked GEMM's share of the peak, fitted to ResNet-50's products at batch 1 and 8 (bench/autotune.py,
+# bench/cost_model.py; docs/algorithms.md, "The cost model"): lower for narrow N, short K and few rows.
 _GEMM_EFFICIENCY = 0.62
 # The row-contiguous kernels (gemm_small_m, gemm_wt_direct, the streamed products) are bound by reading
 # the large operand once; their arithmetic runs at this share of the peak.
@@ -100,7 +100,7 @@ def gemm_efficiency(m: int, n: int, k: int, may_transpose: bool = True) -> float
     if may_transpose and transposes(m, n):
         return 0.75 * gemm_efficiency(n, m, k, False)  # C written through its strides
     rows_used = min(1.0, m / micro_rows())  # fewer rows than MR stream B for less work
-    return (_GEMM_EFFICIENCY * min(1.0, n / FULL_WIDTH_COLUMNS) ** 0.5 * min(1.0, k / 256) ** 0.35 * min(1.0, m / 64) ** 0.3
+    return (_GEMM_EFFICIENCY * min(1.0, n / FULL_WIDTH_COLUMNS) ** 0.4 * min(1.0, k / 256) ** 0.35 * min(1.0, m / 64) ** 0.3
             * rows_used)
 
 
