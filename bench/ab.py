@@ -51,6 +51,7 @@ CONV = [
                                    "implicit_gemm"]),
     ("mb8ic256ih56oc64oh56kh1", ["im2col_gemm", "implicit_gemm", "direct"]),
     ("mb8ic3ih224oc64oh112kh7sh2ph3", ["im2col_gemm", "implicit_gemm", "direct"]),
+    ("mb1ic3ih224oc64oh112kh7sh2ph3", ["im2col_gemm", "implicit_gemm"]),
     ("mb8ic512ih7oc512oh7kh3ph1", ["im2col_gemm", "winograd_f2x2_3x3", "winograd_f4x4_3x3"]),
     ("g256mb8ic256ih56oc256oh56kh3ph1", ["depthwise", "im2col_gemm"]),
     ("mb8ic512ih7oc2048oh7kh1", ["im2col_gemm", "implicit_gemm"]),

@@ -574,6 +574,8 @@ IMPLICIT_EDGE_SHAPES = [
     (3, 2, 2100, 3, 4, 1, 2, 1, 1, 1, 1),       # more output channels than one M block of packed filters
     (2, 3, 4, 9, 40, 3, 3, 1, 2, 1, 1),         # stride 2 along rows of 20 outputs: the vector gather
     (1, 2, 3, 5, 41, 1, 1, 1, 2, 0, 1),         # stride 2, no padding: the last run ends at x's last element
+    (1, 2, 3, 5, 31, 1, 1, 1, 2, 0, 1),         # rows of 16 outputs, each a whole vector block, the last at x's end
+    (1, 2, 3, 5, 15, 1, 1, 1, 2, 0, 1),         # rows of 8 outputs (a float32 block, two float64 ones)
 ]
 
 

@@ -49,25 +49,32 @@ inline void transpose_block_rows(int rows, const T* in, index_t ld_in, T* out, i
 }
 
 // d[l] = s[2*l] for l < n: vectors of 2W source elements (W = 32 bytes of T), their even elements
-// picked by a shuffle. A vector reads one element past its last even one, so vectors are used only while
-// that element is still inside the run (l + W < n); the rest goes element by element.
+// picked by a shuffle. A vector reads one element past its last even one, which lies inside the run
+// while l + W < n; a last block of exactly W (a whole panel's run) reads its second half one element
+// earlier and takes its odd elements, so it reads nothing past s[2n - 2]; shorter tails go element by
+// element.
 template <typename T>
 inline void copy_stride2(T* d, const T* s, index_t n) {
   using V = TransposeVec<T>;
   constexpr index_t W = kTransposeBlock<T>;
-  index_t l = 0;
-  for (; l + W < n; l += W) {
-    V a, b;
-    std::memcpy(&a, s + 2 * l, sizeof(V));
-    std::memcpy(&b, s + 2 * l + W, sizeof(V));
-    V even;
+  static_assert(W == 8 || W == 4, "copy_stride2: 32-byte vectors of float or double");
+  auto evens = [](const V& a, const V& b, bool shifted) {
     if constexpr (W == 8) {
       typedef int i8 __attribute__((vector_size(32)));
-      even = __builtin_shuffle(a, b, i8{0, 2, 4, 6, 8, 10, 12, 14});
+      return shifted ? V(__builtin_shuffle(a, b, i8{0, 2, 4, 6, 9, 11, 13, 15}))
+                     : V(__builtin_shuffle(a, b, i8{0, 2, 4, 6, 8, 10, 12, 14}));
     } else {
       typedef long long i4 __attribute__((vector_size(32)));
-      even = __builtin_shuffle(a, b, i4{0, 2, 4, 6});
+      return shifted ? V(__builtin_shuffle(a, b, i4{0, 2, 5, 7})) : V(__builtin_shuffle(a, b, i4{0, 2, 4, 6}));
     }
+  };
+  index_t l = 0;
+  for (; l + W <= n; l += W) {
+    const bool last = l + W == n;
+    V a, b;
+    std::memcpy(&a, s + 2 * l, sizeof(V));
+    std::memcpy(&b, s + 2 * l + W - (last ? 1 : 0), sizeof(V));
+    const V even = evens(a, b, last);
     std::memcpy(d + l, &even, sizeof(V));
   }
   for (; l < n; ++l) d[l] = s[2 * l];
