@@ -218,7 +218,7 @@ class ImplicitGemmFwd(_CpuConv):
         batch 1 with one group) run one at a time on all threads, as the blocked GEMM splits one."""
         n, ch, k, g, cg, kg, pq, direct = _dims(p)
         full, crs, tasks = FULL_WIDTH_COLUMNS, cg * p.kh * p.kw, n * g
-        whole = tasks // c.threads * c.threads if tasks else 0
+        whole = tasks // c.threads * c.threads
         alone = gemm_efficiency(kg, max(pq, full), crs) * min(1.0, pq / full) ** 0.25
         shared = gemm_efficiency(kg, pq, crs)
         t = direct / c.peak(p) * (whole / alone + (tasks - whole) / shared) / max(tasks, 1)

@@ -101,7 +101,7 @@ class _ArrayOut(Harness):
     def run(self, algorithm, p, ops, out, workspace_bytes):
         kwargs = dict(ops.kwargs)
         if p.op != "gemm":
-            kwargs["workspace"] = _cpu.workspace(workspace_bytes, p.dtype)
+            kwargs["workspace"] = _cpu.workspace(workspace_bytes, p.itemsize)
         algorithm.run(p, *ops.args, out=out, **kwargs)
         return out
 

@@ -39,21 +39,15 @@ empty = ext.empty          # empty(shape, itemsize) -> float32/float64 ndarray
 # Bytes from which empty's and scratch's arrays come from the block cache; a smaller one is NumPy's own.
 recycle_bytes = ext.RECYCLE_BYTES if _extension.error is None else 0
 scratch = ext.scratch      # scratch(nbytes) -> uint8 ndarray from the block cache
-
-
-def workspace(nbytes: int, dtype):
-    """An algorithm's workspace of nbytes, a 1-D array of dtype (None for none): NumPy's below
-    recycle_bytes, else from the block cache. The operators and the tuner's calls take it here alike, so
-    the tuner times what a call costs (a fresh mapping of several MiB faults in its pages at every call)."""
-    if nbytes == 0:
-        return None
-    if nbytes < recycle_bytes:
-        import numpy as np
-
-        return np.empty(nbytes // np.dtype(dtype).itemsize, dtype)
-    return scratch(nbytes).view(dtype)
 block_cache_bytes = ext.block_cache_bytes
 block_cache_release = ext.block_cache_release
+
+
+def workspace(nbytes: int, itemsize: int):
+    """An algorithm's workspace of nbytes as a 1-D float array of itemsize-byte elements (None for none),
+    from empty: the operators and the tuner's calls take it here alike, so the tuner times what a call
+    costs (a fresh mapping of several MiB would fault in its pages at every call)."""
+    return None if nbytes == 0 else empty((nbytes // itemsize,), itemsize)
 
 # Settings. settings_generation() changes whenever one of them does (a cached decision keyed by it is
 # stale then).

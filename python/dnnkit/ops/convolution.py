@@ -51,7 +51,7 @@ def _conv_problem(op, direction, x_shape, w_shape, stride, padding, dilation, gr
 def _workspace(plan, dtype):
     """The workspace array a plan's run needs (None for none)."""
     try:
-        return _cpu.workspace(plan.workspace_bytes, dtype)
+        return _cpu.workspace(plan.workspace_bytes, dtype.itemsize)
     except (MemoryError, ValueError):
         raise MemoryError(f"{plan.problem.op}: cannot allocate a workspace of {plan.workspace_bytes} bytes") from None
 
