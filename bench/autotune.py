@@ -70,17 +70,13 @@ def main(argv=None) -> int:
             times = {r.algorithm: r.median_s for r in res if r.ok}
             raw = {name: cost_model.raw_predict(name, p) for name in times}
             rows.append((direction, p, times, raw, res.best.algorithm))
-    # Leave-one-out fit: per (direction, algorithm), the median measured / raw-predicted ratio over the
-    # other layers of that direction.
+    # Leave-one-out: the cost model's fit (cost_model.fit_corrections) from the other layers' measurements.
+    samples = [[((p.op, name), t / raw[name], cost_model.features(p)) for name, t in times.items() if raw.get(name)]
+               for _, p, times, raw, _ in rows]
     summary = {"shipped": [0, 0, []], "fitted": [0, 0, []]}
     for i, (direction, p, times, raw, best_name) in enumerate(rows):
-        ratios = {}
-        for j, (d2, _, t2, r2, _) in enumerate(rows):
-            if j != i and d2 == direction:
-                for name, t in t2.items():
-                    if r2.get(name):
-                        ratios.setdefault(name, []).append(t / r2[name])
-        fitted = {n: raw[n] * statistics.median(ratios[n]) if ratios.get(n) and raw.get(n) else raw[n] for n in raw}
+        fit = cost_model.fit_corrections(samples[:i] + samples[i + 1:])
+        fitted = {n: raw[n] * cost_model.fitted_correction(fit, p, n) if raw[n] else raw[n] for n in raw}
         best = times[best_name]
         picks = {}
         for label, pred in (("shipped", raw), ("fitted", fitted)):

@@ -316,9 +316,37 @@ def test_cost_model_fits_correction_factors_from_the_cache(fresh_cache):
     assert cost_model.correction_factors()[("conv2d_fwd", "im2col_gemm")] == pytest.approx(3.0)
     for d in layers:
         assert cost_model.predict(algo, ConvProblem.parse(d)) == pytest.approx(3 * before[d])
+    # An algorithm without records takes the operator's scale: the formulas' ranking is kept.
     other = algos.get("conv2d_fwd", "cpu", "direct")
     p = ConvProblem.parse(layers[0])
-    assert cost_model.predict(other, p) == pytest.approx(cost_model.raw_predict("direct", p))  # no samples
+    assert cost_model.predict(other, p) == pytest.approx(3 * cost_model.raw_predict("direct", p))
+
+
+def test_an_algorithm_is_corrected_by_its_records_on_problems_like_the_one_asked(fresh_cache):
+    """direct measured 4x faster than its formula on 1x1 layers and as predicted on 3x3 ones (im2col_gemm as
+    predicted everywhere): a new 1x1 layer is corrected by the 1x1 records, a new 3x3 layer by the 3x3
+    ones, and a layer of another kind and far sizes is left near the formula."""
+    direct, im2col = (algos.get("conv2d_fwd", "cpu", n) for n in ("direct", "im2col_gemm"))
+    measured = {"mb8ic64ih56oc256oh56kh1ph0": 0.25, "mb8ic256ih56oc64oh56kh1ph0": 0.25,
+                "mb8ic128ih28oc512oh28kh1ph0": 0.25, "mb8ic64ih56oc64oh56kh3ph1": 1.0,
+                "mb8ic128ih28oc128oh28kh3ph1": 1.0, "mb8ic256ih14oc256oh14kh3ph1": 1.0}
+    for d, ratio in measured.items():
+        p = ConvProblem.parse(d)
+        fresh_cache.put(TuneResult(p, [
+            TuneRecord("direct", "ok", median_s=ratio * cost_model.raw_predict("direct", p)),
+            TuneRecord("im2col_gemm", "ok", median_s=cost_model.raw_predict("im2col_gemm", p))]))
+    assert cost_model.correction_factors()[("conv2d_fwd", "direct")] == pytest.approx(0.625)  # the median
+
+    def factor(algo, d):
+        p = ConvProblem.parse(d)
+        return cost_model.predict(algo, p) / cost_model.raw_predict(algo.name, p)
+
+    scale = 1.0  # the median over all twelve records
+    assert factor(direct, "mb8ic128ih56oc128oh56kh1ph0") < 0.45
+    assert 0.8 < factor(direct, "mb8ic128ih56oc128oh56kh3ph1") <= scale
+    assert factor(im2col, "mb8ic128ih56oc128oh56kh1ph0") == pytest.approx(scale)
+    far = factor(direct, "mb1ic3ih224oc64oh112kh7sh2ph3")
+    assert 0.8 < far <= scale
 
 
 def test_measured_ceilings_replace_the_nominal_ones(fresh_cache, monkeypatch):

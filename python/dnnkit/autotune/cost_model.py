@@ -13,17 +13,29 @@ bandwidth as `dnnkit autotune --device cuda` measures them (measure_gpu_ceilings
 from the nominal by the measured clock, or until then the device's nominal FP32, TF32 and DRAM figures
 (backends/cuda.py); without a GPU there is no prediction.
 
-Correction: every algorithm gets a factor fitted from the measured records in the tuning cache for this
-device (the CPU's, or the GPU's for GPU problems) and version: the median of measured / predicted over its records (at least MIN_SAMPLES of them),
-clamped to [1/8, 8]. So the model improves as the cache grows.
+Correction: a factor fitted from the measured records in the tuning cache for this device (the CPU's, or
+the GPU's for GPU problems) and version, in two parts. The operator's scale: the median of measured /
+predicted over all its algorithms' records (at least MIN_SAMPLES of them), which moves every algorithm
+alike and so keeps the formulas' ranking. Each algorithm's own deviation from that scale, taken from its
+records on problems like the one asked about: a kernel-weighted mean of log(measured / predicted) over
+them, each weighted by exp(-d^2 / 2 SIMILAR_LOG2^2), d the distance between the problems' sizes in log2
+units (features: batch, channels, plane, GEMM dimensions, sequence, hidden), times OTHER_KIND_WEIGHT where
+their kinds differ (kernel size, stride, layout, cell), and shrunk toward the scale by PRIOR_WEIGHT (the
+weight of a record of this very problem is 1). One factor per algorithm does worse: an algorithm whose
+formula is pessimistic on some shapes (the direct kernel's backward filter on 1x1 layers) becomes
+preferred on all of them (`bench/autotune.py`, its fitted column). The factor is clamped to [1/8, 8]. So
+the model improves as the cache grows, and a problem unlike any measured keeps the formulas' ranking.
 
 predict() returns None for an algorithm without a formula; dispatch then keeps the registry's order.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import warnings
+
+import numpy as np
 
 from ..backends import cpu as _cpu
 from .._config import generation, get_num_threads
@@ -34,6 +46,9 @@ _COPY_BYTES_PER_S = 10e9  # per thread
 
 MIN_SAMPLES = 2
 _CLAMP = 8.0
+SIMILAR_LOG2 = 1.0  # a record of a problem twice as large in one feature weighs exp(-1/2) of one the same
+OTHER_KIND_WEIGHT = 0.1
+PRIOR_WEIGHT = 0.3
 
 
 nominal_peak_flops = _cpu.nominal_peak_flops
@@ -107,13 +122,51 @@ def predict(algorithm, p) -> float | None:
     t = _cost(algorithm, p)
     if t is None:
         return None
-    return t * _calibration(_backend(p))["factors"].get((p.op, algorithm.name), 1.0)
+    return t * correction(p, algorithm.name)
+
+
+def correction(p, name: str) -> float:
+    """The factor the formula of the algorithm called name is scaled by on p: the operator's scale times
+    the algorithm's deviation from it on the measured problems most like p (see the module docstring)."""
+    return fitted_correction(_calibration(_backend(p)), p, name)
+
+
+def fitted_correction(fit: dict, p, name: str) -> float:
+    """correction() under a given fit (fit_corrections' result)."""
+    log_scale = fit["scale"].get(p.op, 0.0)
+    local = fit["local"].get((p.op, name))
+    if local is None:
+        return math.exp(log_scale)
+    kinds, sizes, logs = local
+    kind, size = features(p)
+    d2 = ((sizes - np.asarray(size)) ** 2).sum(axis=1)
+    w = np.exp(d2 / (-2 * SIMILAR_LOG2 ** 2)) * np.where(kinds == hash(kind), 1.0, OTHER_KIND_WEIGHT)
+    log_f = log_scale + float(w @ (logs - log_scale)) / (PRIOR_WEIGHT + float(w.sum()))
+    return min(_CLAMP, max(1 / _CLAMP, math.exp(log_f)))
 
 
 def correction_factors(backend: str = "cpu") -> dict:
-    """{(op, algorithm): measured / predicted} fitted from the cache, for this device (the backend's) and
-    version."""
+    """{(op, algorithm): the median measured / predicted over its records} in the cache, for this device
+    (the backend's) and version, where it has at least MIN_SAMPLES: what the fit has seen of each
+    algorithm (predict scales by correction(), which weighs the records by their likeness to the problem)."""
     return dict(_calibration(backend)["factors"])
+
+
+def features(p) -> tuple:
+    """(kind, sizes) of a problem for the fit's likeness: records of another kind weigh OTHER_KIND_WEIGHT;
+    sizes are log2 of the dimensions a formula's error follows."""
+    from ..problem import ConvProblem, GemmProblem
+
+    def lg(v):
+        return math.log2(max(v, 1))
+
+    if isinstance(p, ConvProblem):
+        return ((p.kh, p.kw, p.sh, p.sw, p.dh, p.dw, p.g > 1, p.dtype),
+                (lg(p.mb), lg(p.ic // p.g), lg(p.oc // p.g), lg(p.oh * p.ow)))
+    if isinstance(p, GemmProblem):
+        return ((p.trans_a, p.trans_b, p.packed, p.activation, p.dtype), (lg(p.m), lg(p.n), lg(p.k)))
+    return ((p.mode, p.dirs, p.proj > 0, p.dtype),
+            (lg(p.seq), lg(p.batch + 1), lg(p.input), lg(p.hidden), lg(p.layers)))
 
 
 def _backend(p) -> str:
@@ -139,7 +192,7 @@ def _calibration(backend: str = "cpu") -> dict:
     target = (str(cache.cache_path()), device, version)
     if _fit["for"] == target and _fit["generation"] == gen and _fit["value"] is not None:
         return _fit["value"]
-    value = {"ceilings": None, "factors": {}}
+    value = {"ceilings": None, "factors": {}, "scale": {}, "local": {}}
     if _fit["for"] != target:
         _fit.update({"for": target, "top": 0, "samples": {}})
     _fit["generation"], _fit["value"] = gen, value  # set first: the fit below calls the formulas
@@ -156,23 +209,35 @@ def _calibration(backend: str = "cpu") -> dict:
             _fit["samples"] = {problem: _samples(cache, problem, records)
                                for _, problem, records in store.device_rows(device, version, 0)[0]}
         _fit["top"] = top
-        ratios: dict = {}
-        for samples in _fit["samples"].values():
-            for key, ratio in samples:
-                ratios.setdefault(key, []).append(ratio)
-        value["factors"] = {
-            k: min(_CLAMP, max(1 / _CLAMP, float(statistics.median(v))))
-            for k, v in ratios.items() if len(v) >= MIN_SAMPLES
-        }
+        value.update(fit_corrections(_fit["samples"].values()))
     except Exception as e:  # noqa: BLE001 - an unreadable cache means the uncorrected model, not a failure
         warnings.warn(f"dnnkit: cost model: could not read the tuning cache ({e}); using nominal values",
                       RuntimeWarning, stacklevel=3)
     return value
 
 
+def fit_corrections(samples) -> dict:
+    """The fit from the problems' samples (an iterable of lists of ((op, algorithm), measured / predicted,
+    features(problem))): factors (per algorithm, the median ratio), scale (per operator, the log of the
+    median ratio over all its algorithms) and local ((kinds, sizes, log ratios) arrays per algorithm)."""
+    value: dict = {}
+    per_algo: dict = {}
+    per_op: dict = {}
+    for rows in samples:
+        for key, ratio, features in rows:
+            per_algo.setdefault(key, []).append((ratio, features))
+            per_op.setdefault(key[0], []).append(ratio)
+    value["factors"] = {k: min(_CLAMP, max(1 / _CLAMP, float(statistics.median(r for r, _ in v))))
+                        for k, v in per_algo.items() if len(v) >= MIN_SAMPLES}
+    value["scale"] = {op: math.log(statistics.median(v)) for op, v in per_op.items() if len(v) >= MIN_SAMPLES}
+    value["local"] = {k: (np.array([hash(f[0]) for _, f in v]), np.array([f[1] for _, f in v], dtype=float),
+                          np.log([r for r, _ in v])) for k, v in per_algo.items()}
+    return value
+
+
 def _samples(cache, problem: str, records_json: str) -> list:
-    """[((op, algorithm), measured / predicted)] of one stored result; [] for a row this dnnkit cannot read
-    (it is skipped, never fitted)."""
+    """[((op, algorithm), measured / predicted, features(problem))] of one stored result; [] for a row
+    this dnnkit cannot read (it is skipped, never fitted)."""
     import json
 
     from .records import TuneRecord
@@ -183,10 +248,11 @@ def _samples(cache, problem: str, records_json: str) -> list:
     except (ValueError, TypeError):
         return []
     out = []
+    likeness = features(p)
     for r in records:
         t = raw_predict(r.algorithm, p) if r.ok else None
         if t and r.median_s:
-            out.append(((p.op, r.algorithm), r.median_s / t))
+            out.append(((p.op, r.algorithm), r.median_s / t, likeness))
     return out
 
 
