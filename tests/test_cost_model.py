@@ -144,7 +144,7 @@ def test_rules_decide_whatever_the_fitted_corrections_say(device, monkeypatch):
         dnnkit.set_tuning("heuristic")
     for p, name in zip(problems, expected):
         factors = {(p.op, a.name): (8.0 if a.name == name else 1 / 8) for a in algos.algorithms(p.op, device)}
-        monkeypatch.setattr(cost_model, "_calibration", lambda backend="cpu": {"ceilings": None, "factors": factors})
+        monkeypatch.setattr(cost_model, "correction", lambda p, name, factors=factors: factors[(p.op, name)])
         dnnkit.dispatch._plans.clear()
         assert choose(p).name == name, p.descriptor()
         rows = dnnkit.explain(p)
