@@ -4,6 +4,7 @@ arrays (NumPy), host memory, wall-clock timing, and the machine's fingerprint an
 `ext` is the kernel module; algos/ call its kernels, everything else asks the functions here."""
 from __future__ import annotations
 
+import functools
 import time
 
 from .. import _extension
@@ -64,7 +65,7 @@ settings_generation = ext.settings_generation if _extension.error is None else (
 # The machine.
 active_isa = ext.active_isa      # the kernels' vector ISA now: 'avx512', 'avx2' or 'ref'
 detected_isa = ext.detected_isa  # the widest this CPU and OS run
-cpu_model_name = ext.cpu_model_name
+cpu_model_name = functools.cache(ext.cpu_model_name)  # read once: the CPU does not change under a process
 ukernel_info = ext.ukernel_info
 sa_kernel_info = ext.sa_kernel_info
 has_openmp = ext.has_openmp
@@ -93,7 +94,7 @@ def fingerprint() -> str:
     time differently from the FMA kernels: a device of its own) and the thread count."""
     isa = ext.active_isa()
     amx = "+amx" if ext.amx_enabled() and isa == "avx512" else ""
-    return f"cpu|{ext.cpu_model_name()}|{isa}{amx}|{ext.get_num_threads()}t"
+    return f"cpu|{cpu_model_name()}|{isa}{amx}|{ext.get_num_threads()}t"
 
 
 # Ceilings: the vector width of each ISA's FMA kernels (the reference kernels: 4 float32 FLOP a cycle), two
