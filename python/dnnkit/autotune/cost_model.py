@@ -251,8 +251,9 @@ def _samples(cache, problem: str, records_json: str) -> list:
     likeness = features(p)
     for r in records:
         t = raw_predict(r.algorithm, p) if r.ok else None
-        if t and r.median_s:
-            out.append(((p.op, r.algorithm), r.median_s / t, likeness))
+        ratio = r.median_s / t if t and r.median_s else 0.0
+        if 0.0 < ratio < math.inf:  # (a hand-edited time can underflow or overflow it)
+            out.append(((p.op, r.algorithm), ratio, likeness))
     return out
 
 
