@@ -224,8 +224,8 @@ def fit_corrections(samples) -> dict:
     per_algo: dict = {}
     per_op: dict = {}
     for rows in samples:
-        for key, ratio, features in rows:
-            per_algo.setdefault(key, []).append((ratio, features))
+        for key, ratio, likeness in rows:
+            per_algo.setdefault(key, []).append((ratio, likeness))
             per_op.setdefault(key[0], []).append(ratio)
     value["factors"] = {k: min(_CLAMP, max(1 / _CLAMP, float(statistics.median(r for r, _ in v))))
                         for k, v in per_algo.items() if len(v) >= MIN_SAMPLES}
