@@ -48,7 +48,7 @@ import math
 from ..backends.cpu import ext as _cpu
 from .._config import get_num_threads, get_workspace_limit
 from .base import Algorithm, cpu_float_reason
-from .gemm_cpu import FULL_WIDTH_COLUMNS, gemm_efficiency, gemm_mc, micro_rows
+from .gemm_cpu import FULL_WIDTH_COLUMNS, depth_efficiency, gemm_efficiency, gemm_mc, micro_rows
 
 # Bound on the im2col column buffer when the user sets no tighter workspace limit.
 DEFAULT_COL_BYTES = 64 << 20
@@ -332,19 +332,22 @@ class _WinogradBwdFilter(_Winograd):
         return 1  # the kernel cuts its chunks of tiles itself
 
     def cost(self, p, c) -> float:
-        """The transposed algorithm: per point a GEMM over the tiles (WINOGRAD_BWD_DEPTH at a time)
-        accumulated in M (alpha^2 x K/g x C/g a group), written by every chunk, read by every chunk after
-        the first and by the final transform; two transforms a tile as the forward pass has, each followed
-        by a transpose into the panels (about twice the forward's cost)."""
+        """The transposed algorithm: per point a GEMM over the tiles (WINOGRAD_BWD_DEPTH at a time: its
+        depth, at the blocked GEMM's depth law) accumulated in M (alpha^2 x K/g x C/g a group), written by
+        every chunk (the first write reading it in too), read by every chunk after the first and by the
+        final transform; two transforms a tile as the forward pass has, each followed by a transpose into
+        the panels (about twice the forward's cost)."""
         n, ch, k, g, cg, kg, pq, direct = _dims(p)
         a2 = (self.m + 2) ** 2
         tiles = n * math.ceil(p.oh / self.m) * math.ceil(p.ow / self.m)
         mr = micro_rows(p.itemsize)
         peak = c.peak(p)
-        t = 2 * a2 * math.ceil(kg / mr) * mr * cg * tiles * g / (peak * WINOGRAD_GEMM_EFFICIENCY)
+        depth = min(tiles, WINOGRAD_BWD_DEPTH)
+        efficiency = WINOGRAD_GEMM_EFFICIENCY * depth_efficiency(kg, cg, depth)
+        t = 2 * a2 * math.ceil(kg / mr) * mr * cg * tiles * g / (peak * efficiency)
         t += 2 * (cg + kg) * g * tiles * a2 * TRANSFORM_FLOPS / peak
         chunks = math.ceil(tiles / WINOGRAD_BWD_DEPTH)
-        t += a2 * kg * cg * g * p.itemsize * 2 * chunks / c.bandwidth
+        t += a2 * kg * cg * g * p.itemsize * (2 * chunks + 1) / c.bandwidth
         return t
 
 

@@ -100,8 +100,25 @@ def gemm_efficiency(m: int, n: int, k: int, may_transpose: bool = True) -> float
     if may_transpose and transposes(m, n):
         return 0.75 * gemm_efficiency(n, m, k, False)  # C written through its strides
     rows_used = min(1.0, m / micro_rows())  # fewer rows than MR stream B for less work
-    return (_GEMM_EFFICIENCY * min(1.0, n / FULL_WIDTH_COLUMNS) ** 0.4 * min(1.0, k / 256) ** 0.35 * min(1.0, m / 64) ** 0.3
-            * rows_used)
+    return (_GEMM_EFFICIENCY * min(1.0, n / FULL_WIDTH_COLUMNS) ** 0.4 * depth_efficiency(m, n, k)
+            * min(1.0, m / 64) ** 0.3 * rows_used)
+
+
+# The depth law of depth_efficiency: each micro-tile's fixed work (C loaded and stored, the loop entered)
+# costs as much as SHORT_DEPTH steps of depth, and more in products of fewer than SMALL_PRODUCT elements
+# of C, whose operands' packing is shared by fewer tiles (by the square root of the shortfall, at most
+# SMALL_PRODUCT_FACTOR times).
+SHORT_DEPTH = 16
+SMALL_PRODUCT = 1 << 18
+SMALL_PRODUCT_FACTOR = 4
+FULL_DEPTH = 256  # the depth the efficiency is stated at (a KC block)
+
+
+def depth_efficiency(m: int, n: int, k: int) -> float:
+    """The share of its full-depth speed an m x n product of depth k runs at: k / (k + k0) over the same at
+    FULL_DEPTH, k0 the fixed work in steps of depth; above 1 for deeper products."""
+    k0 = SHORT_DEPTH * min(SMALL_PRODUCT_FACTOR, max(1.0, SMALL_PRODUCT / max(1, m * n)) ** 0.5)
+    return k / (k + k0) * (FULL_DEPTH + k0) / FULL_DEPTH
 
 
 def wt_direct_efficiency(itemsize: int, rows: int) -> float:
