@@ -117,6 +117,8 @@ FULL_DEPTH = 256  # the depth the efficiency is stated at (a KC block)
 def depth_efficiency(m: int, n: int, k: int) -> float:
     """The share of its full-depth speed an m x n product of depth k runs at: k / (k + k0) over the same at
     FULL_DEPTH, k0 the fixed work in steps of depth; above 1 for deeper products."""
+    if k <= 0:
+        return 1.0  # nothing to multiply: no time to scale
     k0 = SHORT_DEPTH * min(SMALL_PRODUCT_FACTOR, max(1.0, SMALL_PRODUCT / max(1, m * n)) ** 0.5)
     return k / (k + k0) * (FULL_DEPTH + k0) / FULL_DEPTH
 
