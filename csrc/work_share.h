@@ -3,11 +3,41 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
 
 #include "common.h"
 
 namespace dnnkit {
+
+// An exception cannot leave an OpenMP region (it would end the process). Work inside one runs through
+// run(): the first exception is kept, every thread then skips the work it has left (worksharing loops
+// still complete, so no barrier waits on a thread that stopped), and the caller rethrows it after the
+// region with rethrow().
+class RegionErrors {
+ public:
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  template <typename F>
+  void run(F&& f) noexcept {
+    if (failed()) return;
+    try {
+      f();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+      failed_.store(true, std::memory_order_relaxed);
+    }
+  }
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::atomic<bool> failed_{false};
+  std::mutex mutex_;
+  std::exception_ptr error_;
+};
 
 // Units of work (panels of a GEMM, steps of an RNN's time loop) shared by the threads of a parallel
 // region. Each thread owns an equal range and takes units from its front; a thread whose range is empty

@@ -99,3 +99,76 @@ def test_bad_input_messages_name_the_argument():
     ]:
         with pytest.raises((ValueError, TypeError), match=pattern):
             call()
+
+
+def test_sizes_beyond_64_bit_products_are_refused_up_front():
+    """A padded input over 2^50 elements (or 2^62 multiply-adds) is refused by the problem, before any
+    kernel sizes its buffers in 64-bit integers."""
+    one = np.ones((1, 1, 1, 1), F32)
+    for call in (lambda: dnnkit.conv2d(one, one, padding=2**31 - 1, stride=2**31 - 1),
+                 lambda: dnnkit.conv2d(one, one, padding=2**31 - 1, stride=2**31 - 1, algo="implicit_gemm",
+                                       workspace=np.zeros(1 << 20, np.uint8)),
+                 lambda: dnnkit.conv2d_backward_filter(one, (1, 1, 1, 1), np.ones((1, 1, 3, 3), F32),
+                                                       padding=2**30, stride=2**30)):
+        with pytest.raises(ValueError, match=r"conv2d.*: .*the padded input, .* exceeds"):
+            call()
+    with pytest.raises(ValueError, match="exceeds"):
+        dnnkit.explain("mb1ic1ih2147483647iw2147483647oc1kh3kw3ph1pw1")
+
+
+@pytest.mark.parametrize("algo", ["direct", "im2col_gemm", "implicit_gemm", "fft", "auto"])
+def test_a_stride_beyond_the_input_reads_one_window(algo):
+    """With one output row or column, every stride reads the same window: a stride of 2^31 - 1 gives what
+    stride 1 gives there, at the cost of that one window (the kernels' buffers do not scale with it)."""
+    r = np.random.default_rng(0)
+    x, w = r.standard_normal((1, 2, 5, 6)).astype(F32), r.standard_normal((3, 2, 3, 3)).astype(F32)
+    want = dnnkit.conv2d(x, w, padding=1, algo="im2col_gemm")[:, :, :1, :1]
+    got = dnnkit.conv2d(x, w, padding=1, stride=2**31 - 1, algo=algo)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    dy = r.standard_normal(got.shape).astype(F32)
+    dw = dnnkit.conv2d_backward_filter(x, w.shape, dy, padding=1, stride=2**31 - 1, algo="direct")
+    dw1 = dnnkit.conv2d_backward_filter(x, w.shape, dy, padding=1, stride=6, algo="im2col_gemm")
+    np.testing.assert_allclose(dw, dw1, rtol=1e-5, atol=1e-5)
+    dx = dnnkit.conv2d_backward_data(x.shape, w, dy, padding=1, stride=2**31 - 1, algo="direct")
+    dx1 = dnnkit.conv2d_backward_data(x.shape, w, dy, padding=1, stride=6, algo="gemm_col2im")
+    np.testing.assert_allclose(dx, dx1, rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_out_of_memory_is_a_memory_error_naming_the_operator():
+    """The direct backward filter's per-thread buffers (sized by the padded plane) could not be allocated
+    under an address-space limit: a MemoryError naming the operator, and the process lives on."""
+    resource = pytest.importorskip("resource")
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, numpy as np, dnnkit\n"
+        "x = np.ones((1, 1, 3000, 3000), np.float32); dy = np.ones((1, 1, 2998, 2998), np.float32)\n"
+        "dnnkit.conv2d_backward_filter(x[:, :, :10, :10].copy(), (1, 1, 3, 3), dy[:, :, :8, :8].copy(), algo='direct')\n"
+        "vm = int(open('/proc/self/statm').read().split()[0]) * 4096\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (vm + (8 << 20), resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    dnnkit.conv2d_backward_filter(x, (1, 1, 3, 3), dy, algo='direct')\n"
+        "except MemoryError as e:\n"
+        "    print('MemoryError:', e)\n"
+    )
+    if not hasattr(resource, "RLIMIT_AS") or not __import__("os").path.exists("/proc/self/statm"):
+        pytest.skip("needs Linux's address-space limit")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "MemoryError: conv2d_backward_filter: direct" in done.stdout
+
+
+def test_fast_transform_lengths():
+    from dnnkit.algos.conv_cpu import _fast_len
+
+    def smooth(m):
+        for f in (2, 3, 5):
+            while m % f == 0:
+                m //= f
+        return m == 1
+
+    want = [next(m for m in range(max(1, n), 2 * n + 2) if smooth(m)) for n in range(0, 3000)]
+    assert [_fast_len(n) for n in range(0, 3000)] == want
+    big = _fast_len(2**40 + 1)
+    assert big > 2**40 and smooth(big) and big < 2**40 * 1.01

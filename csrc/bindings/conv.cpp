@@ -1,4 +1,6 @@
 // The convolution kernels (conv/kernels.h), their sizing rules, and the FFT helpers.
+#include <algorithm>
+
 #include "common.h"
 
 namespace dnnkit {
@@ -20,6 +22,17 @@ ConvShape conv_shape(const py::tuple& t) {
   const index_t p = (sh.h + 2 * sh.ph - (sh.r - 1) * sh.dh - 1), q = (sh.w + 2 * sh.pw - (sh.s - 1) * sh.dw - 1);
   if (p < 0 || q < 0 || sh.p != p / sh.sh + 1 || sh.q != q / sh.sw + 1)
     throw py::value_error("conv2d: output size does not match input, kernel, stride, padding and dilation");
+  // The bounds of problem.py (MAX_CONV_PADDED_INPUT, MAX_CONV_MACS), under which every product of sizes
+  // the kernels form fits in 64 bits; counted in double, exact enough for a bound.
+  const double padded = double(sh.n) * double(sh.c) * double(sh.h + 2 * sh.ph) * double(sh.w + 2 * sh.pw);
+  const double macs = double(sh.n) * double(sh.k) * double(sh.cg()) * double(sh.r) * double(sh.s) * double(sh.p) *
+                      double(sh.q);
+  if (padded > 0x1p50 || macs > 0x1p62)
+    throw py::value_error("conv2d: the padded input exceeds 2^50 elements or the product 2^62 multiply-adds");
+  // An output extent of one reads one window whatever the stride: the stride is then the least that gives
+  // that extent, so that no kernel's sizes scale with a stride beyond the padded input.
+  if (sh.p == 1) sh.sh = std::min(sh.sh, p + 1);
+  if (sh.q == 1) sh.sw = std::min(sh.sw, q + 1);
   return sh;
 }
 
@@ -37,6 +50,7 @@ T* conv_arg(const py::object& o, index_t elems, const char* name, bool writable)
 template <typename T>
 T* conv_workspace_elems(const py::object& ws, index_t need) {
   if (need == 0) return nullptr;
+  if (need < 0) throw py::value_error("conv2d: the workspace size overflows");
   if (ws.is_none()) throw py::value_error("conv2d: this algorithm needs a workspace");
   if (!py::isinstance<py::array_t<T>>(ws)) throw py::type_error("conv2d: workspace has the wrong dtype");
   py::array a = ws.cast<py::array>();
@@ -89,8 +103,13 @@ void conv_run(const std::string& dir, const std::string& algo, const ConvShape& 
   call.ws_elems = kernel->workspace_elems ? kernel->workspace_elems(sh, chunk, sizeof(T)) : 0;
   if (call.ws_elems > 0) call.ws = conv_workspace_elems<T>(ws, call.ws_elems);
   const auto run = std::is_same_v<T, float> ? kernel->run_f32 : kernel->run_f64;
-  py::gil_scoped_release nogil;
-  run(sh, call);
+  try {
+    py::gil_scoped_release nogil;
+    run(sh, call);
+  } catch (const std::bad_alloc&) {
+    PyErr_SetString(PyExc_MemoryError, (op + ": " + algo + " could not allocate its buffers").c_str());
+    throw py::error_already_set();
+  }
 }
 
 

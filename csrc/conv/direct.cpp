@@ -10,6 +10,7 @@
 
 #include "../cpu_info.h"
 #include "../simd/vec.h"
+#include "../work_share.h"
 #include "conv.h"
 #include "kernels.h"
 
@@ -46,12 +47,13 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
   std::vector<index_t> tap(static_cast<std::size_t>(S));  // tap s's window in a row: phase and index
   for (index_t s = 0; s < S; ++s) tap[s] = (s * sh.dw) % sw * plen + s * sh.dw / sw;
   const index_t tasks = sh.n * sh.g * P;
+  RegionErrors errors;  // a task's buffers could not be allocated: rethrown after the region
 #pragma omp parallel num_threads(get_num_threads()) if (tasks > 1)
   {
     std::vector<T> pad;
     std::vector<index_t> toff;  // tap (r - r_lo, s)'s window in a channel's padded rows
 #pragma omp for schedule(dynamic, 2)
-    for (index_t t = 0; t < tasks; ++t) {
+    for (index_t t = 0; t < tasks; ++t) errors.run([&] {
       const index_t p = t % P, g = (t / P) % sh.g, n = t / (P * sh.g);
       const T* xn = x + (n * sh.c + g * Cg) * H * W;
       index_t r_lo = 0, r_hi = R;  // filter rows that land inside the image for this output row
@@ -122,8 +124,9 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
           }
         }
       }
-    }
+    });
   }
+  errors.rethrow();
 }
 
 template <typename T>
@@ -399,12 +402,17 @@ void bwd_filter_vectors(const ConvShape& sh, const T* x, const T* dy, T* dw) {
   const index_t chunks = ceil_div(Kg, kFilterChunk), tasks = sh.c * chunks;
   const bool channel_major =
       chunks < 16 && sh.n * sh.k * P * Q * static_cast<index_t>(sizeof(T)) <= l3_cache_bytes() / 2;
+  RegionErrors errors;  // a thread's buffers could not be allocated: rethrown after the region
 #pragma omp parallel num_threads(get_num_threads()) if (tasks > 1)
   {
-    std::vector<T> xp(static_cast<std::size_t>(hp * row_len), T(0));
-    std::vector<T> sums(static_cast<std::size_t>(kFilterChunk * taps));
+    std::vector<T> xp, sums;
+    errors.run([&] {
+      xp.assign(static_cast<std::size_t>(hp * row_len), T(0));
+      sums.resize(static_cast<std::size_t>(kFilterChunk * taps));
+    });
 #pragma omp for schedule(dynamic)
     for (index_t t = 0; t < tasks; ++t) {
+      if (errors.failed()) continue;
       const index_t ci = channel_major ? t / chunks : t % sh.c, chunk = channel_major ? t % chunks : t / sh.c;
       const index_t g = ci / Cg, c = ci % Cg;
       const index_t k0 = g * Kg + chunk * kFilterChunk, kn = std::min(kFilterChunk, g * Kg + Kg - k0);
@@ -441,6 +449,7 @@ void bwd_filter_vectors(const ConvShape& sh, const T* x, const T* dy, T* dw) {
         std::copy(sums.data() + kk * taps, sums.data() + (kk + 1) * taps, dw + ((k0 + kk) * Cg + c) * taps);
     }
   }
+  errors.rethrow();
 }
 }  // namespace
 

@@ -31,6 +31,13 @@ DEVICES = ("cpu", "cuda")
 # The largest size a problem takes in any one field (a dimension, a stride, a padding, a dilation), as
 # BLAS's and cuBLAS's int arguments: the kernels' sizing rules multiply fields in 64-bit integers.
 MAX_SIZE = 2**31 - 1
+# A convolution's padded input (mb x ic x (ih + 2 ph) x (iw + 2 pw)) and its multiply-adds are bounded so
+# that the kernels' products of sizes never overflow 64 bits (csrc/bindings/conv.cpp conv_shape checks the
+# same bounds).
+MAX_CONV_PADDED_INPUT = 2**50
+MAX_CONV_MACS = 2**62
+# An RNN's layers (each has its own weights; the cost formulas visit each layer).
+MAX_RNN_LAYERS = 2**16
 
 
 def shown(v, limit: int = 80, typed: bool = False) -> str:
@@ -214,6 +221,14 @@ class ConvProblem:
                     f"ConvProblem: o{x}={o} does not match the input: (i{x} + 2*p{x} - ((k{x}-1)*(d{x}+1)+1)) "
                     f"// s{x} + 1 = {expect}; only the same padding p{x} on both sides is supported"
                 )
+        padded = self.mb * self.ic * (self.ih + 2 * self.ph) * (self.iw + 2 * self.pw)
+        if padded > MAX_CONV_PADDED_INPUT:
+            raise ValueError(f"ConvProblem: the padded input, mb x ic x (ih + 2*ph) x (iw + 2*pw) = {padded} "
+                             f"elements, exceeds {MAX_CONV_PADDED_INPUT} (2^50)")
+        macs = self.mb * self.oc * (self.ic // self.g) * self.kh * self.kw * self.oh * self.ow
+        if macs > MAX_CONV_MACS:
+            raise ValueError(f"ConvProblem: {macs} multiply-adds (mb x oc x ic/g x kh x kw x oh x ow) exceed "
+                             f"{MAX_CONV_MACS} (2^62)")
         if not isinstance(self.name, str):
             raise ValueError(f"ConvProblem: name must be a str, got {type(self.name).__name__}")
         if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in self.name):
@@ -614,6 +629,8 @@ class RnnProblem:
                 raise ValueError(f"RnnProblem: {name} must be at most {MAX_SIZE}, got {v}")
         if self.dirs > 2:
             raise ValueError(f"RnnProblem: dirs must be 1 or 2, got {self.dirs}")
+        if self.layers > MAX_RNN_LAYERS:
+            raise ValueError(f"RnnProblem: layers must be at most {MAX_RNN_LAYERS}, got {self.layers}")
         if isinstance(self.proj, bool) or not isinstance(self.proj, int) or self.proj < 0:
             raise ValueError(f"RnnProblem: proj must be an int >= 0, got {self.proj!r}")
         if self.proj and (self.mode != "lstm" or self.proj >= self.hidden):

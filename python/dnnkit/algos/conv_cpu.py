@@ -385,15 +385,18 @@ class DepthwiseFwd(_CpuConv):
 
 def _fast_len(n: int) -> int:
     """The smallest 5-smooth length (2^a 3^b 5^c) >= n: a real transform's fast sizes."""
-    m = max(1, n)
-    while True:
-        r = m
-        for f in (2, 3, 5):
-            while r % f == 0:
-                r //= f
-        if r == 1:
-            return m
-        m += 1
+    n = max(1, n)
+    best = 1 << (n - 1).bit_length()  # the power of two at or above n
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            # the least p35 * 2^a >= n
+            m = p35 if p35 >= n else p35 << (-(-n // p35) - 1).bit_length()
+            best = min(best, m)
+            p35 *= 3
+        p5 *= 5
+    return best
 
 
 class FftFwd(_CpuConv):

@@ -48,12 +48,13 @@ def _conv_problem(op, direction, x_shape, w_shape, stride, padding, dilation, gr
     return p
 
 
-def _workspace(plan, dtype):
+def _workspace(op: str, plan, dtype):
     """The workspace array a plan's run needs (None for none)."""
     try:
         return _cpu.workspace(plan.workspace_bytes, dtype.itemsize)
     except (MemoryError, ValueError):
-        raise MemoryError(f"{plan.problem.op}: cannot allocate a workspace of {plan.workspace_bytes} bytes") from None
+        raise MemoryError(f"{op}: cannot allocate a workspace of {plan.workspace_bytes} bytes for "
+                          f"{plan.algorithm.name}") from None
 
 
 _WORKSPACE_ALIGN = 64  # bytes: a caller's workspace is used from its first 64-byte boundary
@@ -89,7 +90,7 @@ def _conv_plan(op: str, p, algo, ws):
 def _conv_workspace(op: str, plan, dtype, ws):
     """The workspace for the run: the library's (ws None), or the first aligned bytes of the caller's."""
     if ws is None:
-        return _workspace(plan, dtype)
+        return _workspace(op, plan, dtype)
     need, algorithm = plan.workspace_bytes, plan.algorithm
     if need == 0:
         return None
@@ -175,7 +176,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         y = np.empty((p.mb, p.oc, p.oh, p.ow), input.dtype) if small else \
             _empty("conv2d", (p.mb, p.oc, p.oh, p.ow), input.dtype)
         plan.run(np.ascontiguousarray(input), np.ascontiguousarray(weight), out=y,
-                 bias=None if bias is None else np.ascontiguousarray(bias), workspace=_workspace(plan, input.dtype))
+                 bias=None if bias is None else np.ascontiguousarray(bias),
+                 workspace=_workspace("conv2d", plan, input.dtype))
         return y
     if np.ndim(input) == 3 and device_of(input) != "cuda":
         x = _array("conv2d", "input", input, ndim=3)
