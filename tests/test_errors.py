@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dnnkit
-from dnnkit.problem import ACTIVATIONS, MAX_SIZE, GemmProblem, parse_descriptor
+from dnnkit.problem import ACTIVATIONS, MAX_SIZE, GemmProblem, RnnProblem, parse_descriptor
 
 F32 = np.float32
 A = np.ones((3, 4), F32)
@@ -360,3 +360,10 @@ def test_problem_descriptor_defaults():
     assert p == GemmProblem(64, 4096, 4096, trans_b=True, bias=True, activation="relu")
     assert GemmProblem.parse("m1n2k3") == GemmProblem(1, 2, 3)
     assert str(GemmProblem(1, 2, 3, dtype="float64", device="cuda")) == "m1n2k3_f64_cuda"
+
+
+def test_rnn_layers_are_bounded():
+    """The cost formulas visit each layer: a descriptor of 10^8 layers is refused, not evaluated."""
+    with pytest.raises(ValueError, match="RnnProblem: layers must be at most 65536"):
+        dnnkit.explain("lstm_l100000000t1mb1slc1sic1")
+    assert RnnProblem("lstm", 1, 1, 1, 1, layers=65536).layers == 65536

@@ -319,6 +319,25 @@ def test_bad_linear_accumulate_targets(into, exc, msg):
         dnnkit.linear_backward(g, x, w, bias=False, accumulate_into=(np.zeros((4, 3), np.float32), np.zeros(4, np.float32)))
 
 
+def test_linear_accumulate_targets_apart_from_the_inputs():
+    """grad_weight accumulated into the weight, the input or grad_output (or grad_bias into grad_weight's
+    memory) would be read after it is written: refused by name, nothing written."""
+    r = np.random.default_rng(0)
+    x, w, g = (r.standard_normal(s).astype(np.float32) for s in ((4, 3), (4, 3), (4, 4)))
+    for into, other in (((w, None), "weight"), ((x, None), "input")):
+        before = into[0].copy()
+        with pytest.raises(ValueError, match=rf"linear_backward: accumulate_into\[0\] shares memory with {other}"):
+            dnnkit.linear_backward(g, x, w, bias=False, accumulate_into=into)
+        np.testing.assert_array_equal(into[0], before)
+    gw = np.zeros((4, 3), np.float32)  # grad_output (2 x 4) is a view of its first 8 elements
+    with pytest.raises(ValueError, match=r"accumulate_into\[0\] shares memory with grad_output"):
+        dnnkit.linear_backward(gw.reshape(3, 4)[:2], np.ones((2, 3), np.float32), w, bias=False,
+                               accumulate_into=(gw, None))
+    gw = np.zeros((5, 3), np.float32)
+    with pytest.raises(ValueError, match=r"accumulate_into\[1\] shares memory with accumulate_into\[0\]"):
+        dnnkit.linear_backward(g, x, w, accumulate_into=(gw[:4], gw.reshape(-1)[:4]))
+
+
 @pytest.mark.parametrize("activation", ["identity", "relu", "tanh", "sigmoid", "gelu"])
 @pytest.mark.parametrize("n", [0, 1, 37, 2048, 2049, 70001])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

@@ -209,6 +209,30 @@ def test_sequence_targets_by_name():
         dnnkit.lstm_backward(g, None, None, res, accumulate_into=[np.zeros((4 * H, I), np.float32)])
 
 
+def test_targets_sharing_memory_with_what_the_backward_reads_are_refused():
+    """A target that is (or overlaps) a forward weight, the saved input, a gradient input or another target
+    would be read after it is written: refused by name, and nothing is written."""
+    w, g, res = _cell_reserve()
+    t = _targets(w)
+    with pytest.raises(ValueError, match=r"lstm_cell_backward: accumulate_into\[1\] shares memory with the "
+                                         r"forward's weight 1"):
+        dnnkit.lstm_cell_backward(g, None, res, accumulate_into=[t[0], w[1], t[2], t[3]])
+    both = np.zeros((2, 12), np.float32)  # two bias targets, one array
+    with pytest.raises(ValueError, match=r"accumulate_into\[3\] shares memory with accumulate_into\[2\]"):
+        dnnkit.lstm_cell_backward(g, None, res, accumulate_into=[t[0], t[1], both[0], both[0]])
+    big = np.zeros((12, 3), np.float32)
+    with pytest.raises(ValueError, match=r"accumulate_into\[0\] shares memory with grad_h"):
+        dnnkit.lstm_cell_backward(big[:2], None, res, accumulate_into=[big, t[1], t[2], t[3]])
+    assert not any(a.any() for a in t) and not big.any()
+    r = np.random.default_rng(1)
+    wl = [r.standard_normal(s).astype(np.float32) for s in ((16, 3), (16, 4))]
+    x = r.standard_normal((2, 1, 3)).astype(np.float32)
+    out, _, res = dnnkit.lstm(x, None, None, wl, train=True)
+    with pytest.raises(ValueError, match=r"lstm_backward: accumulate_into\[0\] shares memory with the forward's "
+                                         r"weight 0"):
+        dnnkit.lstm_backward(np.ones_like(out), None, None, res, accumulate_into=wl)
+
+
 @pytest.mark.parametrize("layers,bidirectional", [(1, False), (2, True)])
 def test_projection_weights_are_added_into_too(layers, bidirectional):
     """LSTM with proj_size: weight_hr's gradient (its own GEMM) is added like the others."""

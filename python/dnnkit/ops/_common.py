@@ -47,6 +47,21 @@ def _host_stream(op: str, stream) -> None:
         raise TypeError(f"{op}: stream is for GPU arrays; the arrays given are on the host")
 
 
+def _targets_apart(op: str, targets, inputs) -> None:
+    """A ValueError naming op and both arguments where an array a backward adds into (accumulate_into;
+    targets: (label, array or None) pairs) shares memory with an array it reads (inputs: the same) or
+    with another target: the gradients would be computed from what they overwrite."""
+    seen = [(label, a) for label, a in inputs if isinstance(a, np.ndarray)]
+    for label, t in targets:
+        if t is None:
+            continue
+        for other, a in seen:
+            if np.may_share_memory(t, a):
+                raise ValueError(f"{op}: {label} shares memory with {other}; the gradients added to it are "
+                                 f"computed from {other}, so they must be separate arrays")
+        seen.append((label, t))
+
+
 def _accumulate_target(op, name, a, shape, dtype) -> np.ndarray:
     """An array a backward adds a gradient of `shape` and `dtype` into (accumulate_into), checked."""
     shape = tuple(shape)

@@ -19,7 +19,7 @@ from ..backends import DeviceArray, cpu as _cpu, device_of, placement_error
 from ..dispatch import dispatch_state, plan as _dispatch_plan
 from ..packed import PackedWeight
 from ..problem import GemmProblem
-from ._common import _accumulate_target, _calls, _gpu, _host_stream, _plan, _problems
+from ._common import _accumulate_target, _calls, _gpu, _host_stream, _plan, _problems, _targets_apart
 
 
 def _gemm_problem(op, m, n, k, trans_a, trans_b, dtype, bias=False, activation="identity",
@@ -292,6 +292,9 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
                 raise ValueError(f"{op}: {name} must have shape {expect}, got {arr.shape}")
             saved[name] = arr
     into_w, into_b = _linear_accumulate_targets(op, accumulate_into, w.shape, bias, dtype)
+    if into_w is not None:
+        _targets_apart(op, (("accumulate_into[0]", into_w), ("accumulate_into[1]", into_b)),
+                       (("grad_output", gy), ("input", x), ("weight", w), *saved.items()))
     m = math.prod(x.shape[:-1])
     x2 = x.reshape(m, in_f)
     gy2 = gy.reshape(m, out_f)

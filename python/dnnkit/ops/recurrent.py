@@ -54,7 +54,7 @@ from .._checks import _DTYPE_NAMES, _FLOAT_DTYPES, _array, _empty, _flag, _new_p
 from ..dispatch import dispatch_state
 from ..packed import PackedWeight, unpacked
 from ..problem import RnnProblem, shown
-from ._common import _accumulate_target, _calls, _plan, _problems
+from ._common import _accumulate_target, _calls, _plan, _problems, _targets_apart
 from ._rnn_args import _dropout, _generator, _layers, _proj_size, _weight_label, _weights
 
 _CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
@@ -249,9 +249,9 @@ def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, b
     lead = (num_layers * dirs,) if unbatched else (num_layers * dirs, B)
     h0 = _state(op, "h0", h0, lead + (S,), x.dtype)
     c0 = _state(op, "c0", c0, lead + (H,), x.dtype) if mode == "lstm" else None
+    p = _problem(op, mode, T, B, I, H, num_layers, dirs, has_bias, "fwd", x.dtype, P)
     xt = np.ascontiguousarray(xt)
     shape = (_CELL_CODES[mode], T, B, I, H, num_layers, dirs, P)
-    p = _problem(op, mode, T, B, I, H, num_layers, dirs, has_bias, "fwd", x.dtype, P)
     stack = masks = None
     if train and ((p_drop > 0.0 and num_layers > 1) or recompute):
         rng = _generator(op, generator) if p_drop > 0.0 and num_layers > 1 else None
@@ -352,9 +352,10 @@ def _grad(op, name, g, shape, dtype):
     return a
 
 
-def _accumulate_targets(op, r: RnnReserve, into, returned_names):
+def _accumulate_targets(op, r: RnnReserve, into, returned_names, grads=()):
     """The arrays of `accumulate_into` in the kernel's order (r.weights: None for absent biases), checked
-    against the weights they accumulate gradients of. `into` has the entries the call returns as weight
+    against the weights they accumulate gradients of, and apart from every array the backward reads (the
+    forward's saved arrays and grads, (label, array) pairs). `into` has the entries the call returns as weight
     gradients: `returned_names` names them (a cell's tuple holds None for absent biases)."""
     if into is None:
         return None
@@ -385,6 +386,10 @@ def _accumulate_targets(op, r: RnnReserve, into, returned_names):
     targets = [None] * len(r.weights)
     for i, e, label in zip(present, entries, labels):
         targets[i] = _accumulate_target(op, label, e, r.weights[i].shape, r.x.dtype)
+    read = [("the forward's input", r.x), ("the forward's h0", r.h0), ("the forward's c0", r.c0)]
+    read += [(f"the forward's weight {i}", w) for i, w in enumerate(r.weights)]
+    read += [(f"the forward's output {i}", y) for i, y in enumerate(r.ys or ())] + list(grads)
+    _targets_apart(op, zip(labels, (targets[i] for i in present)), read)
     return targets
 
 
@@ -481,7 +486,8 @@ def _sequence_backward(op, modes, grad_output, grad_h_n, grad_c_n, reserve, accu
         return gpu_recurrent.backward(op, reserve, grad_output, grad_h_n, grad_c_n, accumulate_into, algo)
     r = _reserve(op, reserve, modes, cell=False)
     names = r.names if r.as_dict else range(sum(w is not None for w in r.weights))
-    into = _accumulate_targets(op, r, accumulate_into, list(names))
+    into = _accumulate_targets(op, r, accumulate_into, list(names),
+                               (("grad_output", grad_output), ("grad_h_n", grad_h_n), ("grad_c_n", grad_c_n)))
     dx, dh0, dc0, grads = _backward(op, r, grad_output, grad_h_n, grad_c_n, into, algo)
     if r.unbatched:
         dx, dh0 = dx[:, 0, :], dh0[:, 0, :]
@@ -696,7 +702,8 @@ def _cell_backward(op, modes, grad_h, grad_c, reserve, accumulate_into):
             raise ValueError(f"{op}: the reserve is from a {reserve.op} forward")
         return gpu_recurrent.cell_backward(op, reserve, grad_h, grad_c, accumulate_into)
     r = _reserve(op, reserve, modes, cell=True)
-    into = _accumulate_targets(op, r, accumulate_into, ["grad_w_ih", "grad_w_hh", "grad_b_ih", "grad_b_hh"])
+    into = _accumulate_targets(op, r, accumulate_into, ["grad_w_ih", "grad_w_hh", "grad_b_ih", "grad_b_hh"],
+                               (("grad_h", grad_h), ("grad_c", grad_c)))
     _, _, B, _, H, _, _, _ = r.shape
     state = (H,) if r.unbatched else (B, H)
     # h' is the step's output (grad_output of a one-step sequence); c' is the final cell state.
