@@ -49,17 +49,42 @@ def _host_stream(op: str, stream) -> None:
 
 def _targets_apart(op: str, targets, inputs) -> None:
     """A ValueError naming op and both arguments where an array a backward adds into (accumulate_into;
-    targets: (label, array or None) pairs) shares memory with an array it reads (inputs: the same) or
-    with another target: the gradients would be computed from what they overwrite."""
-    seen = [(label, a) for label, a in inputs if isinstance(a, np.ndarray)]
+    targets: (label, array or None) pairs) shares memory with an array it reads (inputs: the same, a label
+    also (name, index)) or with another target: the gradients would be computed from what they overwrite.
+    Arrays whose memory two different NumPy arrays own cannot overlap; only the rest are compared."""
+    by_owner: dict = {}  # id of the owning array (None: not a NumPy array) -> [(label, array)]
+    for label, a in inputs:
+        if isinstance(a, np.ndarray):
+            key = id(a) if a.base is None else _owner_id(a)
+            group = by_owner.get(key)
+            if group is None:
+                by_owner[key] = [(label, a)]
+            else:
+                group.append((label, a))
     for label, t in targets:
         if t is None:
             continue
-        for other, a in seen:
+        key = id(t) if t.base is None else _owner_id(t)
+        near = by_owner.get(key, ())
+        if None in by_owner or key is None:
+            near = [*near, *(by_owner.get(None, ()) if key is not None else
+                             [x for group in by_owner.values() for x in group])]
+        for other, a in near:
             if np.may_share_memory(t, a):
+                other = other if isinstance(other, str) else f"{other[0]} {other[1]}"
                 raise ValueError(f"{op}: {label} shares memory with {other}; the gradients added to it are "
                                  f"computed from {other}, so they must be separate arrays")
-        seen.append((label, t))
+        by_owner.setdefault(key, []).append((label, t))
+
+
+def _owner_id(a: np.ndarray):
+    """id of the NumPy array that owns a's memory, or None where something else does (a buffer, a mapping)."""
+    base = a.base
+    while base is not None:
+        if type(base) is not np.ndarray and not isinstance(base, np.ndarray):
+            return None
+        a, base = base, base.base
+    return id(a)
 
 
 def _accumulate_target(op, name, a, shape, dtype) -> np.ndarray:

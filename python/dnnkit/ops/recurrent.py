@@ -387,8 +387,8 @@ def _accumulate_targets(op, r: RnnReserve, into, returned_names, grads=()):
     for i, e, label in zip(present, entries, labels):
         targets[i] = _accumulate_target(op, label, e, r.weights[i].shape, r.x.dtype)
     read = [("the forward's input", r.x), ("the forward's h0", r.h0), ("the forward's c0", r.c0)]
-    read += [(f"the forward's weight {i}", w) for i, w in enumerate(r.weights)]
-    read += [(f"the forward's output {i}", y) for i, y in enumerate(r.ys or ())] + list(grads)
+    read += [(("the forward's weight", i), w) for i, w in enumerate(r.weights)]
+    read += [(("the forward's output", i), y) for i, y in enumerate(r.ys or ())] + list(grads)
     _targets_apart(op, zip(labels, (targets[i] for i in present)), read)
     return targets
 
