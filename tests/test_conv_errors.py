@@ -14,6 +14,7 @@ DY = np.ones((2, 6, 6, 6), F32)  # conv2d(X, W) with the defaults: 8 - 3 + 1 = 6
 
 BAD_INPUT = [
     # conv2d
+    ("workspace_object", lambda: dnnkit.conv2d(X, W, workspace=np.zeros(10000, object)), "conv2d"),
     ("channels", lambda: dnnkit.conv2d(X, np.ones((6, 3, 3, 3), F32)), "conv2d"),
     ("groups_divide", lambda: dnnkit.conv2d(X, np.ones((6, 1, 3, 3), F32), groups=3), "conv2d"),
     ("groups_out", lambda: dnnkit.conv2d(X, np.ones((5, 2, 3, 3), F32), groups=2), "conv2d"),

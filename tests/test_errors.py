@@ -308,6 +308,26 @@ def test_explain_rejects_bad_arguments():
         dnnkit.explain(42)
     with pytest.raises(ValueError, match="GemmProblem.parse"):
         dnnkit.explain("m8n8")
+    a = np.ones((4, 4), np.float32)
+    with pytest.raises(TypeError, match=r"explain: gemm\(\) got an unexpected keyword argument 'bogus'"):
+        dnnkit.explain("gemm", a, a, bogus=1)
+    with pytest.raises(ValueError, match=r"explain: algo must be 'auto' or one of \[.*'blocked_gemm'.*got 'nope'"):
+        dnnkit.explain("m4n4k4", algo="nope")
+    with pytest.raises(TypeError, match="explain: algo must be"):
+        dnnkit.explain("m4n4k4", algo=3)
+    for limit, exc in (("1M", TypeError), (-1, ValueError), (True, TypeError)):
+        with pytest.raises(exc, match="explain: workspace_limit must be None or a number of bytes >= 0"):
+            dnnkit.explain("m4n4k4", workspace_limit=limit)
+    with pytest.raises(ValueError, match="explain: 'm4n4k4' is a GEMM descriptor"):
+        dnnkit.explain("m4n4k4", dtype="float16")
+
+
+def test_an_algorithm_object_of_another_operator_is_refused():
+    from dnnkit import algos
+
+    a = np.ones((4, 4), np.float32)
+    with pytest.raises(ValueError, match="gemm: algo 'direct' is a cpu conv2d_fwd algorithm"):
+        dnnkit.gemm(a, a, algo=algos.get("conv2d_fwd", "cpu", "direct"))
 
 
 # -------------------------------------------------------------------------------------- GemmProblem

@@ -229,6 +229,7 @@ def test_dropout_keeps_the_expected_fraction_and_is_off_in_inference():
     (dict(dropout="0.2"), TypeError, "lstm: dropout must be a number"),
     (dict(dropout=True), TypeError, "lstm: dropout must be a number"),
     (dict(dropout=0.2, train=True, generator="seed"), TypeError, "lstm: generator must be None"),
+    (dict(dropout=0.2, train=True, generator=-1), ValueError, "lstm: generator as a seed must be >= 0, got -1"),
 ])
 def test_bad_dropout_arguments(kw, exc, msg):
     w = [np.zeros(s, np.float32) for s in [(8, 2), (8, 2), (8,), (8,)] * 2]

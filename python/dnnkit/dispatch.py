@@ -93,6 +93,9 @@ def choose(p, algo: str | Algorithm = "auto", workspace_limit: int | None = None
 
 def _choose(p, algo, workspace_limit) -> Algorithm:
     if isinstance(algo, Algorithm):
+        if (algo.op, algo.backend) != (p.op, _backend(p)):
+            raise ValueError(f"{p.op}: algo {algo.name!r} is a {algo.backend} {algo.op} algorithm; this call needs "
+                             f"a {_backend(p)} {p.op} one")
         reason = algo.supports(p)
         if reason is not None:
             raise ValueError(f"{p.op}: algo {algo.name!r} does not support {p.descriptor()}: {reason}")

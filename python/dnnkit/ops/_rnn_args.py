@@ -70,6 +70,8 @@ def _generator(op, generator) -> np.random.Generator:
     if isinstance(generator, np.random.Generator):
         return generator
     if generator is None or (isinstance(generator, (int, np.integer)) and not isinstance(generator, bool)):
+        if generator is not None and generator < 0:
+            raise ValueError(f"{op}: generator as a seed must be >= 0, got {generator}")
         return np.random.default_rng(generator)
     raise TypeError(f"{op}: generator must be None, an int seed or a numpy.random.Generator, "
                     f"got {type(generator).__name__}")

@@ -2,10 +2,14 @@
 run it."""
 from __future__ import annotations
 
+import numbers
+
+from ..algos import algorithms as _algorithms
+from ..algos.base import Algorithm
 from ..backends import DeviceArray, cpu as _cpu
 from ..dispatch import explain_problem
 from ..packed import PackedWeight
-from ..problem import RNN_MODES, ConvProblem, GemmProblem, RnnProblem, parse_descriptor
+from ..problem import RNN_MODES, ConvProblem, GemmProblem, RnnProblem, parse_descriptor, shown
 from . import convolution as _conv, dense as _linear
 from ._common import _gpu
 
@@ -15,7 +19,16 @@ def _parse_descriptor(text: str, **kwargs):
     """A GEMM descriptor (m..n..k.., a strict grammar, tried first) or a benchdnn convolution descriptor;
     kwargs are ConvProblem.parse's (direction=, dtype=, ...), and force the convolution grammar."""
     if kwargs and not text.strip().startswith(RNN_MODES):
-        return ConvProblem.parse(text, **kwargs)
+        try:
+            return ConvProblem.parse(text, **kwargs)
+        except ValueError:
+            try:
+                parse_descriptor(text)
+            except ValueError:
+                raise
+            raise ValueError(f"explain: {text!r} is a GEMM descriptor, which writes its layout and dtype in it "
+                             f"(m64n64k64tb_f64); the keywords {sorted(kwargs)} are for convolution "
+                             f"descriptors") from None
     try:
         return parse_descriptor(text, **kwargs)
     except ValueError as e:
@@ -94,12 +107,28 @@ def explain(what, *args, algo="auto", workspace_limit=None, **kwargs) -> Explana
     or a problem descriptor string: GEMM ("m64n4096k4096tb_f32"), RNN ("lstm_l1t50mb16slc512sic512") or
     benchdnn convolution ("mb8ic64ih56oc64oh56kh3ph1", with direction=/dtype= as keywords).
     """
+    if not isinstance(algo, str) and not isinstance(algo, Algorithm):
+        raise TypeError(f"explain: algo must be 'auto', an algorithm's name or an Algorithm, got {shown(algo)}")
+    if workspace_limit is not None and (isinstance(workspace_limit, bool) or
+                                        not isinstance(workspace_limit, numbers.Integral) or workspace_limit < 0):
+        raise (ValueError if isinstance(workspace_limit, numbers.Integral) and not isinstance(workspace_limit, bool)
+               else TypeError)(f"explain: workspace_limit must be None or a number of bytes >= 0, got "
+                               f"{shown(workspace_limit)}")
     if isinstance(what, (GemmProblem, ConvProblem, RnnProblem)):
         p = what
     elif isinstance(what, str) and what in _PREPARE:
-        p = _PREPARE[what](*args, **kwargs)
+        try:
+            p = _PREPARE[what](*args, **kwargs)
+        except TypeError as e:  # the call's arguments do not fit the operator's signature
+            if "<lambda>()" not in str(e):
+                raise
+            raise TypeError(f"explain: {str(e).replace('<lambda>()', what + '()')}") from None
     elif isinstance(what, str):
         p = _parse_descriptor(what, **kwargs)
     else:
         raise TypeError(f"explain: what must be an operator name, a Problem or a descriptor, got {type(what).__name__}")
+    if algo != "auto" and isinstance(algo, str):
+        known = [a.name for a in _algorithms(p.op, p.device)]
+        if algo not in known:
+            raise ValueError(f"explain: algo must be 'auto' or one of {known} for {p.op}, got {algo!r}")
     return Explanation(p, explain_problem(p, algo, workspace_limit))

@@ -70,6 +70,8 @@ def _caller_workspace(op: str, workspace):
         raise TypeError(f"{op}: workspace must be a NumPy array (any dtype), got {type(workspace).__name__}")
     if not workspace.flags.c_contiguous or not workspace.flags.writeable:
         raise ValueError(f"{op}: workspace must be a C-contiguous, writable array")
+    if workspace.dtype.hasobject:
+        raise TypeError(f"{op}: workspace must hold plain data (any numeric dtype), got dtype {workspace.dtype}")
     return workspace.reshape(-1).view(np.uint8)
 
 
