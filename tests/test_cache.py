@@ -137,3 +137,84 @@ def test_clear_by_pattern_and_device(store):
     assert store.clear(pattern="gemm m3n5k9", device=cache.device_fingerprint()) == 0  # another device's
     assert store.clear(pattern="gemm m3n5") == 2 and len(store.rows()) == 1
     assert store.clear() == 1 and store.rows() == []
+
+
+def _every_kind_of_problem():
+    """A problem of every kind the tuner stores: GEMM (transposes, packed weight, bias, each activation,
+    float64, GPU), convolution (every direction, dtype, bias, GPU) and RNN (every cell and direction,
+    bidirectional, without biases, with a projection, float64, GPU)."""
+    from dnnkit.problem import RnnProblem
+
+    out = [GemmProblem(3, 4, 5), GemmProblem(3, 4, 5, trans_a=True, dtype="float64"),
+           GemmProblem(3, 4, 5, trans_b=True, packed=True, bias=True, activation="relu"),
+           GemmProblem(3, 4, 5, device="cuda", trans_b=True)]
+    out += [GemmProblem(6, 7, 8, trans_b=True, bias=True, activation=a) for a in ("tanh", "sigmoid", "gelu")]
+    for direction in ("fwd", "bwd_data", "bwd_filter"):
+        out += [ConvProblem.parse("mb2ic8ih12oc8oh12kh3ph1", direction=direction),
+                ConvProblem.parse("g2mb1ic4ih9oc4oh4kh3sh2ph0", direction=direction, dtype="float64", bias=True),
+                ConvProblem.parse("mb1ic4ih9oc4oh9kh3ph1", direction=direction, device="cuda")]
+    for mode in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
+        for direction in ("fwd", "bwd"):
+            out += [RnnProblem(mode, 2, 1, 4, 4, direction=direction),
+                    RnnProblem(mode, 3, 2, 4, 8, layers=2, dirs=2, bias=False, direction=direction, dtype="float64"),
+                    RnnProblem(mode, 2, 1, 4, 4, direction=direction, device="cuda")]
+    out.append(RnnProblem("lstm", 2, 1, 4, 8, proj=3, direction="bwd"))
+    return out
+
+
+def test_every_kind_of_problem_key_parses_back():
+    for p in _every_kind_of_problem():
+        assert cache.parse_problem_key(cache.problem_key(p)) == p, cache.problem_key(p)
+    for bad in ("lstm_fwd lstm_l1t2mb1slc4sic4_f32 float64 bias cpu",   # two dtypes
+                "lstm_fwd lstm_l1t2mb1slc4sic4_nobias_f32 float32 bias cpu",  # biases and none
+                "lstm_bwd lstm_l1t2mb1slc4sic4_f32 float32 bias cuda",  # two devices
+                "gru_fwd lstm_l1t2mb1slc4sic4_f32 float32 bias cpu",  # two cells
+                "lstm_sideways lstm_l1t2mb1slc4sic4_f32 float32 bias cpu", "conv2d_up mb1ic1ih5oc1kh3 float32 cpu",
+                "gemm", "lstm_fwd lstm_l1t2mb1slc4sic4_f32 float32 nobias cpu", 7):
+        with pytest.raises(ValueError, match="not a problem key"):
+            cache.parse_problem_key(bad)
+
+
+def test_export_and_import_restore_every_kind_of_record(store):
+    """What `dnnkit cache export` writes (rows()), imported into an empty store, gives back every result:
+    GEMM, convolution and RNN records alike."""
+    problems = _every_kind_of_problem()
+    for i, p in enumerate(problems):
+        store.put(_result(p=p, best=f"algo{i}"))
+    rows = store.rows()
+    assert len(rows) == len(problems)
+    assert store.clear() == len(problems)
+    assert store.import_rows(rows) == len(problems)
+    for i, p in enumerate(problems):
+        got = store.get(p, device=cache.device_fingerprint(p.device))
+        assert got is not None and got.best.algorithm == f"algo{i}", cache.problem_key(p)
+
+
+def test_an_unresolvable_cache_directory_warns_once_and_the_operators_work(monkeypatch):
+    """DNNKIT_CACHE_DIR naming a home directory that does not exist: one warning, the cache in memory, and
+    gemm, conv2d, lstm and the cost model carry on."""
+    import uuid
+
+    import numpy as np
+
+    import dnnkit
+    from dnnkit.autotune import cost_model
+
+    monkeypatch.setenv("DNNKIT_CACHE_DIR", f"~dnnkit-no-such-user-{uuid.uuid4().hex}/x")
+    _config.changed()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert dnnkit.gemm(np.ones((4, 4), np.float32), np.ones((4, 4), np.float32))[0, 0] == 4
+            assert dnnkit.conv2d(np.ones((1, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32)).shape == (
+                1, 3, 3, 3)
+            out, _ = dnnkit.lstm(np.ones((2, 1, 3), np.float32), None, None,
+                                 [np.full((8, 3), 0.1, np.float32), np.full((8, 2), 0.1, np.float32)])
+            assert out.shape == (2, 1, 2)
+            assert cost_model.ceilings()["source"].startswith("nominal")
+            _config.changed()
+    messages = [str(w.message) for w in caught]
+    assert sum("cannot resolve" in m for m in messages) == 1, messages
+    assert cache.default_store().path == ":memory:"
+    with pytest.raises(cache.CacheError, match="DNNKIT_CACHE_DIR"):  # (what the command line reports)
+        cache.cache_path()

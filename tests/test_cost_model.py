@@ -163,3 +163,78 @@ def test_the_nominal_peak_follows_the_cores_fma_datapath(monkeypatch):
     monkeypatch.setattr(cpu, "fma_datapath_bits", lambda: 128)
     assert cpu.nominal_peak_flops() == pytest.approx(
         cpu.flops_per_cycle(cpu.active_isa()) * 2.5e9 * dnnkit.get_num_threads())
+
+
+def test_the_fit_reads_rnn_records_and_the_rules_still_decide(store):
+    """RNN results in the cache are fitted like the others (their keys parse back): each schedule's factor
+    is its measured / predicted; and untuned RNN problems are still decided by the rules."""
+    from dnnkit import _config
+    from dnnkit.autotune.records import TuneRecord, TuneResult
+
+    stored = [RnnProblem(mode, t, b, 16, 32, direction=d) for mode in ("lstm", "gru") for d in ("fwd", "bwd")
+              for t, b in ((3, 2), (5, 4))]
+    for p in stored:
+        records = []
+        for a in algos.algorithms(p.op, "cpu"):
+            t = cost_model.raw_predict(a.name, p)
+            if t is not None:
+                records.append(TuneRecord(a.name, "ok", median_s=2.0 * t, workspace_bytes=0))
+        assert len(records) >= 2, p.descriptor()
+        store.put(TuneResult(p, sorted(records, key=lambda r: r.median_s), 0.1))
+    _config.changed()
+    factors = cost_model.correction_factors("cpu")
+    for op in ("lstm_fwd", "lstm_bwd", "gru_fwd", "gru_bwd"):
+        fitted = {name: f for (o, name), f in factors.items() if o == op}
+        assert fitted and all(f == pytest.approx(2.0) for f in fitted.values()), (op, fitted)
+    problems = [p for p in _rnns("cpu") if len(_ruled(p)) == 1]
+    dnnkit.set_tuning("off")
+    try:
+        expected = [choose(p).name for p in problems]
+    finally:
+        dnnkit.set_tuning("heuristic")
+    for p, name in zip(problems, expected):
+        assert choose(p).name == name, p.descriptor()
+        t = cost_model.predict(algos.get(p.op, "cpu", name), p)
+        assert t is not None and math.isfinite(t) and t > 0
+
+
+@pytest.mark.parametrize("column, value", [("copy_bytes_per_s", 0), ("copy_bytes_per_s", -1.0),
+                                           ("peak_flops", "abc"), ("peak_flops", float("inf")),
+                                           ("copy_bytes_per_s", b"\x00")])
+def test_stored_ceilings_that_are_not_positive_finite_numbers_count_as_absent(store, column, value):
+    """A ceilings row written behind dnnkit's back with a zero, a negative, an infinite or a non-number:
+    ignored with one warning (nominal values), and gemm, conv2d, lstm and explain keep working."""
+    import sqlite3
+    import warnings
+
+    import numpy as np
+
+    from dnnkit import _config
+    from dnnkit.autotune import cache
+
+    store.put_ceilings(1e12, 1e10)
+    conn = sqlite3.connect(store.path)
+    conn.execute(f"UPDATE ceilings SET {column} = ?", (value,))
+    conn.commit()
+    conn.close()
+    _config.changed()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert dnnkit.gemm(np.ones((5, 5), np.float32), np.ones((5, 5), np.float32))[0, 0] == 5
+            assert dnnkit.conv2d(np.ones((1, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32)).shape == (
+                1, 3, 3, 3)
+            out, _ = dnnkit.lstm(np.ones((2, 1, 3), np.float32), None, None,
+                                 [np.full((8, 3), 0.1, np.float32), np.full((8, 2), 0.1, np.float32)])
+            assert out.shape == (2, 1, 2)
+            assert len(dnnkit.explain("mb1ic2ih5oc3kh3")) > 0
+            used = cost_model.ceilings()
+            assert used["source"].startswith("nominal") and used["peak_flops"] == cost_model.nominal_peak_flops()
+            _config.changed()
+    messages = [str(w.message) for w in caught]
+    assert sum("not positive finite numbers" in m for m in messages) == 1, messages
+    assert store.get_ceilings() is None and store.get_ceilings(cache.device_fingerprint()) is None
+    with pytest.raises(ValueError, match="put_ceilings: copy_bytes_per_s"):
+        store.put_ceilings(1e12, 0.0)
+    store.put_ceilings(1e12, 1e10)  # measured again: used
+    assert store.get_ceilings() == {"peak_flops": 1e12, "copy_bytes_per_s": 1e10}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import sqlite3
 import subprocess
 import sys
@@ -307,3 +308,205 @@ def test_a_child_forked_while_another_thread_holds_the_store_can_use_it(tmp_path
         release.set()
         t.join()
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+class _Refusing:
+    """A store's connection on a disk that refuses its statements of one kind with SQLite's error."""
+
+    def __init__(self, conn, message, kinds):
+        self._conn, self._message, self._kinds = conn, message, kinds
+
+    def execute(self, sql, *args):
+        if sql.lstrip().upper().startswith(self._kinds):
+            raise sqlite3.OperationalError(self._message)
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+@pytest.mark.parametrize("message", ["disk I/O error", "database or disk is full"])
+def test_a_write_the_disk_refuses_is_skipped_and_the_store_kept(tmp_path, message):
+    """A full disk or an I/O error on a write: a warning, that result not stored, and the store (every
+    record in it) where it was; never set aside. Where strict (the command line), CacheError."""
+    path = str(tmp_path / cache.FILENAME)
+    _populated(path)
+    s = cache.Store(path)
+    rows = s.rows()
+    real = s._conn
+    s._conn = _Refusing(real, message, ("INSERT", "BEGIN", "DELETE"))
+    with pytest.warns(RuntimeWarning, match="not stored"):
+        s.put(_result(p=GemmProblem(3, 5, 7)))
+    with pytest.warns(RuntimeWarning, match="not stored"):
+        assert s.import_rows([dict(rows[0], tuned_at=rows[0]["tuned_at"] + 1)]) == 0
+    with pytest.warns(RuntimeWarning, match="not stored"):
+        s.put_ceilings(1e12, 1e10)
+    s.strict = True
+    with pytest.raises(cache.CacheError, match=message):
+        s.put(_result(p=GemmProblem(3, 5, 7)))
+    s.strict = False
+    s._conn = real
+    assert s.path == path and s.get(GemmProblem(3, 5, 7)) is None and s.get(P).best.algorithm == "direct"
+    s.put(_result(p=GemmProblem(3, 5, 7)))  # the disk has room again
+    s.close()
+    assert _count(path) == 21 and not _set_aside_files(str(tmp_path))
+
+
+def test_a_read_the_disk_refuses_leaves_the_file_and_goes_on_in_memory(tmp_path):
+    path = str(tmp_path / cache.FILENAME)
+    _populated(path)
+    s = cache.Store(path)
+    assert s.get(P) is not None
+    s._conn = _Refusing(s._conn, "disk I/O error", ("SELECT",))
+    s.strict = True
+    with pytest.raises(cache.CacheError, match="cannot read"):
+        s.get(P)
+    s.strict = False
+    s._conn = _Refusing(cache.Store._open(path), "disk I/O error", ("SELECT",))
+    with pytest.warns(RuntimeWarning, match="in memory"):
+        assert s.get(P) is None
+    s.put(_result(p=GemmProblem(3, 5, 7)))
+    assert s.path == ":memory:" and s.get(GemmProblem(3, 5, 7)) is not None
+    assert _count(path) == 20 and not _set_aside_files(str(tmp_path))
+
+
+def test_a_store_whose_tables_are_not_this_schemas_is_set_aside(store):
+    """Tables that lack a column of this schema: not a usable store (set aside), unlike a disk error."""
+    store.put(_result())
+    store.close()
+    conn = sqlite3.connect(store.path)
+    conn.execute("ALTER TABLE results DROP COLUMN elapsed_s")
+    conn.commit()
+    conn.close()
+    with pytest.warns(RuntimeWarning, match="unusable"):
+        store.put(_result(p=GemmProblem(3, 5, 7)))
+    assert store.get(GemmProblem(3, 5, 7)) is not None
+    assert len(_set_aside_files(os.path.dirname(store.path))) == 1
+
+
+_NOT_A_STORE = textwrap.dedent("""
+    import resource, sys, warnings
+    if sys.argv[1] == "file-size limit":
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    from dnnkit.autotune import cache, find
+    from dnnkit.problem import GemmProblem
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        result = find(GemmProblem(3, 3, 3), budget=0.0)
+        assert result.best is not None
+        rows = cache.default_store().rows()
+        assert [r["problem"] for r in rows] == ["gemm m3n3k3_f32"], rows
+        assert cache.default_store().get(GemmProblem(3, 3, 3)) is not None
+    messages = [str(x.message) for x in w]
+    assert sum("in memory" in m for m in messages) == 1, messages
+    assert not any("unusable" in m for m in messages), messages
+    print("ok")
+""")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="FIFOs, /dev/zero and RLIMIT_FSIZE")
+@pytest.mark.parametrize("what", ["fifo", "symlink to /dev/zero", "file-size limit", "existing store, file-size limit"])
+def test_a_store_that_cannot_be_opened_or_read_is_left_and_used_from_memory(tmp_path, what):
+    """A FIFO or a device where the store should be, or a file-size limit that keeps SQLite from creating
+    the store or its shared-memory file: find() and rows() go on with the cache in memory, one warning,
+    no traceback, and the file left as it was."""
+    path = tmp_path / cache.FILENAME
+    if what == "fifo":
+        os.mkfifo(path)
+    elif what == "symlink to /dev/zero":
+        os.symlink("/dev/zero", path)
+    elif what.startswith("existing"):
+        _populated(str(path))
+    env = dict(os.environ, DNNKIT_CACHE_DIR=str(tmp_path), DNNKIT_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", _NOT_A_STORE, what.removeprefix("existing store, ")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+    assert not _set_aside_files(str(tmp_path))
+    if what == "fifo":
+        assert stat.S_ISFIFO(os.lstat(path).st_mode)
+    elif what == "symlink to /dev/zero":
+        assert os.readlink(path) == "/dev/zero"
+    elif what.startswith("existing"):
+        assert _count(path) == 20
+
+
+_FILE_SIZE_LIMIT = textwrap.dedent("""
+    import os, resource, sys, warnings
+    from dnnkit.autotune import cache
+    path = sys.argv[1]
+    s = cache.Store(path)
+    rows = s.rows()
+    big = [dict(rows[0], problem=f"gemm m{1000 + i}n7k5_f32", records=rows[0]["records"] * 40) for i in range(200)]
+    limit = max(os.path.getsize(path + x) for x in ("", "-wal", "-shm") if os.path.exists(path + x)) + 32768
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert s.import_rows(big) == 0
+    messages = [str(x.message) for x in w]
+    assert messages and all("not stored" in m for m in messages), messages
+    s.strict = True
+    try:
+        s.import_rows(big)
+        raise AssertionError("no CacheError")
+    except cache.CacheError as e:
+        assert "nothing was stored" in str(e), e
+    assert len(s.rows()) == 20
+    print("ok")
+""")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE")
+def test_an_import_over_the_file_size_limit_keeps_the_store(tmp_path):
+    """An import that outgrows the file-size limit (ulimit -f): a warning, nothing of it stored, and the
+    store with every record it had, never set aside."""
+    path = str(tmp_path / cache.FILENAME)
+    _populated(path)
+    r = subprocess.run([sys.executable, "-c", _FILE_SIZE_LIMIT, path], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+    assert _count(path) == 20 and not _set_aside_files(str(tmp_path))
+
+
+_FIRST_USE = textwrap.dedent("""
+    import os, sqlite3, sys, time, warnings
+    warnings.simplefilter("error")
+    from dnnkit.autotune import cache
+    from dnnkit.autotune.records import TuneRecord, TuneResult
+    from dnnkit.problem import GemmProblem
+    role, flag = sys.argv[1], sys.argv[2]
+    path = str(cache.cache_path())
+    if role == "first":
+        # The lock a process holds while it switches the fresh store to WAL, held long enough for the
+        # second process to meet it there (their timing in a real race).
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        open(flag, "w").close()
+        time.sleep(0.5)
+        holder.execute("ROLLBACK")
+        holder.close()
+    else:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(flag) and time.monotonic() < deadline:
+            time.sleep(0.002)
+    store = cache.default_store()
+    base = 1 if role == "first" else 101
+    for i in range(base, base + 3):
+        store.put(TuneResult(GemmProblem(i, 7, 5), [TuneRecord("blocked_gemm", "ok", median_s=1e-3)], 0.1))
+    print("done")
+""")
+
+
+def test_two_processes_opening_a_fresh_store_at_once_keep_every_record(tmp_path):
+    """Two processes' first use of a fresh store: the second's switch to WAL meets the first's lock and
+    SQLite answers busy at once; it waits (as for any other lock) and stores every record, no warning."""
+    env = dict(os.environ, DNNKIT_CACHE_DIR=str(tmp_path / "cache"), DNNKIT_NUM_THREADS="1")
+    flag = str(tmp_path / "holding")
+    procs = [subprocess.Popen([sys.executable, "-c", _FIRST_USE, role, flag], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for role in ("first", "second")]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and "done" in out, err
+    conn = sqlite3.connect(tmp_path / "cache" / cache.FILENAME)
+    keys = {r[0] for r in conn.execute("SELECT problem FROM results")}
+    conn.close()
+    assert keys == {cache.problem_key(GemmProblem(i, 7, 5)) for i in (1, 2, 3, 101, 102, 103)}

@@ -14,16 +14,28 @@ Records are never deleted by dnnkit except through `dnnkit cache clear`.
 
 Safety: several processes may tune into one store at once. The store is in SQLite's WAL mode, so that
 readers never wait for a writer; each write is one short transaction, and a writer waits up to 30 s for
-another, then skips its write with a warning. A store that is busy for longer is busy, not damaged:
-nothing is moved and nothing is lost. Only a file that is not a valid SQLite database, fails its
-integrity check, or carries another schema is renamed aside (kept for inspection) with a warning, and a
-new one is started: never a crash, never a wrong answer. A store that cannot be written (a read-only
-file, or a read-only directory: a shared, pre-tuned store) is read and used; writes are skipped with one
-warning. If the directory cannot be created, the cache lives in memory for the process, with a warning.
+another, then skips its write with a warning. Opening waits as long: a setup statement that SQLite answers
+"busy" at once (the switch to WAL while another process creates the store) is tried again with backoff.
+A store that is busy for longer is busy, not damaged: nothing is moved and nothing is lost. Only a file
+that is not an SQLite database, is corrupt (fails its integrity check, or a read finds it malformed), or
+carries another schema or tables not of this schema is renamed aside (kept for inspection) with a
+warning, and a new one is started: never a crash, never a wrong answer. Any other failure is the
+machine's, not the store's, and never moves it:
+  - a write refused by the disk (full, an I/O error, the file-size limit): a warning, and that result is
+    not stored; the store stays as it was;
+  - a store that cannot be read or opened (an I/O error, a FIFO or device where the file should be, a
+    directory that cannot be created, a cache directory that cannot be resolved): a warning, and the
+    cache lives in memory for the process;
+  - a store that cannot be written (a read-only file, or a read-only directory: a shared, pre-tuned
+    store) is read and used; writes are skipped with one warning.
+With Store.strict set (the command line sets it), the failures of the first two kinds raise CacheError
+instead of warning (nothing moves to memory), and cache_path() raises CacheError where the directory cannot
+be resolved (default_store() then warns once and keeps the cache in memory).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import sys
@@ -39,16 +51,27 @@ SCHEMA_VERSION = 1
 FILENAME = "tuning.sqlite3"
 
 
+class CacheError(RuntimeError):
+    """The tuning cache cannot be used: its directory cannot be resolved, or (Store.strict) its file cannot be
+    opened, read or written."""
+
+
 def cache_dir() -> Path:
+    """The cache directory; CacheError naming the variable where it cannot be resolved (a home directory
+    that does not exist, as in DNNKIT_CACHE_DIR='~nosuchuser/x')."""
     env = os.environ.get("DNNKIT_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local"
-        return Path(base) / "dnnkit" / "Cache"
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches" / "dnnkit"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dnnkit"
+    try:
+        if env:
+            return Path(env).expanduser()
+        if sys.platform == "win32":
+            base = os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local"
+            return Path(base) / "dnnkit" / "Cache"
+        if sys.platform == "darwin":
+            return Path.home() / "Library" / "Caches" / "dnnkit"
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dnnkit"
+    except (RuntimeError, KeyError, OSError, ValueError) as e:
+        what = f"DNNKIT_CACHE_DIR={env!r}" if env else "the home directory"
+        raise CacheError(f"tuning cache: cannot resolve {what} ({e})") from None
 
 
 def cache_path() -> Path:
@@ -77,17 +100,28 @@ def problem_key(p) -> str:
 
 
 def parse_problem_key(key: str):
-    """The Problem a problem_key() came from."""
-    from ..problem import ConvProblem, GemmProblem
+    """The Problem a problem_key() came from (GEMM, convolution or RNN); ValueError where key is not one
+    problem_key() gives."""
+    from ..problem import CONV_DIRECTIONS, RNN_DIRECTIONS, RNN_MODES, ConvProblem, GemmProblem, RnnProblem
 
+    if not isinstance(key, str):
+        raise ValueError(f"not a problem key: {key!r}")
     parts = key.split(" ")
-    if parts[0] == "gemm" and len(parts) == 2:
-        return GemmProblem.parse(parts[1])
-    if parts[0].startswith("conv2d_") and len(parts) in (4, 5):
-        direction = parts[0][len("conv2d_"):]
-        bias = len(parts) == 5 and parts[3] == "bias"
-        return ConvProblem.parse(parts[1], direction=direction, dtype=parts[2], bias=bias, device=parts[-1])
-    raise ValueError(f"not a problem key: {key!r}")
+    op = parts[0]
+    p = None
+    if op == "gemm" and len(parts) == 2:
+        p = GemmProblem.parse(parts[1])
+    elif len(parts) in (4, 5) and (len(parts) == 4 or parts[3] == "bias"):
+        bias = len(parts) == 5
+        if op.startswith("conv2d_") and op[len("conv2d_"):] in CONV_DIRECTIONS:
+            p = ConvProblem.parse(parts[1], direction=op[len("conv2d_"):], dtype=parts[2], bias=bias,
+                                  device=parts[-1])
+        elif op.rpartition("_")[0] in RNN_MODES and op.rpartition("_")[2] in RNN_DIRECTIONS:
+            p = RnnProblem.parse(parts[1], direction=op.rpartition("_")[2])
+    # Every field the key holds twice (an RNN's dtype, bias and device; the operator) must agree.
+    if p is None or problem_key(p) != key:
+        raise ValueError(f"not a problem key: {key!r}")
+    return p
 
 
 _SCHEMA = (
@@ -110,6 +144,10 @@ class _Busy(Exception):
     """Another connection holds the store's lock for longer than the busy timeout."""
 
 
+class _Damaged(sqlite3.DatabaseError):
+    """The store fails its integrity check."""
+
+
 def _is_busy(e: Exception) -> bool:
     msg = str(e).lower()
     return "locked" in msg or "busy" in msg
@@ -119,6 +157,25 @@ def _is_read_only(e: Exception) -> bool:
     """A write refused by the file system (file or directory modes, a read-only mount)."""
     msg = str(e).lower()
     return "readonly" in msg or "read-only" in msg or "unable to open database file" in msg
+
+
+# SQLite's word for a file that is not a usable store: not a database, corrupt, or of other tables (a
+# statement of this schema's that names a table or column the file lacks). Every other error (I/O, a
+# full disk, the file-size limit, memory) is the machine's and leaves the file where it is.
+_DAMAGE_NAMES = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
+_DAMAGE_WORDS = ("file is not a database", "malformed", "no such table", "no such column", "has no column",
+                 "columns but")
+
+
+def _is_damaged(e: Exception) -> bool:
+    if isinstance(e, (_Foreign, _Damaged, sqlite3.IntegrityError)):
+        return True
+    if not isinstance(e, sqlite3.DatabaseError):
+        return False
+    if str(getattr(e, "sqlite_errorname", "") or "").startswith(_DAMAGE_NAMES):
+        return True
+    msg = str(e).lower()
+    return any(w in msg for w in _DAMAGE_WORDS)
 
 
 def _writable(path: str) -> bool:
@@ -138,52 +195,80 @@ class Store:
         self._memory_fallback = False
         self.read_only = False  # writes are skipped (the file or its directory cannot be written)
         self._warned_read_only = False
+        self._warned_ceilings: set = set()
+        # True: a store that cannot be opened, read or written raises CacheError (no memory fallback).
+        self.strict = False
 
     # ------------------------------------------------------------------------------------------ opening
     def _connect(self, create: bool) -> sqlite3.Connection | None:
-        """The open connection; None when the file does not exist and create is False."""
+        """The open connection; None when the file does not exist and create is False, or the store is
+        busy or cannot be opened by this process (a warning says which)."""
         if self._conn is not None:
             return self._conn
-        if self.path != ":memory:" and not os.path.exists(self.path):
-            if not create:
-                return None
+        if self.path != ":memory:":
+            if not os.path.exists(self.path):
+                if not create:
+                    return None
+                try:
+                    os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+                    if not _writable(self.path):
+                        raise PermissionError("no write permission")
+                except OSError as e:
+                    self._unusable(f"cannot create {self.path} ({e})")
+            elif not os.path.isfile(self.path):
+                # A FIFO, a device or a directory: not a store, and not dnnkit's to move.
+                self._unusable(f"{self.path} is not a regular file")
+        set_aside = False
+        while True:
+            if self.path == ":memory:":
+                self.read_only = False
+                self._conn = self._open(self.path, self.timeout_s, False)
+                return self._conn
             try:
-                os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-                if not _writable(self.path):
-                    raise PermissionError("no write permission")
-            except OSError as e:
-                self._fall_back_to_memory(f"cannot create {self.path} ({e})")
-        for attempt in (1, 2):
-            try:
-                self.read_only = self.path != ":memory:" and not _writable(self.path)
-                self._conn = self._open(self.path, self.timeout_s, self.read_only)
+                self.read_only = not _writable(self.path)
+                self._conn = self._open_waiting(self.path, self.read_only)
                 return self._conn
             except _Busy as e:
                 warnings.warn(f"dnnkit: tuning cache {self.path} is busy ({e}); skipped", RuntimeWarning,
                               stacklevel=4)
                 return None
-            except sqlite3.OperationalError as e:
-                if not _is_read_only(e):
-                    raise
-                # A store this process cannot open at all: a miss, and the file stays where it is.
-                warnings.warn(f"dnnkit: tuning cache {self.path} cannot be opened ({e}); not used",
-                              RuntimeWarning, stacklevel=4)
-                return None
             except (sqlite3.DatabaseError, _Foreign) as e:
-                if attempt == 2 or self.path == ":memory:":
-                    self._fall_back_to_memory(f"{self.path} still unusable after a fresh start ({e})")
-                    self.read_only = False
-                    self._conn = self._open(self.path, self.timeout_s, False)
-                    return self._conn
-                self._set_aside(e)
+                if _is_damaged(e):
+                    if set_aside:
+                        self._unusable(f"{self.path} still unusable after a fresh start ({e})")
+                    else:
+                        self._set_aside(e)
+                        set_aside = True
+                elif _is_read_only(e):
+                    # A store this process cannot open at all: a miss, and the file stays where it is.
+                    warnings.warn(f"dnnkit: tuning cache {self.path} cannot be opened ({e}); not used",
+                                  RuntimeWarning, stacklevel=4)
+                    return None
+                else:
+                    self._unusable(f"cannot open {self.path} ({e})")
             except OSError as e:
-                self._fall_back_to_memory(f"cannot open {self.path} ({e})")
-        return self._conn
+                self._unusable(f"cannot open {self.path} ({e})")
+
+    def _open_waiting(self, path: str, read_only: bool) -> sqlite3.Connection:
+        """_open, tried again with backoff while it finds the store busy, for up to timeout_s: a setup
+        statement may answer busy at once, without SQLite's busy timeout (the switch to WAL while another
+        connection holds a lock on a store it is creating)."""
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.001
+        while True:
+            try:
+                return self._open(path, self.timeout_s, read_only)
+            except _Busy:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(2 * delay, 0.05)
 
     @staticmethod
     def _open(path: str, timeout_s: float = 30.0, read_only: bool = False) -> sqlite3.Connection:
         """A connection to a valid store of this schema. Raises _Busy where another connection's lock
-        outlasts the timeout, _Foreign for another schema, sqlite3.DatabaseError for a damaged file."""
+        outlasts the timeout, _Foreign for another schema, sqlite3.DatabaseError for a damaged file (and
+        for failures of the machine's: _is_damaged tells them apart)."""
         if read_only:
             # mode=ro: SQLite never writes; a store in WAL mode whose directory cannot hold its -shm
             # file opens as immutable (nothing else can be changing it there either).
@@ -206,7 +291,7 @@ class Store:
             try:
                 ok = conn.execute("PRAGMA quick_check").fetchone()
                 if ok is None or ok[0] != "ok":
-                    raise sqlite3.DatabaseError(f"integrity check failed: {ok}")
+                    raise _Damaged(f"integrity check failed: {ok}")
                 tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
                 if tables:
                     row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() \
@@ -229,7 +314,8 @@ class Store:
                     conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
                     conn.execute("COMMIT")
                 except BaseException:
-                    conn.execute("ROLLBACK")
+                    if conn.in_transaction:  # (SQLite has rolled back already after some errors)
+                        conn.execute("ROLLBACK")
                     raise
             except sqlite3.OperationalError as e:
                 if _is_busy(e):
@@ -242,12 +328,7 @@ class Store:
 
     def _set_aside(self, why) -> None:
         """Rename an unusable store (and its journal) aside, so a new one starts; keep it for inspection."""
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except sqlite3.Error:
-                pass
-            self._conn = None
+        self._drop_connection()
         aside = f"{self.path}.bad-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         try:
             os.replace(self.path, aside)
@@ -262,9 +343,25 @@ class Store:
         warnings.warn(f"dnnkit: the tuning cache {self.path} is unusable ({why}); {where} and started a new one",
                       RuntimeWarning, stacklevel=4)
 
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+            self._conn = None
+
+    def _unusable(self, why) -> None:
+        """The file cannot serve as the store (and is left as it is): CacheError where strict, else a
+        warning and a store in memory for the rest of the process."""
+        self._drop_connection()
+        if self.strict:
+            raise CacheError(f"tuning cache: {why}")
+        self._fall_back_to_memory(why)
+
     def _fall_back_to_memory(self, why) -> None:
         warnings.warn(f"dnnkit: tuning cache: {why}; tuning results are kept in memory for this process only",
-                      RuntimeWarning, stacklevel=4)
+                      RuntimeWarning, stacklevel=5)
         self.path = ":memory:"
         self._memory_fallback = True
 
@@ -274,10 +371,19 @@ class Store:
             warnings.warn(f"dnnkit: tuning cache {self.path} is read-only ({why}); it is read and used, and "
                           "new results are not stored", RuntimeWarning, stacklevel=4)
 
+    def _write_failed(self, e) -> None:
+        """A write the machine refused (a full disk, an I/O error, the file-size limit): nothing of it is
+        stored, and the store stays as it was."""
+        if self.strict:
+            raise CacheError(f"cannot write the tuning cache {self.path} ({e}); nothing was stored")
+        warnings.warn(f"dnnkit: tuning cache {self.path}: a write failed ({e}); that result is not stored, and the "
+                      "store is kept as it was", RuntimeWarning, stacklevel=4)
+
     def _run(self, create: bool, fn, default=None, write: bool = False):
         """fn(conn) under the lock; a store found damaged mid-way is set aside and fn retried once.
         A store locked by another connection for longer than the busy timeout: a warning and default;
-        a write to a store that cannot be written: one warning for the store, and default."""
+        a write to a store that cannot be written: one warning for the store, and default; a write the
+        machine refuses: a warning and default; a read that fails: the store in memory (_unusable)."""
         with self._lock:
             for attempt in (1, 2):
                 conn = self._connect(create)
@@ -288,7 +394,7 @@ class Store:
                     return default
                 try:
                     return fn(conn)
-                except sqlite3.OperationalError as e:
+                except sqlite3.DatabaseError as e:
                     if conn.in_transaction:
                         try:
                             conn.execute("ROLLBACK")
@@ -298,17 +404,18 @@ class Store:
                         warnings.warn(f"dnnkit: tuning cache {self.path} is busy ({e}); skipped", RuntimeWarning,
                                       stacklevel=3)
                         return default
+                    if _is_damaged(e) and attempt == 1 and self.path != ":memory:":
+                        self._set_aside(e)
+                        continue
                     if _is_read_only(e):
                         self.read_only = True
                         self._skip_write(e)
                         return default
-                    if attempt == 2:
-                        raise
-                    self._set_aside(e)
-                except sqlite3.DatabaseError as e:
-                    if attempt == 2:
-                        raise
-                    self._set_aside(e)
+                    if write:
+                        self._write_failed(e)
+                    else:
+                        self._unusable(f"cannot read {self.path} ({e})")
+                    return default
             return default
 
     def close(self) -> None:
@@ -435,15 +542,30 @@ class Store:
 
     # ----------------------------------------------------------------------------------------- ceilings
     def put_ceilings(self, peak_flops: float, copy_bytes_per_s: float, device: str | None = None) -> None:
+        for name, v in (("peak_flops", peak_flops), ("copy_bytes_per_s", copy_bytes_per_s)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+                raise ValueError(f"put_ceilings: {name} must be a positive finite number, got {v!r}")
         row = (device or device_fingerprint(), float(peak_flops), float(copy_bytes_per_s), time.time())
         self._run(True, lambda c: c.execute("INSERT OR REPLACE INTO ceilings VALUES (?, ?, ?, ?)", row), write=True)
         changed()
 
     def get_ceilings(self, device: str | None = None) -> dict | None:
+        """The ceilings stored for device (default: this CPU), or None where there are none. A row whose
+        figures are not positive finite numbers (written behind dnnkit's back) counts as none, with one
+        warning per store and row."""
+        device = device or device_fingerprint()
         row = self._run(False, lambda c: c.execute(
-            "SELECT peak_flops, copy_bytes_per_s FROM ceilings WHERE device = ?",
-            (device or device_fingerprint(),)).fetchone())
-        return None if row is None else {"peak_flops": row[0], "copy_bytes_per_s": row[1]}
+            "SELECT peak_flops, copy_bytes_per_s FROM ceilings WHERE device = ?", (device,)).fetchone())
+        if row is None:
+            return None
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in row):
+            return {"peak_flops": float(row[0]), "copy_bytes_per_s": float(row[1])}
+        if (device, tuple(row)) not in self._warned_ceilings:
+            self._warned_ceilings.add((device, tuple(row)))
+            warnings.warn(f"dnnkit: tuning cache {self.path}: the ceilings stored for {device} are not positive "
+                          f"finite numbers (peak_flops={row[0]!r}, copy_bytes_per_s={row[1]!r}); ignored, using "
+                          "nominal values until they are measured again", RuntimeWarning, stacklevel=2)
+        return None
 
 
 _stores: dict[str, Store] = {}
@@ -472,8 +594,20 @@ if hasattr(os, "register_at_fork"):
 
 
 def default_store() -> Store:
-    """The store at cache_path() (DNNKIT_CACHE_DIR is read at each call)."""
-    path = str(cache_path())
+    """The store at cache_path() (DNNKIT_CACHE_DIR is read at each call). Where that cannot be resolved, a
+    store in memory, with one warning per unresolvable setting (cache_path() raises CacheError)."""
+    try:
+        path = str(cache_path())
+    except CacheError as e:
+        with _stores_lock:
+            key = f"<unresolved> {e}"
+            s = _stores.get(key)
+            if s is None:
+                s = _stores[key] = Store(":memory:")
+                s._memory_fallback = True
+                warnings.warn(f"dnnkit: {e}; tuning results are kept in memory for this process only",
+                              RuntimeWarning, stacklevel=2)
+            return s
     with _stores_lock:
         s = _stores.get(path)
         if s is None:

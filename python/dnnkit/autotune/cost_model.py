@@ -5,7 +5,8 @@ correction fitted to this device's measurements.
 
 Ceilings (device_ceilings): on the CPU, the float32 FMA peak and the per-thread copy bandwidth, measured by
 `dnnkit autotune` (see measure_ceilings) and kept in the tuning cache per device; until they are
-measured, or where the stored peak is implausible (plausible_peak: under 40% of the nominal figure),
+measured, where the stored peak is implausible (plausible_peak: under 40% of the nominal figure), or
+where the stored row is not positive finite numbers (cache.Store.get_ceilings: ignored, with a warning),
 nominal values (two FMAs a cycle per thread at 2.5 GHz, each of the active ISA's width or of the core's
 FMA datapath where narrower: backends/cpu.py flops_per_cycle; 10 GB/s per thread) stand in.
 ceilings() says which are in use; `dnnkit info --peak` prints it. On the GPU, its FP32 rate and copy
@@ -189,7 +190,10 @@ def _calibration(backend: str = "cpu") -> dict:
     _fit = _fits.setdefault(backend, {"for": None, "top": 0, "samples": {}, "generation": None, "value": None})
     gen = generation()
     device, version = cache.device_fingerprint(backend), cache._version()
-    target = (str(cache.cache_path()), device, version)
+    # The store: default_store() never raises (a cache it cannot resolve or open is one in memory, with a
+    # warning); the store object and its path say when the fit must start over.
+    store = cache.default_store()
+    target = (id(store), store.path, device, version)
     if _fit["for"] == target and _fit["generation"] == gen and _fit["value"] is not None:
         return _fit["value"]
     value = {"ceilings": None, "factors": {}, "scale": {}, "local": {}}
@@ -197,7 +201,6 @@ def _calibration(backend: str = "cpu") -> dict:
         _fit.update({"for": target, "top": 0, "samples": {}})
     _fit["generation"], _fit["value"] = gen, value  # set first: the fit below calls the formulas
     try:
-        store = cache.default_store()
         value["ceilings"] = store.get_ceilings(device)
         new, count, top = store.device_rows(device, version, _fit["top"])
         if top < _fit["top"]:  # another store, or rows renumbered: start over

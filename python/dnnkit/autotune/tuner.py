@@ -21,7 +21,9 @@ find(p) is the autotuner's core and what `measure` mode and `dnnkit autotune` ru
      set fits the last-level cache (_operand_sets; the record's `inputs` says which), so that no call
      finds its operands where the last one left them;
   5. an exception in a candidate (out of memory, a kernel error) is its record's status ("failed") and
-     reason: it is scored as infinitely slow and tuning goes on.
+     reason: it is scored as infinitely slow and tuning goes on. Inputs or outputs of the problem that do
+     not fit in memory fail every candidate that would need them, each record saying so: find() returns
+     those records, never the MemoryError.
 The records come back best first and are written to the persistent cache (cache.py).
 """
 from __future__ import annotations
@@ -78,6 +80,26 @@ def _operand_sets(p, ops: harness.Operands, rng) -> list:
         return [ops]
     copies = min(MAX_OPERAND_COPIES, -(-2 * llc // max(nbytes, 1)))
     return [ops] + [harness.operands(p, rng) for _ in range(copies - 1)]
+
+
+def _timing_operands(p, h, ops, rng, timed) -> tuple[list, list]:
+    """(operand sets, an output for each) for the timed calls: fewer copies where more do not fit in memory;
+    where not even one output fits, the timed candidates are failed (the problem's failure, each record
+    saying why) and there are no outputs."""
+    if not timed:
+        return [ops], []
+    try:
+        sets = _operand_sets(p, ops, rng)
+    except MemoryError:
+        sets = [ops]
+    for attempt in (sets, [ops]):
+        try:
+            return attempt, [h.output(p, ops) for _ in attempt]
+        except MemoryError as e:
+            error = e
+    for _, r, _ in timed:
+        r.status, r.reason = "failed", f"outputs do not fit in memory (MemoryError: {error})"
+    return [ops], []
 
 
 def _time_rounds(entries, p, sets, outs, budget_s: float, rounds: int) -> None:
@@ -223,14 +245,10 @@ def find(p, *, budget: float | None = None, workspace_limit: int | None = None, 
                     timed.append((a, r, []))
                 except Exception as e:  # noqa: BLE001 - scored as infinitely slow, tuning goes on
                     r.status, r.reason = "failed", f"{type(e).__name__}: {e}"
-            try:
-                sets = _operand_sets(p, ops, rng)
-            except MemoryError:
-                sets = [ops]
-            outs = [h.output(p, ops) for _ in sets]
+            sets, outs = _timing_operands(p, h, ops, rng, timed)
             inputs = f"rotated over {len(sets)} copies" if len(sets) > 1 else "one set (larger than the cache)"
             # Alternating rounds; the top two again where the figures do not tell them apart.
-            live = list(timed)
+            live = list(timed) if outs else []
             for extra in (False, True):
                 _time_rounds(live, p, sets, outs, budget / 2 if extra else budget, ROUNDS)
                 if extra:
