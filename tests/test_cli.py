@@ -155,6 +155,8 @@ def test_autotune_model_list(tmp_path):
     (["cache", "frob"], ["frob"]),
     (["cache", "import", "/nonexistent/x.json"], ["cannot read"]),
     (["cache", "show"], ["descriptor"]),
+    (["autotune", "--problem", "m4n4k4", "--plot", "roofline.txt"], ["autotune --plot", "roofline.txt", ".png"]),
+    (["autotune", "--problem", "m4n4k4", "--plot", "/nonexistent/dir/x.png"], ["autotune --plot", "/nonexistent"]),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, args, words):
     one_line_error(run_in(tmp_path, *args), *words)
@@ -204,6 +206,11 @@ def test_autotune_plot(tmp_path):
     ("DNNKIT_NUM_THREADS", "0", "get_num_threads() >= 1"),
     ("DNNKIT_NUM_THREADS", "100000", "get_num_threads() <= 1024"),
     ("DNNKIT_WORKSPACE_LIMIT", "lots", "get_workspace_limit() is None"),
+    ("DNNKIT_ALGO_LINEAR", "gemm_goto", "_config.algo_overrides() == {}"),
+    ("DNNKIT_ALGO_FOO", "bar", "_config.algo_overrides() == {}"),
+    ("DNNKIT_BLOCK_CACHE_MB", "abc", "info()['block_cache_bytes'] >= 0"),
+    ("DNNKIT_BLOCK_CACHE_MB", "-5", "info()['block_cache_bytes'] >= 0"),
+    ("DNNKIT_AMX", "maybe", "get_amx() == dnnkit._cpu.amx_available()"),
 ])
 def test_a_bad_environment_variable_is_ignored_with_a_warning(name, value, expect):
     env = dict(os.environ, **{name: value})
@@ -275,3 +282,175 @@ def test_autotune_workspace_limit_on_a_cached_problem(tmp_path):
     r = run_in(tmp_path, "autotune", "--problem", d, "--budget", "0.01", "--workspace-limit", "1G", "--json")
     again = json.loads(r.stdout)["problems"][0]
     assert again["source"] == "measured" and not any(x["status"] == "over_limit" for x in again["records"])
+
+
+@pytest.mark.parametrize("name,value,expect", [
+    ("DNNKIT_AMX", "off", "not dnnkit.get_amx()"), ("DNNKIT_AMX", "FALSE", "not dnnkit.get_amx()"),
+    ("DNNKIT_AMX", "no", "not dnnkit.get_amx()"), ("DNNKIT_AMX", "0", "not dnnkit.get_amx()"),
+    ("DNNKIT_AMX", "on", "dnnkit.get_amx() == dnnkit._cpu.amx_available()"),
+    ("DNNKIT_BLOCK_CACHE_MB", "64", "True"), ("DNNKIT_ALGO_GEMM", "gemm_goto",
+                                              "dnnkit._config.algo_overrides() == {'gemm': 'gemm_goto'}"),
+])
+def test_a_good_environment_variable_is_taken_without_a_warning(name, value, expect):
+    env = dict(os.environ, **{name: value})
+    r = subprocess.run([sys.executable, "-W", "error", "-c", f"import dnnkit; assert {expect}; print('ok')"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout and not r.stderr, r.stderr
+
+
+def test_the_amx_switch_takes_the_usual_spellings():
+    from dnnkit import _config
+
+    for raw in ("0", "off", "OFF", "false", "No", " no "):
+        assert _config._amx_switch(raw) is False
+    for raw in ("1", "on", "True", "yes"):
+        assert _config._amx_switch(raw) is True
+    for raw in ("maybe", "2", "0x", "o"):
+        with pytest.raises(ValueError, match="off"):
+            _config._amx_switch(raw)
+
+
+def _not_a_store(directory, what):
+    """Makes directory's store one that cannot be opened or read; returns the preexec_fn that does it for a
+    child (a file-size limit under which SQLite cannot create the store's shared-memory file), or None."""
+    import resource
+
+    from dnnkit.autotune import cache
+    from helpers import cached_result
+
+    path = directory / cache.FILENAME
+    if what == "fifo":
+        os.mkfifo(path)
+    elif what == "symlink to /dev/zero":
+        os.symlink("/dev/zero", path)
+    else:
+        s = cache.Store(path)
+        s.put(cached_result())
+        s.close()
+        return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    return None
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="FIFOs, /dev/zero and RLIMIT_FSIZE")
+@pytest.mark.parametrize("what", ["fifo", "symlink to /dev/zero", "file-size limit"])
+@pytest.mark.parametrize("command", [["cache", "list"], ["autotune", "--problem", "m4n4k4", "--budget", "0"],
+                                     ["cache", "import", "{export}"]])
+def test_a_store_the_command_cannot_use_is_a_one_line_error(tmp_path, what, command):
+    """Where the library would warn and keep its results in memory, the command line stops with its
+    one-line error (exit status 2) naming the command and the store, and leaves the file as it was."""
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps({"format": "dnnkit-tuning-cache", "schema": 1, "results": []}))
+    store = tmp_path / "store"
+    store.mkdir()
+    preexec = _not_a_store(store, what)
+    args = [a.replace("{export}", str(export)) for a in command]
+    r = subprocess.run([sys.executable, "-m", "dnnkit", *args], capture_output=True, text=True, timeout=300,
+                       env=tune_env(store), preexec_fn=preexec)
+    label = " ".join(command[:2]) if command[0] == "cache" else "autotune"
+    one_line_error(r, f"dnnkit: error: {label}: tuning cache", str(store / "tuning.sqlite3"))
+    assert not [f for f in os.listdir(store) if ".bad-" in f]
+    if what == "file-size limit":
+        listed = run_in(store, "cache", "list", "--json")
+        assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 1, listed.stderr
+
+
+def test_an_import_over_the_file_size_limit_is_a_one_line_error_and_keeps_the_store(tmp_path):
+    import resource
+
+    store = tmp_path / "store"
+    assert run_in(store, "autotune", "--problem", "m8n8k8", "--budget", "0.01").returncode == 0
+    export = tmp_path / "export.json"
+    assert run_in(store, "cache", "export", str(export)).returncode == 0
+    doc = json.loads(export.read_text())
+    row = doc["results"][0]
+    doc["results"] = [dict(row, problem=f"gemm m{100 + i}n8k8_f32", records=row["records"] * 20) for i in range(300)]
+    export.write_text(json.dumps(doc))
+    files = [store / f for f in os.listdir(store)]
+    limit = max(os.path.getsize(f) for f in files) + 32768
+    r = subprocess.run([sys.executable, "-m", "dnnkit", "cache", "import", str(export)], capture_output=True,
+                       text=True, timeout=300, env=tune_env(store),
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY)))
+    one_line_error(r, "cache import", "nothing was stored")
+    assert not [f for f in os.listdir(store) if ".bad-" in f]
+    listed = run_in(store, "cache", "list", "--json")
+    assert listed.returncode == 0 and [x["problem"] for x in json.loads(listed.stdout)] == ["gemm m8n8k8_f32"]
+
+
+def test_an_unresolvable_cache_directory_is_a_one_line_error():
+    env = dict(os.environ, DNNKIT_CACHE_DIR="~dnnkit-no-such-user/x")
+    for args in (["cache", "path"], ["cache", "list"], ["autotune", "--problem", "m4n4k4", "--budget", "0"]):
+        r = subprocess.run([sys.executable, "-m", "dnnkit", *args], capture_output=True, text=True, timeout=120,
+                           env=env)
+        one_line_error(r, "DNNKIT_CACHE_DIR", "~dnnkit-no-such-user/x")
+
+
+def test_export_and_import_restore_rnn_records(tmp_path):
+    """An exported cache with RNN results (besides GEMM and convolution ones) imports into an empty one."""
+    tuned = tmp_path / "tuned"
+    r = run_in(tuned, "autotune", "--problem", "lstm_l1t2mb1slc4sic4", "--problem", "gru_l1t2mb1slc4sic4_bidir",
+               "--problem", "m4n4k4", "--problem", "mb1ic2ih5oc2kh3", "--direction", "bwd_data", "--budget", "0.01")
+    assert r.returncode == 0, r.stderr
+    assert run_in(tuned, "cache", "export", str(tmp_path / "e.json")).returncode == 0
+    fresh = tmp_path / "fresh"
+    r = run_in(fresh, "cache", "import", str(tmp_path / "e.json"))
+    assert r.returncode == 0 and "imported 4 of 4" in r.stdout, r.stdout + r.stderr
+    assert json.loads(run_in(fresh, "cache", "list", "--json").stdout) == \
+        json.loads(run_in(tuned, "cache", "list", "--json").stdout)
+    for d in ("lstm_l1t2mb1slc4sic4", "gru_l1t2mb1slc4sic4_bidir"):
+        assert run_in(fresh, "cache", "show", d, "--direction", "bwd").returncode == 0
+
+
+def test_an_export_never_overwrites_a_store(tmp_path):
+    """`dnnkit cache export` onto the live store (by any name), its journal files, or another SQLite
+    database is refused; the store keeps its records. Over a JSON file it writes as before."""
+    assert run_in(tmp_path, "autotune", "--problem", "m4n4k4", "--budget", "0.01").returncode == 0
+    live = run_in(tmp_path, "cache", "path").stdout.strip()
+    os.symlink(live, tmp_path / "alias.sqlite3")
+    other = tmp_path / "other.db"
+    shutil.copy(live, other)
+    for target, words in ((live, ["live tuning cache"]), (str(tmp_path / "alias.sqlite3"), ["live tuning cache"]),
+                          (live + "-wal", ["live tuning cache's wal file"]), (str(other), ["SQLite database"])):
+        one_line_error(run_in(tmp_path, "cache", "export", target), "cache export", *words)
+    listed = run_in(tmp_path, "cache", "list", "--json")
+    assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 1
+    assert not [f for f in os.listdir(tmp_path) if ".bad-" in f]
+    out = tmp_path / "e.json"
+    out.write_text("{}")
+    assert run_in(tmp_path, "cache", "export", str(out)).returncode == 0
+    assert len(json.loads(out.read_text())["results"]) == 1
+
+
+@pytest.mark.parametrize("descriptor", ["m1048576n1048576k1", "mb1ic1ih1oc1kh1ph1000000"])
+def test_a_problem_too_large_for_memory_is_reported_not_a_traceback(tmp_path, descriptor):
+    """Outputs that cannot be allocated fail every candidate (their records say so): nothing tuned is the
+    command's one-line error naming the problem, exit status 2; beside a problem that was tuned, a line
+    naming it and exit status 1."""
+    from dnnkit.problem import parse_descriptor
+
+    name = parse_descriptor(descriptor).descriptor()
+    r = run_in(tmp_path, "autotune", "--problem", descriptor, "--budget", "0", "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("dnnkit: error: autotune: nothing could be tuned") and "MemoryError" in last, last
+    assert name in last
+    records = json.loads(r.stdout)["problems"][0]["records"]
+    assert all(x["status"] in ("failed", "unsupported", "pruned") for x in records)
+    r = run_in(tmp_path, "autotune", "--problem", descriptor, "--problem", "m4n4k4", "--budget", "0")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "dnnkit: autotune: not tuned:" in r.stderr and name in r.stderr
+    assert "tuned 1 of 2" in r.stdout
+
+
+def test_autotune_on_the_gpu_tunes_there_or_says_why_not(tmp_path):
+    """--device cuda puts a GEMM or RNN descriptor on the GPU: tuned there, or, without a usable GPU, the
+    reason as a one-line error (never the CPU problem in its place)."""
+    from dnnkit.backends import cuda
+
+    r = run_in(tmp_path, "autotune", "--problem", "m4n4k4", "--device", "cuda", "--budget", "0.01", "--json")
+    if cuda.status()["available"]:
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["problems"][0]["descriptor"] == "m4n4k4_f32_cuda"
+    else:
+        one_line_error(r, "autotune --device cuda", "GPU", cuda.status()["reason"].split(" (")[0])
+    one_line_error(run_in(tmp_path, "autotune", "--problem", "mb1ic2ih5oc2kh3", "--device", "cuda"),
+                   "autotune --device cuda", "no CUDA kernels for conv2d_fwd")

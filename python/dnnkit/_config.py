@@ -1,11 +1,15 @@
 """Process-wide settings: threads, tuning mode, workspace limit, AMX tiles. Environment variables are read
 once, at import: DNNKIT_NUM_THREADS, DNNKIT_TUNING, DNNKIT_WORKSPACE_LIMIT (bytes: 1048576, 64K, 64M, 2G),
-DNNKIT_AMX (0: off). A value that does not parse is ignored with a warning naming the variable, and the
-default stands: a typo in the environment never keeps `import dnnkit` from working."""
+DNNKIT_NAN_SEMANTICS, DNNKIT_ALLOW_TF32, DNNKIT_AMX (0, off, false or no: off; 1, on, true or yes: on where
+the CPU has AMX), DNNKIT_ALGO_<OP> (algo_overrides) and DNNKIT_BLOCK_CACHE_MB (a whole number of MiB; the
+extension reads it, it is checked here). A value that does not parse, or a DNNKIT_ALGO_ variable naming no
+operator, is ignored with a warning naming the variable, and the default stands: a typo in the environment
+never keeps `import dnnkit` from working."""
 from __future__ import annotations
 
 import math
 import os
+import re
 import warnings
 
 from .backends import cpu as _cpu
@@ -195,10 +199,56 @@ def _bool(raw: str) -> bool:
 
 def algo_overrides() -> dict:
     """{operator: algorithm name} from DNNKIT_ALGO_<OP> (DNNKIT_ALGO_CONV2D_FWD=direct,
-    DNNKIT_ALGO_LSTM_FWD=fused_rows, DNNKIT_ALGO_GEMM=gemm_goto): what algo="auto" means for that operator,
-    as an explicit algo= would (read at import; a name the operator does not have is reported when the
-    operator is first called)."""
+    DNNKIT_ALGO_LSTM_FWD=fused_rows, DNNKIT_ALGO_GEMM=gemm_goto; linear layers run as gemm): what
+    algo="auto" means for that operator, as an explicit algo= would (read at import: a variable naming no
+    operator is ignored with a warning; a name the operator does not have is reported when the operator
+    is first called)."""
     return dict(_state["algo"])
+
+
+def _operators() -> tuple:
+    """The operators DNNKIT_ALGO_<OP> can name: the problems' op keys."""
+    from .problem import CONV_DIRECTIONS, RNN_DIRECTIONS, RNN_MODES
+
+    return (("gemm",) + tuple(f"conv2d_{d}" for d in CONV_DIRECTIONS)
+            + tuple(f"{m}_{d}" for m in RNN_MODES for d in RNN_DIRECTIONS))
+
+
+def _algo_env() -> dict:
+    out = {}
+    ops = _operators()
+    for name, value in sorted(os.environ.items()):
+        if not name.startswith("DNNKIT_ALGO_") or not value.strip():
+            continue
+        op = name[len("DNNKIT_ALGO_"):].lower()
+        if op not in ops:
+            hint = "; linear layers run as gemm: DNNKIT_ALGO_GEMM" if op == "linear" else ""
+            warnings.warn(f"dnnkit: ignoring {name}={value!r} (no operator {op!r}{hint}; DNNKIT_ALGO_<OP> takes "
+                          f"{', '.join(o.upper() for o in ops)})", RuntimeWarning, stacklevel=3)
+            continue
+        out[op] = value.strip()
+    return out
+
+
+_OFF = ("0", "off", "false", "no")
+_ON = ("1", "on", "true", "yes")
+
+
+def _amx_switch(raw: str) -> bool:
+    """DNNKIT_AMX: False for 0, off, false, no; True for 1, on, true, yes (any case)."""
+    v = raw.strip().lower()
+    if v in _OFF:
+        return False
+    if v in _ON:
+        return True
+    raise ValueError(f"must be one of {', '.join(_OFF)} (off) or {', '.join(_ON)} (on where the CPU has AMX)")
+
+
+def _block_cache_mb(raw: str) -> int:
+    """DNNKIT_BLOCK_CACHE_MB as the extension takes it: decimal digits only."""
+    if not re.fullmatch(r"[0-9]+", raw):
+        raise ValueError("must be a whole number of MiB, 0 or more")
+    return int(raw)
 
 
 def _init_from_env() -> None:
@@ -211,8 +261,21 @@ def _init_from_env() -> None:
     _state["workspace_limit"] = _env("DNNKIT_WORKSPACE_LIMIT", parse_bytes)
     _state["nan_semantics"] = _env("DNNKIT_NAN_SEMANTICS", _nan_semantics) or "any"
     _state["allow_tf32"] = bool(_env("DNNKIT_ALLOW_TF32", _bool))
-    _state["algo"] = {k[len("DNNKIT_ALGO_"):].lower(): v.strip() for k, v in os.environ.items()
-                      if k.startswith("DNNKIT_ALGO_") and v.strip()}
+    _state["algo"] = _algo_env()
+    # Read by the extension; checked here so that a value it would ignore is reported. (It reads the
+    # variable unstripped: " 64" is ignored there too.)
+    raw = os.environ.get("DNNKIT_BLOCK_CACHE_MB")
+    if raw is not None and raw.strip():
+        try:
+            _block_cache_mb(raw)
+        except ValueError as e:
+            warnings.warn(f"dnnkit: ignoring DNNKIT_BLOCK_CACHE_MB={raw!r} ({e}); using the default",
+                          RuntimeWarning, stacklevel=2)
+    # The extension reads only the first character of DNNKIT_AMX ('0': off): the decision is made here
+    # for every spelling, and a value that does not parse leaves the default (on where the CPU has AMX).
+    amx = _env("DNNKIT_AMX", _amx_switch)
+    if _cpu.available() and (os.environ.get("DNNKIT_AMX") or "").strip():
+        _cpu.set_amx(amx is not False and _cpu.amx_available())
 
 
 _init_from_env()

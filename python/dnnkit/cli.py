@@ -9,11 +9,15 @@
   dnnkit cache path | list [--json] | show DESCRIPTOR | clear (PATTERN [--device any] | --all) [--yes] |
                export FILE | import FILE
 
-Errors are one line on stderr, "dnnkit: error: ...", with exit status 2.
+Errors are one line on stderr, "dnnkit: error: ...", with exit status 2: bad arguments, a tuning cache
+that cannot be resolved, opened, read or written (where the library would warn and keep its results in
+memory), and an `autotune` that could tune none of its problems. An `autotune` that tuned some of them
+but not all names each of the others on stderr, with exit status 1.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -27,6 +31,24 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"dnnkit: error: {message}\n")
+
+
+# The stores this command made strict (main() restores them): a cache the command cannot use is its error.
+_STRICT_STORES: list = []
+
+
+def _store():
+    """The default tuning cache, strict for this command: one that cannot be resolved, opened, read or
+    written raises CacheError (main() prints it as the command's one-line error), never a warning and a
+    store in memory."""
+    from .autotune import cache
+
+    cache.cache_path()  # CacheError where DNNKIT_CACHE_DIR (or the home directory) cannot be resolved
+    store = cache.default_store()
+    if not store.strict:
+        store.strict = True
+        _STRICT_STORES.append(store)
+    return store
 
 
 # ------------------------------------------------------------------------------------------------- info
@@ -142,10 +164,64 @@ def _problems(args) -> list:
                 out.append(parse_descriptor(text, direction=direction, dtype=dtype, device=args.device))
             except ValueError as e:
                 raise ValueError(f"autotune: {e}") from None
-        return out
+        return _on_device(out, args.device)
     if args.batch:
-        return load_batch(args.batch, direction=direction, dtype=dtype)
-    return model_problems(args.model, mb=8 if args.mb is None else args.mb, direction=direction, dtype=dtype)
+        out = load_batch(args.batch, direction=direction, dtype=dtype)
+    else:
+        out = model_problems(args.model, mb=8 if args.mb is None else args.mb, direction=direction, dtype=dtype)
+    return _on_device(out, args.device)
+
+
+def _on_device(problems, device: str) -> list:
+    """The problems on --device: with cuda, each one on the GPU (a descriptor's own _cuda stays)."""
+    if device != "cuda":
+        return problems
+    out = []
+    for p in problems:
+        try:
+            out.append(p if p.device == "cuda" else dataclasses.replace(p, device="cuda"))
+        except ValueError as e:
+            raise ValueError(f"autotune --device cuda: {p.descriptor()} cannot run on the GPU ({e})") from None
+    return out
+
+
+def _check_gpu(problems) -> None:
+    """ValueError saying why the GPU problems cannot be tuned here: an operator without CUDA kernels, or no
+    usable GPU (no driver or device, numba-cuda missing)."""
+    from . import algos
+    from .backends import cuda as cuda_backend
+
+    gpu = [p for p in problems if p.device == "cuda"]
+    if not gpu:
+        return
+    missing = sorted({p.op for p in gpu if not algos.algorithms(p.op, "cuda")})
+    if missing:
+        have = sorted({a.op for a in algos.all_algorithms() if a.backend == "cuda"})
+        raise ValueError(f"autotune --device cuda: dnnkit has no CUDA kernels for {', '.join(missing)} yet (the GPU "
+                         f"runs {', '.join(have) or 'nothing yet'}); tune it on the CPU (--device cpu)")
+    status = cuda_backend.status()
+    if not status["available"]:
+        raise ValueError(f"autotune --device cuda: cannot tune on the GPU: {status['reason']}")
+
+
+def _check_plot(path: str) -> None:
+    """ValueError naming --plot where the roofline could not be written to path (checked before tuning):
+    no matplotlib, a file type matplotlib does not write, or a directory that does not exist."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        raise ValueError("autotune --plot: needs matplotlib (pip install 'dnnkit[plot]')") from None
+    kinds = FigureCanvasAgg.get_supported_filetypes()
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in kinds:
+        raise ValueError(f"autotune --plot: cannot write {path!r}: the file name must end in one of "
+                         f"{', '.join('.' + k for k in sorted(kinds))}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ValueError(f"autotune --plot: cannot write {path!r}: no directory {parent}")
 
 
 def _picks(result):
@@ -231,19 +307,21 @@ def _cmd_autotune(args) -> int:
     from .autotune.records import format_table
     from .autotune import cache
     from .autotune.cost_model import measure_ceilings, measure_gpu_ceilings, plausible_peak
-    from .backends import cuda as cuda_backend
     from .autotune.tuner import find
 
     problems = _problems(args)
+    _check_gpu(problems)
+    if args.plot:
+        _check_plot(args.plot)
     limit = get_workspace_limit() if args.workspace_limit is None else args.workspace_limit
-    store = cache.default_store()
+    store = _store()
     if not args.json:
         print(f"dnnkit {__version__} autotune: {len(problems)} problem(s) on {cache.device_fingerprint()}; "
               f"cache {store.path}")
     stored = store.get_ceilings()
     if stored is None or not plausible_peak(stored["peak_flops"]) or args.force:
         measure_ceilings(store)
-    if any(p.device == "cuda" for p in problems) and cuda_backend.status()["available"] and (
+    if any(p.device == "cuda" for p in problems) and (
             args.force or store.get_ceilings(cache.device_fingerprint("cuda")) is None):
         measure_gpu_ceilings(store)
     results = []
@@ -287,7 +365,24 @@ def _cmd_autotune(args) -> int:
                   f"{s['heuristic_compared']}{err}")
         if args.plot:
             print(f"roofline written to {args.plot}")
-    return 0 if all(b is not None for b in chosen) else 1
+    untuned = [f"{r.problem.op} {r.problem.descriptor()} ({_why_untuned(r, limit)})"
+               for r, b in zip(results, chosen) if b is None]
+    if untuned and len(untuned) == len(results):
+        raise ValueError(f"autotune: nothing could be tuned: {'; '.join(untuned)}")
+    for line in untuned:
+        print(f"dnnkit: autotune: not tuned: {line}", file=sys.stderr)
+    return 1 if untuned else 0
+
+
+def _why_untuned(result, limit) -> str:
+    """Why result has no algorithm to choose (within limit): the first failure, else the first record's
+    status and reason."""
+    if any(r.ok for r in result):
+        return f"every accurate algorithm needs more workspace than the limit of {limit} bytes"
+    r = next((r for r in result if r.status == "failed"), result[0] if len(result) else None)
+    if r is None:
+        return "no algorithm"
+    return f"{r.algorithm}: {r.status}" + (f": {r.reason}" if r.reason else "")
 
 
 def _problem_bytes(p) -> int:
@@ -345,10 +440,10 @@ def _cmd_cache(args) -> int:
     from .autotune import cache
     from .autotune.records import format_table
 
-    store = cache.default_store()
     if args.action == "path":
-        print(store.path)
+        print(cache.cache_path())  # (opens nothing)
         return 0
+    store = _store()
     if args.action == "clear":
         if bool(args.arg) == bool(args.all):
             raise ValueError("cache clear: give a pattern (text the problem keys contain, as `dnnkit cache list` "
@@ -399,6 +494,7 @@ def _cmd_cache(args) -> int:
     if not args.arg:
         raise ValueError(f"cache {args.action}: give a file name")
     if args.action == "export":
+        _check_export_target(args.arg, str(cache.cache_path()))
         rows = store.rows()
         try:
             with open(args.arg, "w", encoding="utf-8") as f:
@@ -423,6 +519,31 @@ def _cmd_cache(args) -> int:
     n = store.import_rows(doc["results"])
     print(f"imported {n} of {len(doc['results'])} tuning result(s) into {store.path} (newer ones kept)")
     return 0
+
+
+def _check_export_target(path: str, live: str) -> None:
+    """ValueError where exporting to path would overwrite the live store or one of its journal files (the
+    name, existing or not, or another name of the same file), or any SQLite database or write-ahead log:
+    JSON over it would destroy its records."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        same = os.path.realpath(path) == os.path.realpath(live + suffix)
+        try:
+            same = same or os.path.samefile(path, live + suffix)
+        except OSError:
+            pass
+        if same:
+            what = f"the live tuning cache's {suffix[1:]} file" if suffix else "the live tuning cache"
+            raise ValueError(f"cache export: {path} is {what}; refusing to overwrite it (give a new file name, "
+                             "e.g. tuning.json)")
+    if os.path.isfile(path):
+        try:
+            with open(path, "rb") as f:
+                head = f.read(16)
+        except OSError:
+            return  # the write reports what is wrong with it
+        if head.startswith(b"SQLite format 3\x00") or head[:4] in (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83"):
+            raise ValueError(f"cache export: {path} is an SQLite database; refusing to overwrite it (give a new "
+                             "file name, e.g. tuning.json)")
 
 
 # ----------------------------------------------------------------------------------------------- parser
@@ -495,10 +616,16 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from .autotune.cache import CacheError
+
     try:
         return args.func(args)
     except (ValueError, TypeError) as e:
         print(f"dnnkit: error: {e}", file=sys.stderr)
+        return 2
+    except CacheError as e:
+        command = args.command + (f" {args.action}" if args.command == "cache" else "")
+        print(f"dnnkit: error: {command}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("dnnkit: interrupted", file=sys.stderr)
@@ -508,6 +635,9 @@ def main(argv=None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    finally:
+        while _STRICT_STORES:
+            _STRICT_STORES.pop().strict = False
 
 
 if __name__ == "__main__":
