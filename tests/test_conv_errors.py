@@ -173,3 +173,34 @@ def test_fast_transform_lengths():
     assert [_fast_len(n) for n in range(0, 3000)] == want
     big = _fast_len(2**40 + 1)
     assert big > 2**40 and smooth(big) and big < 2**40 * 1.01
+
+
+def test_auto_gives_way_when_a_workspace_cannot_be_allocated(monkeypatch):
+    """algo="auto" on a workspace allocation that fails runs the best algorithm needing less (down to none),
+    with the same result; a named algorithm fails with a MemoryError naming the operator."""
+    from dnnkit.ops import convolution
+
+    r = np.random.default_rng(0)
+    x, w = r.standard_normal((2, 32, 16, 16)).astype(F32), r.standard_normal((32, 32, 3, 3)).astype(F32)
+    chosen = [next(c for c in dnnkit.explain("mb2ic32ih16oc32oh16kh3ph1", direction=d) if c.chosen)
+              for d in ("fwd", "bwd_data", "bwd_filter")]
+    if not any(c.workspace_bytes for c in chosen):
+        pytest.skip("auto takes no algorithm with a workspace here")
+    want = dnnkit.conv2d(x, w, padding=1, algo="direct")
+    dy = r.standard_normal(want.shape).astype(F32)
+    want_dx = dnnkit.conv2d_backward_data(x.shape, w, dy, padding=1, algo="direct")
+    want_dw = dnnkit.conv2d_backward_filter(x, w.shape, dy, padding=1, algo="direct")
+    real = convolution._cpu.workspace
+
+    def refuse(nbytes, itemsize):
+        if nbytes > 0:
+            raise MemoryError("refused")
+        return real(nbytes, itemsize)
+
+    monkeypatch.setattr(convolution._cpu, "workspace", refuse)
+    np.testing.assert_allclose(dnnkit.conv2d(x, w, padding=1), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dnnkit.conv2d_backward_data(x.shape, w, dy, padding=1), want_dx, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dnnkit.conv2d_backward_filter(x, w.shape, dy, padding=1), want_dw, rtol=1e-4,
+                               atol=1e-3)
+    with pytest.raises(MemoryError, match="conv2d: cannot allocate a workspace of .* for im2col_gemm"):
+        dnnkit.conv2d(x, w, padding=1, algo="im2col_gemm")

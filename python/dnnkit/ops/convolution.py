@@ -89,6 +89,24 @@ def _conv_plan(op: str, p, algo, ws):
     return _plan(op, p, algo, None if ws is None else max(0, ws.nbytes - (_WORKSPACE_ALIGN - 1)))
 
 
+def _conv_plan_workspace(op: str, p, algo, ws, dtype):
+    """(plan, workspace) for a call. Where dnnkit provides the workspace (ws None) and algo is "auto", an
+    algorithm whose workspace cannot be allocated gives way to the one dispatch chooses among those that
+    need less, as far as one needing none; an algorithm the caller named fails with the MemoryError."""
+    plan = _conv_plan(op, p, algo, ws)
+    while True:
+        try:
+            return plan, _conv_workspace(op, plan, dtype, ws)
+        except MemoryError:
+            if ws is not None or algo != "auto" or plan.workspace_bytes == 0:
+                raise
+            try:
+                plan = _plan(op, p, algo, plan.workspace_bytes - 1)
+            except ValueError:  # none needs less (or DNNKIT_ALGO_<OP> names this one)
+                raise MemoryError(f"{op}: cannot allocate a workspace of {plan.workspace_bytes} bytes for "
+                                  f"{plan.algorithm.name}, and no algorithm needs less") from None
+
+
 def _conv_workspace(op: str, plan, dtype, ws):
     """The workspace for the run: the library's (ws None), or the first aligned bytes of the caller's."""
     if ws is None:
@@ -196,11 +214,10 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     except DeviceArray:
         raise placement_error("conv2d", input=input, weight=weight, bias=bias, workspace=workspace) from None
     _apart("conv2d", ws, input=x, weight=w, bias=bias)
-    plan = _conv_plan("conv2d", p, algo, ws)
+    plan, work = _conv_plan_workspace("conv2d", p, algo, ws, x.dtype)
     y = _empty("conv2d", (p.mb, p.oc, p.oh, p.ow), x.dtype)
     plan.run(np.ascontiguousarray(x), np.ascontiguousarray(w), out=y,
-             bias=None if bias is None else np.ascontiguousarray(bias),
-             workspace=_conv_workspace("conv2d", plan, x.dtype, ws))
+             bias=None if bias is None else np.ascontiguousarray(bias), workspace=work)
     if key is not None:
         _calls.put(key, (plan, y.nbytes < _cpu.recycle_bytes))
     return y
@@ -234,10 +251,9 @@ def conv2d_backward_data(input_shape, weight, grad_output, stride=1, padding=0, 
     except DeviceArray:
         raise placement_error(op, weight=weight, grad_output=grad_output, workspace=workspace) from None
     _apart(op, ws, weight=w, grad_output=dy)
-    plan = _conv_plan(op, p, algo, ws)
+    plan, work = _conv_plan_workspace(op, p, algo, ws, w.dtype)
     dx = _empty(op, (p.mb, p.ic, p.ih, p.iw), w.dtype)
-    plan.run(np.ascontiguousarray(w), np.ascontiguousarray(dy), out=dx,
-             workspace=_conv_workspace(op, plan, w.dtype, ws))
+    plan.run(np.ascontiguousarray(w), np.ascontiguousarray(dy), out=dx, workspace=work)
     return dx
 
 
@@ -272,10 +288,9 @@ def conv2d_backward_filter(input, weight_shape, grad_output, stride=1, padding=0
     except DeviceArray:
         raise placement_error(op, input=input, grad_output=grad_output, workspace=workspace) from None
     _apart(op, ws, input=x, grad_output=dy)
-    plan = _conv_plan(op, p, algo, ws)
+    plan, work = _conv_plan_workspace(op, p, algo, ws, x.dtype)
     dw = _empty(op, (p.oc, p.ic // p.g, p.kh, p.kw), x.dtype)
-    plan.run(np.ascontiguousarray(x), np.ascontiguousarray(dy), out=dw,
-             workspace=_conv_workspace(op, plan, x.dtype, ws))
+    plan.run(np.ascontiguousarray(x), np.ascontiguousarray(dy), out=dw, workspace=work)
     return dw
 
 
