@@ -57,3 +57,12 @@ def test_a_thread_exception_stops_the_launch():
     _, fails = _kernels()
     with pytest.raises(IndexError, match=r"tid=\[5, 0, 0\]"):
         fails[1, 32](dev(np.zeros(32)))
+
+
+def test_the_gpu_status_names_the_simulator():
+    """Under the simulator there is no device to describe: the GPU backend says so (dnnkit info, the CLI's
+    --device cuda), rather than failing on the simulator's device."""
+    from dnnkit.backends import cuda as backend
+
+    s = backend.status()
+    assert not s["available"] and "CUDA simulator" in s["reason"] and s["devices"] == []

@@ -37,15 +37,18 @@ def status() -> dict:
     except Exception as e:  # noqa: BLE001 - numba-cuda missing or broken: the GPU path is unavailable
         return {"available": False, "reason": f"numba-cuda is not installed ({type(e).__name__}: {e}); "
                                               f"pip install \"dnnkit[cuda]\"", "devices": [], "driver": None}
-    if not simulator():
-        try:  # the kernel compiler's own modules: they fail to load where numba-cuda and NumPy do not match
-            importlib.import_module("numba.cuda.cudaimpl")
-        except Exception as e:  # noqa: BLE001 - any failure here means no kernel can be compiled
-            import numpy
+    if simulator():
+        return {"available": False, "reason": "Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) stands in for a GPU: "
+                                              "the kernels run on the CPU, and there is no device to report",
+                "devices": [], "driver": None}
+    try:  # the kernel compiler's own modules: they fail to load where numba-cuda and NumPy do not match
+        importlib.import_module("numba.cuda.cudaimpl")
+    except Exception as e:  # noqa: BLE001 - any failure here means no kernel can be compiled
+        import numpy
 
-            return {"available": False, "reason": f"numba-cuda cannot compile kernels with NumPy {numpy.__version__} "
-                                                  f"({type(e).__name__}: {e}); install versions that match",
-                    "devices": [], "driver": None}
+        return {"available": False, "reason": f"numba-cuda cannot compile kernels with NumPy {numpy.__version__} "
+                                              f"({type(e).__name__}: {e}); install versions that match",
+                "devices": [], "driver": None}
     try:
         if not cuda.is_available():
             return {"available": False, "reason": "no CUDA driver or GPU found", "devices": [], "driver": None}
@@ -61,7 +64,7 @@ def status() -> dict:
                     info.update(clock_khz=int(dev.CLOCK_RATE), memory_clock_khz=int(dev.MEMORY_CLOCK_RATE),
                                 memory_bus_bits=int(dev.GLOBAL_MEMORY_BUS_WIDTH),
                                 shared_optin_bytes=int(dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
-                except Exception:  # noqa: BLE001 - the simulator's device has no such attributes
+                except Exception:  # noqa: BLE001 - a driver that does not report them
                     pass
                 devices.append(info)
         ver = cuda.cudadrv.driver.driver.get_version()
