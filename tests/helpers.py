@@ -117,3 +117,13 @@ CACHED_PROBLEM = ConvProblem.parse("mb2ic8ih12oc8oh12kh3ph1")
 def cached_result(p=CACHED_PROBLEM, best="direct", t=1e-3):
     return TuneResult(p, [TuneRecord(best, "ok", median_s=t, workspace_bytes=0),
                           TuneRecord("fft", "pruned", reason="predicted slow")], 0.5)
+
+
+def run_each_operator(n: int = 4):
+    """One small gemm, conv2d and lstm, their results checked: what must keep working whatever the tuning
+    cache's state."""
+    assert dnnkit.gemm(np.ones((n, n), np.float32), np.ones((n, n), np.float32))[0, 0] == n
+    assert dnnkit.conv2d(np.ones((1, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32)).shape == (1, 3, 3, 3)
+    out, _ = dnnkit.lstm(np.ones((2, 1, 3), np.float32), None, None,
+                         [np.full((8, 3), 0.1, np.float32), np.full((8, 2), 0.1, np.float32)])
+    assert out.shape == (2, 1, 2)

@@ -15,6 +15,7 @@ from dnnkit.algos.base import Ceilings
 from dnnkit.autotune import cost_model
 from dnnkit.dispatch import candidates, choose
 from dnnkit.problem import ConvProblem, GemmProblem, RnnProblem
+from helpers import run_each_operator
 
 CPU = Ceilings(peak_flops=200e9, bytes_per_s=10e9, threads=2)
 GPU = Ceilings(peak_flops=60e12, bytes_per_s=3e12, threads=1, tf32_flops=400e12)
@@ -23,6 +24,15 @@ GEMMS = [(1, 1000, 2048), (4, 256, 512), (13, 512, 1024), (48, 1024, 1024), (512
          (3136, 64, 576), (1, 4096, 4096), (64, 64, 8192)]
 CONVS = ["mb8ic64ih56oc64oh56kh3ph1", "mb1ic256ih14oc256oh14kh3ph1", "mb8ic256ih56oc64oh56kh1ph0",
          "mb2ic32ih28oc32oh28kh5ph2", "g32mb2ic32ih28oc32oh28kh3ph1", "mb2ic16ih9oc8oh4kh3sh2ph0"]
+
+
+def _untuned_choices(problems) -> list:
+    """The algorithm each problem takes with tuning off (the rules, then the formulas; no cache)."""
+    dnnkit.set_tuning("off")
+    try:
+        return [choose(p).name for p in problems]
+    finally:
+        dnnkit.set_tuning("heuristic")
 
 
 def _rnns(device="cpu"):
@@ -137,11 +147,7 @@ def test_rules_decide_whatever_the_fitted_corrections_say(device, monkeypatch):
     problems += list(_rnns(device))
     problems = [p for p in problems if len(_ruled(p)) == 1]  # (not split-K beside the 32x32 tile)
     assert len(problems) > 20
-    dnnkit.set_tuning("off")
-    try:
-        expected = [choose(p).name for p in problems]
-    finally:
-        dnnkit.set_tuning("heuristic")
+    expected = _untuned_choices(problems)
     for p, name in zip(problems, expected):
         factors = {(p.op, a.name): (8.0 if a.name == name else 1 / 8) for a in algos.algorithms(p.op, device)}
         monkeypatch.setattr(cost_model, "correction", lambda p, name, factors=factors: factors[(p.op, name)])
@@ -187,11 +193,7 @@ def test_the_fit_reads_rnn_records_and_the_rules_still_decide(store):
         fitted = {name: f for (o, name), f in factors.items() if o == op}
         assert fitted and all(f == pytest.approx(2.0) for f in fitted.values()), (op, fitted)
     problems = [p for p in _rnns("cpu") if len(_ruled(p)) == 1]
-    dnnkit.set_tuning("off")
-    try:
-        expected = [choose(p).name for p in problems]
-    finally:
-        dnnkit.set_tuning("heuristic")
+    expected = _untuned_choices(problems)
     for p, name in zip(problems, expected):
         assert choose(p).name == name, p.descriptor()
         t = cost_model.predict(algos.get(p.op, "cpu", name), p)
@@ -207,8 +209,6 @@ def test_stored_ceilings_that_are_not_positive_finite_numbers_count_as_absent(st
     import sqlite3
     import warnings
 
-    import numpy as np
-
     from dnnkit import _config
     from dnnkit.autotune import cache
 
@@ -221,12 +221,7 @@ def test_stored_ceilings_that_are_not_positive_finite_numbers_count_as_absent(st
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
-            assert dnnkit.gemm(np.ones((5, 5), np.float32), np.ones((5, 5), np.float32))[0, 0] == 5
-            assert dnnkit.conv2d(np.ones((1, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32)).shape == (
-                1, 3, 3, 3)
-            out, _ = dnnkit.lstm(np.ones((2, 1, 3), np.float32), None, None,
-                                 [np.full((8, 3), 0.1, np.float32), np.full((8, 2), 0.1, np.float32)])
-            assert out.shape == (2, 1, 2)
+            run_each_operator(5)
             assert len(dnnkit.explain("mb1ic2ih5oc3kh3")) > 0
             used = cost_model.ceilings()
             assert used["source"].startswith("nominal") and used["peak_flops"] == cost_model.nominal_peak_flops()
