@@ -10,7 +10,6 @@
 // one thread (no barrier inside a product, each thread's B blocks in its own L2); the products left
 // over, and batch 1, run on all threads at once.
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -19,6 +18,7 @@
 
 #include "../gemm/gemm.h"
 #include "../gemm/pack.h"
+#include "../work_share.h"
 #include "conv.h"
 #include "kernels.h"
 
@@ -206,18 +206,14 @@ void conv2d_fwd_implicit(const ConvShape& sh, const T* x, const T* w, const T* b
   const index_t tasks = sh.n * sh.g;
   const index_t shared = nt > 1 ? tasks / nt * nt : 0;  // products run one per thread
   if (shared > 0) {
-    std::atomic<bool> failed{false};
+    RegionErrors errors;  // the GEMM's packing buffers could not be allocated: rethrown after the region
 #pragma omp parallel num_threads(nt)
     {
       const int tid = thread_id();
-      try {
-        for (index_t t = tid; t < shared && !failed.load(std::memory_order_relaxed); t += nt)
-          product(t, 1, planes + tid * layout.plane_elems);
-      } catch (...) {  // the GEMM's packing buffers could not be allocated: rethrown outside the region
-        failed = true;
-      }
+      for (index_t t = tid; t < shared && !errors.failed(); t += nt)
+        errors.run([&] { product(t, 1, planes + tid * layout.plane_elems); });
     }
-    if (failed) throw std::bad_alloc();
+    errors.rethrow();
   }
   for (index_t t = shared; t < tasks; ++t) product(t, nt, planes);
 }

@@ -543,7 +543,7 @@ class Store:
     # ----------------------------------------------------------------------------------------- ceilings
     def put_ceilings(self, peak_flops: float, copy_bytes_per_s: float, device: str | None = None) -> None:
         for name, v in (("peak_flops", peak_flops), ("copy_bytes_per_s", copy_bytes_per_s)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+            if not _positive_finite(v):
                 raise ValueError(f"put_ceilings: {name} must be a positive finite number, got {v!r}")
         row = (device or device_fingerprint(), float(peak_flops), float(copy_bytes_per_s), time.time())
         self._run(True, lambda c: c.execute("INSERT OR REPLACE INTO ceilings VALUES (?, ?, ?, ?)", row), write=True)
@@ -558,7 +558,7 @@ class Store:
             "SELECT peak_flops, copy_bytes_per_s FROM ceilings WHERE device = ?", (device,)).fetchone())
         if row is None:
             return None
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in row):
+        if all(_positive_finite(v) for v in row):
             return {"peak_flops": float(row[0]), "copy_bytes_per_s": float(row[1])}
         if (device, tuple(row)) not in self._warned_ceilings:
             self._warned_ceilings.add((device, tuple(row)))
@@ -566,6 +566,11 @@ class Store:
                           f"finite numbers (peak_flops={row[0]!r}, copy_bytes_per_s={row[1]!r}); ignored, using "
                           "nominal values until they are measured again", RuntimeWarning, stacklevel=2)
         return None
+
+
+def _positive_finite(v) -> bool:
+    """Whether v is a number (not a bool) that can be a ceiling: positive and finite."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
 
 
 _stores: dict[str, Store] = {}
