@@ -309,7 +309,7 @@ def test_explain_rejects_bad_arguments():
     with pytest.raises(ValueError, match="GemmProblem.parse"):
         dnnkit.explain("m8n8")
     a = np.ones((4, 4), np.float32)
-    with pytest.raises(TypeError, match=r"explain: gemm\(\) got an unexpected keyword argument 'bogus'"):
+    with pytest.raises(TypeError, match=r"explain: gemm\(\): got an unexpected keyword argument 'bogus'"):
         dnnkit.explain("gemm", a, a, bogus=1)
     with pytest.raises(ValueError, match=r"explain: algo must be 'auto' or one of \[.*'blocked_gemm'.*got 'nope'"):
         dnnkit.explain("m4n4k4", algo="nope")

@@ -550,6 +550,47 @@ def test_rnn_goes_through_the_registry_and_explain():
     assert dnnkit.explain("gru_l1t5mb3slc4sic6", direction="bwd").problem.op == "gru_bwd"
 
 
+def test_explain_takes_the_rnn_calls():
+    """explain("lstm", <lstm's arguments>) and the others: the problem the call would run, its candidates,
+    the call's own argument errors; the backward from the forward's reserve."""
+    rng = np.random.default_rng(3)
+    T, B, I, H = 5, 3, 4, 6
+    x = rng.standard_normal((B, T, I)).astype(np.float32)
+    lstm_w = [rng.standard_normal(s).astype(np.float32)
+              for fan in (I, I, 2 * H, 2 * H) for s in [(4 * H, fan), (4 * H, H), (4 * H,), (4 * H,)]]
+    e = dnnkit.explain("lstm", x, None, None, lstm_w, num_layers=2, bidirectional=True, batch_first=True,
+                       train=True, dropout=0.5)
+    assert e.problem == dnnkit.RnnProblem("lstm", T, B, I, H, layers=2, dirs=2)
+    assert sum(c.chosen for c in e) == 1 and "lstm_l2t5mb3slc4sic6_bidir" in str(e)
+    gru_w = [w[:3 * H] for w in lstm_w[:2]]
+    assert dnnkit.explain("gru", x[0], None, gru_w).problem == dnnkit.RnnProblem("gru", T, 1, I, H, bias=False)
+    rnn_w = [w[:H] for w in lstm_w[:4]]
+    e = dnnkit.explain("rnn", x, None, rnn_w, nonlinearity="relu", algo="fused_units")
+    assert e.problem.mode == "rnn_relu" and [c.algorithm for c in e if c.chosen] == ["fused_units"]
+    e = dnnkit.explain("lstm_cell", x[:, 0], None, *lstm_w[:4])
+    assert e.problem == dnnkit.RnnProblem("lstm", 1, B, I, H) and "fused_cell_gemm" in str(e)
+    assert dnnkit.explain("gru_cell", x[0, 0], None, *gru_w).problem == dnnkit.RnnProblem("gru", 1, 1, I, H, bias=False)
+    assert dnnkit.explain("rnn_relu_cell", x[:, 0], None, *rnn_w).problem.mode == "rnn_relu"
+    assert dnnkit.explain("rnn_tanh_cell", x[:, 0], None, *rnn_w).problem.mode == "rnn_tanh"
+    out, _, reserve = dnnkit.lstm(x, None, None, lstm_w[:4], batch_first=True, train=True)
+    e = dnnkit.explain("lstm_backward", out, None, None, reserve)
+    assert e.problem == dnnkit.RnnProblem("lstm", T, B, I, H, direction="bwd") and e.problem.op == "lstm_bwd"
+    h, reserve = dnnkit.gru_cell(x[:, 0], None, *gru_w, train=True)
+    assert dnnkit.explain("gru_cell_backward", h, reserve).problem.direction == "bwd"
+    with pytest.raises(ValueError, match=r"^rnn_backward: reserve comes from gru_cell"):
+        dnnkit.explain("rnn_backward", h, None, reserve)
+    with pytest.raises(ValueError, match=r"^lstm: weights has 3 entries"):
+        dnnkit.explain("lstm", x, None, None, lstm_w[:3])
+    with pytest.raises(ValueError, match=r"^rnn: nonlinearity must be 'tanh' or 'relu'"):
+        dnnkit.explain("rnn", x, None, rnn_w, nonlinearity="sigmoid")
+    with pytest.raises(TypeError, match=r"^explain: lstm\(\): got an unexpected keyword argument 'bogus'"):
+        dnnkit.explain("lstm", x, None, None, lstm_w[:4], bogus=1)
+    with pytest.raises(TypeError, match=r"^explain: gru\(\): missing a required argument: 'weights'"):
+        dnnkit.explain("gru", x, None)
+    with pytest.raises(TypeError, match=r"^lstm_cell: hx must be a pair"):
+        dnnkit.explain("lstm_cell", x[:, 0], 3, *lstm_w[:4])
+
+
 def test_rnn_workspace_limit_is_reported_by_name():
     x = np.zeros((2, 1, 3), np.float32)
     w = [np.zeros((16, 3), np.float32), np.zeros((16, 4), np.float32)]

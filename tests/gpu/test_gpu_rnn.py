@@ -101,6 +101,20 @@ def test_explain_lists_the_gpu_sequence_algorithms():
     assert "projection" in e[1].reason and "bidirectional" in e[2].reason
 
 
+def test_explain_takes_gpu_rnn_calls():
+    """explain("lstm", <GPU arrays>) and the cells': the GPU problem and algorithms, the call's errors."""
+    rng = np.random.default_rng(4)
+    x = rand(rng, (5, 3, 4))
+    ws = _weights(rng, "lstm", 4, 6, 2, 1, True, np.float32)
+    e = dnnkit.explain("lstm", dev(x), None, None, [dev(w) for w in ws], num_layers=2)
+    assert e.problem == dnnkit.RnnProblem("lstm", 5, 3, 4, 6, layers=2, device="cuda") and e[0].chosen
+    assert [c.algorithm for c in e] == ["gpu_steps", "gpu_persistent", "gpu_wavefront"]
+    e = dnnkit.explain("lstm_cell", dev(x[0]), None, *[dev(w) for w in ws[:4]])
+    assert e.problem == dnnkit.RnnProblem("lstm", 1, 3, 4, 6, device="cuda")
+    with pytest.raises(TypeError, match=r"^lstm: arrays on different devices \(input on the GPU"):
+        dnnkit.explain("lstm", dev(x), None, None, ws, num_layers=2)
+
+
 @pytest.mark.parametrize("mode, L, P, dropout, batch_first, train", [("gru", 2, 0, 0.3, True, True),
                                                                      ("lstm", 2, 2, 0.0, False, False)])
 def test_wavefront(mode, L, P, dropout, batch_first, train):

@@ -30,18 +30,16 @@ def _all_arrays(x, h0, c0, weights) -> list:
     return [a for a in [x, h0, c0, *ws] if a is not None]
 
 
-def sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout, generator,
-             recompute, proj_size, algo, stream):
+def sequence_args(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size):
+    """A GPU sequence call's arguments checked, and its problem: (problem, x as (T, B, I), the states
+    {"h0", "c0"} given, the flat weights, names, as_dict, has_bias, unbatched, batch_first, arrays: the
+    weights as given). sequence and explain."""
     if any(device_of(a) == "cpu" for a in _all_arrays(x, h0, c0, weights)):
         raise placement_error(op, input=x, h0=h0, c0=c0, weights=weights)
     L = _layers(op, num_layers)
     P = _proj_size(op, mode, proj_size)
-    _dropout(op, dropout)
-    recompute = _flag(op, "recompute", recompute)
     D = 2 if _flag(op, "bidirectional", bidirectional) else 1
     batch_first = _flag(op, "batch_first", batch_first)
-    train = _flag(op, "train", train)
-    p_drop = _dropout(op, dropout) if train and L > 1 else 0.0
     dx = _cuda.adopt(op, "input", x, ndim=(2, 3))
     shape = tuple(dx.shape)
     unbatched = len(shape) == 2
@@ -101,6 +99,20 @@ def sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_firs
             states[name] = dh.reshape((L * D, 1, width)) if unbatched else dh
     p = _new_problem(op, RnnProblem, mode, T, B, I, H, layers=L, dirs=D, bias=has_bias, direction="fwd",
                      dtype=dtype, device="cuda", proj=P)
+    return p, x3, states, flat, names, as_dict, has_bias, unbatched, batch_first, arrays
+
+
+def sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout, generator,
+             recompute, proj_size, algo, stream):
+    p, x3, states, flat, names, as_dict, has_bias, unbatched, batch_first, arrays = sequence_args(
+        op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size)
+    recompute = _flag(op, "recompute", recompute)
+    train = _flag(op, "train", train)
+    T, B, H, L, D, P, dtype = p.seq, p.batch, p.hidden, p.layers, p.dirs, p.proj, p.dtype
+    S = P or H
+    lead = (L * D,) if unbatched else (L * D, B)
+    p_drop = _dropout(op, dropout)
+    p_drop = p_drop if train and L > 1 else 0.0
     plan = _plan(op, p, algo)
     s = _cuda.stream_for(op, stream, x, h0, c0, *arrays)
     out_shape = (T, D * S) if unbatched else ((B, T, D * S) if batch_first else (T, B, D * S))
@@ -271,14 +283,13 @@ def _contiguous(d) -> bool:
     return True
 
 
-def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo="auto", stream=None):
-    """The cells (lstm_cell, gru_cell, rnn_*_cell) on GPU arrays: a one-step, one-layer sequence, run by the
-    GPU sequence algorithm algo names ("auto": dispatch's choice)."""
+def cell_args(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh):
+    """A GPU cell call's arguments checked, and its problem: (problem, x as (1, B, I), [h, c] as (1, B, H)
+    or None, the flat weights, unbatched). cell and explain."""
     names = ("hx[0]", "hx[1]") if mode == "lstm" else ("hx", "c")
     arrays = {"input": x, names[0]: h, names[1]: c, "w_ih": w_ih, "w_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh}
     if any(device_of(a) != "cuda" for a in arrays.values() if a is not None):
         raise placement_error(op, **{k: v for k, v in arrays.items() if v is not None})
-    train = _flag(op, "train", train)
     dx = _cuda.adopt(op, "input", x, ndim=(1, 2))
     unbatched = dx.ndim == 1
     B, I = (1, tuple(dx.shape)[0]) if unbatched else tuple(dx.shape)
@@ -316,6 +327,16 @@ def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo="auto", stream=N
             raise ValueError(f"{op}: {name} must have shape {state}, got {tuple(d.shape)}")
         states.append(d.reshape((1, B, H)))
     p = _new_problem(op, RnnProblem, mode, 1, B, I, H, bias=b_ih is not None, dtype=dtype, device="cuda")
+    return p, dx.reshape((1, B, I)), states, [dw_ih, dw_hh, *biases], unbatched
+
+
+def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo="auto", stream=None):
+    """The cells (lstm_cell, gru_cell, rnn_*_cell) on GPU arrays: a one-step, one-layer sequence, run by the
+    GPU sequence algorithm algo names ("auto": dispatch's choice)."""
+    p, x3, states, flat, unbatched = cell_args(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh)
+    train = _flag(op, "train", train)
+    B, H, dtype = p.batch, p.hidden, p.dtype
+    state = (H,) if unbatched else (B, H)
     plan = _plan(op, p, algo)
     s = _cuda.stream_for(op, stream, x, h, c, w_ih, w_hh, b_ih, b_hh)
     h_new, dh = _cuda.empty(op, x, state, dtype, s)
@@ -324,8 +345,6 @@ def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo="auto", stream=N
     if mode == "lstm":
         c_new, dc = _cuda.empty(op, x, state, dtype, s)
         dc3 = dc.reshape((1, B, H))
-    x3 = dx.reshape((1, B, I))
-    flat = [dw_ih, dw_hh, *biases]
     saves = None
     if train:
         saves = [_cuda.scratch((1, B, SAVED[mode] * H), dtype, s) if SAVED[mode] else None]

@@ -226,15 +226,13 @@ def _sequence(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_fir
                                       dropout, generator, recompute, proj_size, algo, stream)
 
 
-def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
-                      generator, recompute, proj_size, algo):
+def _sequence_args(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size):
+    """A host sequence call's arguments checked, and its problem: (problem, x as (T, B, I), h0, c0, the
+    kernel's flat weights, names, as_dict, has_bias, unbatched, batch_first). lstm/gru/rnn and explain."""
     num_layers = _layers(op, num_layers)
     P = _proj_size(op, mode, proj_size)
-    p_drop = _dropout(op, dropout)
-    recompute = _flag(op, "recompute", recompute)
     dirs = 2 if _flag(op, "bidirectional", bidirectional) else 1
     batch_first = _flag(op, "batch_first", batch_first)
-    train = _flag(op, "train", train)
     x = _array(op, "input", x, ndim=(2, 3))
     unbatched = x.ndim == 2
     xt = x[:, None, :] if unbatched else (x.transpose(1, 0, 2) if batch_first else x)  # (T, B, I)
@@ -250,6 +248,18 @@ def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, b
     h0 = _state(op, "h0", h0, lead + (S,), x.dtype)
     c0 = _state(op, "c0", c0, lead + (H,), x.dtype) if mode == "lstm" else None
     p = _problem(op, mode, T, B, I, H, num_layers, dirs, has_bias, "fwd", x.dtype, P)
+    return p, xt, h0, c0, flat, names, as_dict, has_bias, unbatched, batch_first
+
+
+def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
+                      generator, recompute, proj_size, algo):
+    p, xt, h0, c0, flat, names, as_dict, has_bias, unbatched, batch_first = _sequence_args(
+        op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size)
+    p_drop = _dropout(op, dropout)
+    recompute = _flag(op, "recompute", recompute)
+    train = _flag(op, "train", train)
+    T, B, I, H, num_layers, dirs, P = p.seq, p.batch, p.input, p.hidden, p.layers, p.dirs, p.proj
+    S = P or H
     xt = np.ascontiguousarray(xt)
     shape = (_CELL_CODES[mode], T, B, I, H, num_layers, dirs, P)
     stack = masks = None
@@ -259,16 +269,16 @@ def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, b
                                                       (T, B, I, H, num_layers, dirs, P), has_bias, recompute, algo)
         ys, buffer = [r.ys[0] for r in stack], None
     else:
-        out = _empty(op, (T, B, dirs * S), x.dtype)
+        out = _empty(op, (T, B, dirs * S), xt.dtype)
         if train:
-            ys = [_empty(op, (T, B, dirs * S), x.dtype) for _ in range(num_layers - 1)] + [out]
-            buffer = _empty(op, (_reserve_elems(shape),), x.dtype)
+            ys = [_empty(op, (T, B, dirs * S), xt.dtype) for _ in range(num_layers - 1)] + [out]
+            buffer = _empty(op, (_reserve_elems(shape),), xt.dtype)
         else:
-            tmp = [_empty(op, (T, B, dirs * S), x.dtype) for _ in range(min(num_layers - 1, 2))]
+            tmp = [_empty(op, (T, B, dirs * S), xt.dtype) for _ in range(min(num_layers - 1, 2))]
             ys = [tmp[layer % 2] for layer in range(num_layers - 1)] + [out]
             buffer = None
-        h_n = _empty(op, (num_layers * dirs, B, S), x.dtype)
-        c_n = _empty(op, (num_layers * dirs, B, H), x.dtype) if mode == "lstm" else None
+        h_n = _empty(op, (num_layers * dirs, B, S), xt.dtype)
+        c_n = _empty(op, (num_layers * dirs, B, H), xt.dtype) if mode == "lstm" else None
         _plan(op, p, algo).run(xt, h0, c0, flat, out=ys, h_n=h_n, c_n=c_n, reserve=buffer)
     if unbatched:
         output, h_n = out[:, 0, :], h_n[:, 0, :]
@@ -317,13 +327,17 @@ def gru(x, h0, weights, *, num_layers=1, bidirectional=False, batch_first=False,
                      generator, recompute, 0, algo, stream)
 
 
+def _rnn_mode(nonlinearity) -> str:
+    if not isinstance(nonlinearity, str) or nonlinearity not in ("tanh", "relu"):
+        raise ValueError(f"rnn: nonlinearity must be 'tanh' or 'relu', got {shown(nonlinearity)}")
+    return "rnn_" + nonlinearity
+
+
 def rnn(x, h0, weights, *, nonlinearity="tanh", num_layers=1, bidirectional=False, batch_first=False, train=False,
         dropout=0.0, generator=None, recompute=False, algo="auto", stream=None):
     """torch.nn.RNN's forward (nonlinearity 'tanh' or 'relu'): returns (output, h_n), and a reserve for
     rnn_backward when train. dropout, generator, recompute, algo and stream as for lstm."""
-    if not isinstance(nonlinearity, str) or nonlinearity not in ("tanh", "relu"):
-        raise ValueError(f"rnn: nonlinearity must be 'tanh' or 'relu', got {shown(nonlinearity)}")
-    return _sequence("rnn", "rnn_" + nonlinearity, x, h0, None, weights, num_layers, bidirectional, batch_first,
+    return _sequence("rnn", _rnn_mode(nonlinearity), x, h0, None, weights, num_layers, bidirectional, batch_first,
                      train, dropout, generator, recompute, 0, algo, stream)
 
 
@@ -589,8 +603,9 @@ def _cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo):
                               w_hh=w_hh, b_ih=b_ih, b_hh=b_hh) from None
 
 
-def _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo):
-    """_cell for a call not seen before: the checks, the dispatch, the run, and the call remembered."""
+def _cell_args(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh):
+    """A host cell call's arguments checked, and its problem: (problem, x, h, c, flat weights, the kernel's
+    shape, unbatched). The cells and explain."""
     x = _array(op, "input", x, ndim=(1, 2))
     dtype = x.dtype
     unbatched = x.ndim == 1
@@ -634,10 +649,14 @@ def _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo):
         if c.shape != state_shape:
             raise ValueError(f"{op}: {names[1]} must have shape {state_shape}, got {c.shape}")
     x = x if x.flags.c_contiguous else np.ascontiguousarray(x)
-    shape = (_CELL_CODES[mode], 1, B, I, H, 1, 1, 0)
-    train = _flag(op, "train", train)
-    flat = [w_ih, w_hh, b_ih, b_hh]
     p = _problem(op, mode, 1, B, I, H, 1, 1, b_ih is not None, "fwd", dtype)
+    return p, x, h, c, [w_ih, w_hh, b_ih, b_hh], (_CELL_CODES[mode], 1, B, I, H, 1, 1, 0), unbatched
+
+
+def _cell_checked(op, mode, key, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo):
+    """_cell for a call not seen before: the checks, the dispatch, the run, and the call remembered."""
+    p, x, h, c, flat, shape, unbatched = _cell_args(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh)
+    train = _flag(op, "train", train)
     hit = (_plan(op, p, algo), shape, unbatched)
     h_out, c_out, buffer = _cell_run(op, mode, hit, x, h, c, flat, train)
     if key is not None:
@@ -668,13 +687,16 @@ def lstm_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo="aut
     or how the step's products run: "fused" (the kernel's rule), "fused_cell_direct",
     "fused_cell_dots", "fused_cell_gemm" (docs/algorithms.md; without hx, or on packed weights, the step
     runs the general way whatever is named)."""
+    return _cell("lstm_cell", "lstm", x, *_lstm_hx(hx), w_ih, w_hh, b_ih, b_hh, train, algo)
+
+
+def _lstm_hx(hx):
+    """lstm_cell's hx as (h, c)."""
     if hx is None:
-        h = c = None
-    else:
-        if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-            raise TypeError(f"lstm_cell: hx must be a pair (h, c) or None, got {type(hx).__name__}")
-        h, c = hx
-    return _cell("lstm_cell", "lstm", x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo)
+        return None, None
+    if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+        raise TypeError(f"lstm_cell: hx must be a pair (h, c) or None, got {type(hx).__name__}")
+    return hx
 
 
 def gru_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo="auto"):
