@@ -1,8 +1,6 @@
 """dnnkit: deep-learning operator kernels for Python (CPU: C++/OpenMP; GPU: Numba-CUDA), with an
 autotuner. NumPy arrays in and out on the CPU."""
-from __future__ import annotations
-
-import os
+import os as _os
 
 from ._version import __version__
 
@@ -40,7 +38,7 @@ def info(gpu: bool = True) -> dict:
         # highest the loaded module has, DNNKIT_ISA's cap, the highest the kernels may use (the least of those),
         # and the vector ISA of the kernels now, in the module built for that level.
         **cpu.levels(),
-        "isa_limit": os.environ.get("DNNKIT_ISA") or None,
+        "isa_limit": _os.environ.get("DNNKIT_ISA") or None,
         "amx_available": cpu.amx_available(),  # AMX-BF16 tiles: float32 products split into bfloat16 parts
         "amx": get_amx(),
         **cpu.cache_sizes(),
@@ -49,7 +47,7 @@ def info(gpu: bool = True) -> dict:
         "threads": get_num_threads(),
         # How idle OpenMP threads wait (the environment's, read when the runtime loaded): see the README on
         # calling dnnkit between NumPy's BLAS calls.
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "omp_wait_policy": _os.environ.get("OMP_WAIT_POLICY"),
         "ukernels": machine.ukernels(),
         "tuning": get_tuning(),
         "nan_semantics": get_nan_semantics(),
