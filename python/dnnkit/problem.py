@@ -575,11 +575,12 @@ def parse_descriptor(text: str, *, direction: str = "fwd", dtype: str = "float32
                      device: str = "cpu"):
     """A GemmProblem, RnnProblem or ConvProblem from its descriptor: the GEMM and RNN grammars (strict)
     are tried first, then benchdnn's convolution grammar, which takes the keyword arguments."""
+    # A GEMM or RNN descriptor's own _f32/_f64 wins; without one, the dtype asked for.
     if text.strip().startswith(RNN_MODES):
-        return RnnProblem.parse(text, direction="bwd" if direction.startswith("bwd") else "fwd")
+        r = RnnProblem.parse(text, direction="bwd" if direction.startswith("bwd") else "fwd")
+        return r if re.search(r"_f(32|64)(_cpu|_cuda)?$", text.strip()) else dataclasses.replace(r, dtype=dtype)
     try:
         g = GemmProblem.parse(text)
-        # A descriptor's own _f32/_f64 wins; without one, the dtype asked for.
         return g if text.strip().endswith(("_f32", "_f64")) else dataclasses.replace(g, dtype=dtype)
     except ValueError as gemm_error:
         try:
