@@ -263,6 +263,16 @@ def test_conv2d_backward_bias_ref():
     assert np.array_equal(conv2d_backward_bias_ref(np.zeros((0, 3, 4, 5))), np.zeros(3))
 
 
+def test_torch_argument_forms():
+    """A one-int tuple stands for both dimensions, as torch takes it; the bias gradient of an unbatched
+    output."""
+    x, w = np.ones((1, 2, 7, 7), np.float32), np.ones((3, 2, 3, 3), np.float32)
+    assert np.array_equal(dnnkit.conv2d(x, w, stride=(2,), padding=[1], dilation=(1,)),
+                          dnnkit.conv2d(x, w, stride=2, padding=1))
+    y = np.arange(3 * 4 * 5, dtype=np.float32).reshape(3, 4, 5)
+    assert np.array_equal(dnnkit.conv2d_backward_bias(y), y.sum(axis=(1, 2)))
+
+
 # -------------------------------------------------------------------------------- the public functions
 def _rejects(op, algo, reason, call):
     """algo cannot run the problem: asking for it by name is a ValueError naming op, algo and reason."""

@@ -318,8 +318,60 @@ def test_explain_rejects_bad_arguments():
     for limit, exc in (("1M", TypeError), (-1, ValueError), (True, TypeError)):
         with pytest.raises(exc, match="explain: workspace_limit must be None or a number of bytes >= 0"):
             dnnkit.explain("m4n4k4", workspace_limit=limit)
-    with pytest.raises(ValueError, match="explain: 'm4n4k4' is a GEMM descriptor"):
+    with pytest.raises(ValueError, match="explain: GemmProblem: dtype must be one of"):
         dnnkit.explain("m4n4k4", dtype="float16")
+
+
+def test_explain_descriptors_and_names():
+    """A descriptor's keywords apply as its kind has them; an operator name explain does not take, a
+    descriptor with a call's arguments, a Problem with keywords: each one clear error."""
+    assert dnnkit.explain("m4n4k4", dtype="float64").problem.dtype == "float64"
+    assert dnnkit.explain("m4n4k4_f32", dtype="float64").problem.dtype == "float32"  # its own suffix wins
+    assert dnnkit.explain("lstm_l1t5mb2slc4sic4", dtype=np.float64).problem.dtype == "float64"
+    assert dnnkit.explain("mb2ic4ih8oc4kh3ph1", dtype=np.float64, direction="bwd_data").problem.op == "conv2d_bwd_data"
+    for what, kwargs, exc, message in [
+        ("m4n4k4", {"direction": "bwd_filter"}, ValueError, "explain: 'm4n4k4' is a GEMM descriptor, which has no "
+                                                            "direction; got direction='bwd_filter'"),
+        ("lstm_l1t5mb2slc4sic4", {"direction": "bwd_data"}, ValueError, "is an RNN descriptor, whose direction is"),
+        ("mb2ic4ih8oc4kh3ph1", {"direction": "bwd"}, ValueError,
+         r"^explain: ConvProblem.parse: .*direction must be one of \('fwd', 'bwd_data', 'bwd_filter'\), got 'bwd'"),
+        ("mb2ic4ih8oc4kh3ph1", {"colour": 1}, TypeError, "a descriptor takes the keywords direction, dtype, bias"),
+        ("linear_backward", {}, ValueError, "^explain: no operator 'linear_backward' here; explain takes the calls"),
+        ("Conv2d", {}, ValueError, "^explain: no operator 'Conv2d' here"),
+        ("rnn_l1t5mb2slc4sic4", {}, ValueError, "rnn_tanh_l... or rnn_relu_l..."),
+    ]:
+        with pytest.raises(exc, match=message):
+            dnnkit.explain(what, **kwargs)
+    with pytest.raises(ValueError, match="^explain: no operator 'linear_backward' here"):
+        dnnkit.explain("linear_backward", np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)))
+    with pytest.raises(TypeError, match="^explain: a Problem or a descriptor takes no call arguments"):
+        dnnkit.explain("m4n4k4", np.ones((4, 4)))
+    with pytest.raises(TypeError, match=r"^explain: a Problem takes no keywords but algo and workspace_limit"):
+        dnnkit.explain(dnnkit.GemmProblem(4, 4, 4), dtype="float64")
+
+
+def test_explain_takes_every_argument_of_the_calls():
+    """Keywords of the calls that do not shape the problem are taken; workspace= limits the candidates as
+    the call's does; padding='same' with an even kernel shows the problem the call runs."""
+    a = np.ones((4, 4), np.float32)
+    assert dnnkit.explain("gemm", a, a, stream=None).problem.m == 4
+    assert dnnkit.explain("linear", a, a, activation="gelu", return_preactivation=True).problem.activation == "gelu"
+    x, w = np.ones((2, 3, 9, 9), np.float32), np.ones((4, 3, 3, 3), np.float32)
+    small = np.zeros(1000, np.uint8)
+    e = dnnkit.explain("conv2d", x, w, padding=1, workspace=small)
+    fits = [c.algorithm for c in e if c.reason is None]
+    assert fits and all(c.workspace_bytes <= 1000 - 63 for c in e if c.reason is None)
+    assert "direct" in fits and "im2col_gemm" not in fits
+    assert dnnkit.explain("conv2d", x, w, padding=1, workspace=small, workspace_limit=0).problem == e.problem
+    w2 = np.ones((4, 3, 2, 2), np.float32)
+    y = dnnkit.conv2d(x, w2, padding="same")
+    for e in (dnnkit.explain("conv2d", x, w2, padding="same"),
+              dnnkit.explain("conv2d_backward_data", x.shape, w2, y, padding="same"),
+              dnnkit.explain("conv2d_backward_filter", x, w2.shape, y, padding="same")):
+        assert (e.problem.ih, e.problem.iw, e.problem.ph, e.problem.oh) == (10, 10, 0, 9)
+    assert dnnkit.explain("conv2d", x[0], w, padding=1).problem.mb == 1  # unbatched
+    with pytest.raises(TypeError, match="^conv2d: workspace must be a NumPy array"):
+        dnnkit.explain("conv2d", x, w, workspace=[1, 2])
 
 
 def test_an_algorithm_object_of_another_operator_is_refused():

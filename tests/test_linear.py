@@ -161,6 +161,18 @@ def test_linear_backward_finite_differences(isa, activation, x_shape):
         assert err <= 1e-6, f"{name}: relative L2 error {err:.3g} against finite differences"
 
 
+def test_backward_bias_none_and_packed_weights_elsewhere():
+    """linear_backward(bias=None) is a forward without a bias; an array there, or a packed weight given to
+    gemm, is an error that says what the argument is."""
+    x, w, gy = np.ones((2, 3), np.float32), np.ones((4, 3), np.float32), np.ones((2, 4), np.float32)
+    gx, gw, gb = dnnkit.linear_backward(gy, x, w, bias=None)
+    assert gb is None and np.array_equal(gx, gy @ w) and np.array_equal(gw, gy.T @ x)
+    with pytest.raises(TypeError, match=r"^linear_backward: bias is whether the forward had a bias"):
+        dnnkit.linear_backward(gy, x, w, bias=np.ones(4, np.float32))
+    with pytest.raises(TypeError, match=r"^gemm: b is a packed weight \(dnnkit.pack_weight\)"):
+        dnnkit.gemm(x, dnnkit.pack_weight(w), trans_b=True)
+
+
 def test_repeated_calls_reuse_the_dispatch_and_still_check_their_inputs():
     """A repeated call signature skips validation and dispatch: its results are the first call's, and
     arrays that differ in shape, dtype, bias or activation still go through every check."""

@@ -452,8 +452,10 @@ BAD_INPUTS = [
      ValueError, lambda: dnnkit.gru(X, None, _w(G=3) + _w(G=3)[:2], bidirectional=True)),
     ("lstm: weights[1] (weight_hh_l0) must be 2-D of shape (4*hidden_size, hidden_size)",
      ValueError, lambda: dnnkit.lstm(X, None, None, [_w()[0], np.zeros((12, 4), np.float32)] + _w()[2:])),
-    ("lstm: weights[0] (weight_ih_l0) must have shape (12, 2)",
+    ("lstm: input has 2 features but weights[0] (weight_ih_l0) of shape (12, 5) takes 5",
      ValueError, lambda: dnnkit.lstm(X, None, None, [np.zeros((12, 5), np.float32)] + _w()[1:])),
+    ("lstm: weights[0] (weight_ih_l0) must have shape (12, 2), got (8, 2)",
+     ValueError, lambda: dnnkit.lstm(X, None, None, [np.zeros((8, 2), np.float32)] + _w()[1:])),
     ("gru: weights['bias_hh_l0'] must have shape (9,)",
      ValueError, lambda: dnnkit.gru(X, None, {"weight_ih_l0": np.zeros((9, 2), np.float32),
                                               "weight_hh_l0": np.zeros((9, 3), np.float32),
@@ -559,9 +561,18 @@ def test_explain_takes_the_rnn_calls():
     lstm_w = [rng.standard_normal(s).astype(np.float32)
               for fan in (I, I, 2 * H, 2 * H) for s in [(4 * H, fan), (4 * H, H), (4 * H,), (4 * H,)]]
     e = dnnkit.explain("lstm", x, None, None, lstm_w, num_layers=2, bidirectional=True, batch_first=True,
-                       train=True, dropout=0.5)
-    assert e.problem == dnnkit.RnnProblem("lstm", T, B, I, H, layers=2, dirs=2)
+                       train=True)
+    assert e.problem == dnnkit.RnnProblem("lstm", T, B, I, H, layers=2, dirs=2) and e.note is None
     assert sum(c.chosen for c in e) == 1 and "lstm_l2t5mb3slc4sic6_bidir" in str(e)
+    # Dropout between layers (or recompute) in training: the call runs one-layer problems, and says so.
+    e = dnnkit.explain("lstm", x, None, None, lstm_w, num_layers=2, bidirectional=True, batch_first=True,
+                       train=True, dropout=0.5)
+    assert e.problem == dnnkit.RnnProblem("lstm", T, B, I, H, dirs=2) and "one-layer problems" in str(e)
+    assert "wavefront" not in [c.algorithm for c in e if c.reason is None]
+    out, _, stacked = dnnkit.lstm(x, None, None, lstm_w, num_layers=2, bidirectional=True, batch_first=True,
+                                  train=True, recompute=True)
+    e = dnnkit.explain("lstm_backward", out, None, None, stacked)
+    assert e.problem == dnnkit.RnnProblem("lstm", T, B, I, H, dirs=2, direction="bwd") and "in reverse" in e.note
     gru_w = [w[:3 * H] for w in lstm_w[:2]]
     assert dnnkit.explain("gru", x[0], None, gru_w).problem == dnnkit.RnnProblem("gru", T, 1, I, H, bias=False)
     rnn_w = [w[:H] for w in lstm_w[:4]]

@@ -22,6 +22,9 @@ def _array(op: str, name: str, x, ndim=None) -> np.ndarray:
         raise TypeError(f"{op}: {name} must be an array, got None")
     if device_of(x) == "cuda":
         raise DeviceArray(f"{op}: {name} is an array on a CUDA device")  # the public function says more
+    if type(x).__name__ in ("PackedWeight", "GpuPackedWeight"):
+        raise TypeError(f"{op}: {name} is a packed weight (dnnkit.pack_weight), which linear and the cells take; "
+                        f"pass its .weight here")
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)

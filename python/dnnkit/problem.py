@@ -512,8 +512,11 @@ def _conv_shape(op: str, arg: str, shape, layout: str) -> tuple[int, int, int, i
 
 
 def _conv_pair(op: str, arg: str, v, lo: int, strings: bool = False) -> tuple[int, int]:
-    """An int or a pair of ints (tuple or list), each >= lo, as a pair."""
+    """An int or a pair of ints (tuple or list; one int in one stands for both, as torch takes it), each >= lo,
+    as a pair."""
     what = "an int, a pair of ints, 'same' or 'valid'" if strings else "an int or a pair of ints"
+    if isinstance(v, (tuple, list)) and len(v) == 1:
+        v = v[0] if isinstance(v[0], numbers.Integral) and not isinstance(v[0], bool) else v
     if isinstance(v, numbers.Integral) and not isinstance(v, bool):
         pair = (int(v), int(v))
     elif isinstance(v, (tuple, list)):
@@ -581,13 +584,13 @@ def parse_descriptor(text: str, *, direction: str = "fwd", dtype: str = "float32
         return r if re.search(r"_f(32|64)(_cpu|_cuda)?$", text.strip()) else dataclasses.replace(r, dtype=dtype)
     try:
         g = GemmProblem.parse(text)
-        return g if text.strip().endswith(("_f32", "_f64")) else dataclasses.replace(g, dtype=dtype)
     except ValueError as gemm_error:
         try:
             return ConvProblem.parse(text, direction=direction, dtype=dtype, bias=bias, device=device)
         except ValueError as conv_error:
             raise ValueError(f"{text.strip()!r} is neither a GEMM descriptor ({gemm_error}) nor a convolution "
                              f"descriptor ({conv_error})") from None
+    return g if text.strip().endswith(("_f32", "_f64")) else dataclasses.replace(g, dtype=dtype)
 
 
 # ------------------------------------------------------------------------------------------------- RNN

@@ -49,6 +49,13 @@ def _weights(op: str, weights, num_layers: int, dirs: int, proj: bool = False):
 def _weight_label(names, as_dict, index) -> str:
     return f"weights[{names[index]!r}]" if as_dict else f"weights[{index}] ({names[index]})"
 
+def _shape_error(op, label, got, want, first_layer) -> ValueError:
+    """A weight of the wrong shape; a first layer's W_ih that fits but for its width is the input's fault."""
+    if first_layer and len(got) == 2 and len(want) == 2 and got[0] == want[0]:
+        return ValueError(f"{op}: input has {want[1]} features but {label} of shape {got} takes {got[1]}")
+    return ValueError(f"{op}: {label} must have shape {want}, got {got}")
+
+
 def _dropout(op, p) -> float:
     if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
         raise TypeError(f"{op}: dropout must be a number in [0, 1], got {type(p).__name__}")

@@ -6,48 +6,72 @@ import dataclasses
 import inspect
 import numbers
 
+import numpy as np
+
 from ..algos import algorithms as _algorithms
 from ..algos.base import Algorithm
 from ..backends import DeviceArray, cpu as _cpu, device_of, placement_error
 from ..dispatch import explain_problem
 from ..packed import PackedWeight
-from ..problem import RNN_MODES, ConvProblem, GemmProblem, RnnProblem, parse_descriptor, shown
+from ..problem import RNN_DIRECTIONS, RNN_MODES, ConvProblem, GemmProblem, RnnProblem, parse_descriptor, shown
 from . import convolution as _conv, dense as _linear, recurrent as _recurrent
+from .._checks import _array, _flag
 from ._common import _gpu
+from ._rnn_args import _dropout
 
 
 # ---------------------------------------------------------------------------------------------- explain
 def _parse_descriptor(text: str, **kwargs):
-    """A GEMM descriptor (m..n..k.., a strict grammar, tried first) or a benchdnn convolution descriptor;
-    kwargs are ConvProblem.parse's (direction=, dtype=, ...), and force the convolution grammar."""
-    if kwargs and not text.strip().startswith(RNN_MODES):
+    """A GEMM, RNN or benchdnn convolution descriptor (parse_descriptor); kwargs are its direction=, dtype=,
+    bias=, device=. A direction that the descriptor's kind has not is an error, not ignored."""
+    unknown = sorted(set(kwargs) - {"direction", "dtype", "bias", "device"})
+    if unknown:
+        raise TypeError(f"explain: a descriptor takes the keywords direction, dtype, bias and device, got {unknown}")
+    if "dtype" in kwargs and not isinstance(kwargs["dtype"], str):
         try:
-            return ConvProblem.parse(text, **kwargs)
+            kwargs["dtype"] = np.dtype(kwargs["dtype"]).name
+        except TypeError:
+            raise TypeError(f"explain: dtype must be 'float32' or 'float64', got {shown(kwargs['dtype'])}") from None
+    stripped = text.strip()
+    direction = kwargs.get("direction", "fwd")
+    if stripped.startswith(RNN_MODES) and direction not in RNN_DIRECTIONS:
+        raise ValueError(f"explain: {stripped!r} is an RNN descriptor, whose direction is 'fwd' or 'bwd'; got "
+                         f"direction={direction!r}")
+    if stripped.startswith("rnn_l"):
+        raise ValueError(f"explain: {stripped!r}: an RNN descriptor names its cell: rnn_tanh_l... or rnn_relu_l...")
+    try:
+        if stripped.startswith(RNN_MODES):
+            return parse_descriptor(text, **kwargs)
+        try:
+            GemmProblem.parse(text)
         except ValueError:
             try:
-                parse_descriptor(text)
-            except ValueError:
-                raise
-            raise ValueError(f"explain: {text!r} is a GEMM descriptor, which writes its layout and dtype in it "
-                             f"(m64n64k64tb_f64); the keywords {sorted(kwargs)} are for convolution "
-                             f"descriptors") from None
-    try:
-        return parse_descriptor(text, **kwargs)
+                ConvProblem.parse(text)
+            except ValueError:  # neither: parse_descriptor says why of both
+                return parse_descriptor(text, **kwargs)
+            return ConvProblem.parse(text, **kwargs)  # a convolution: its keywords' errors alone
+        p = parse_descriptor(text, **kwargs)
     except ValueError as e:
         raise ValueError(f"explain: {e}") from None
+    if direction != "fwd":
+        raise ValueError(f"explain: {stripped!r} is a GEMM descriptor, which has no direction; got "
+                         f"direction={direction!r}")
+    return p
 
 
 class Explanation(list):
     """explain()'s answer: a list of Candidate, printed as a table after the problem and where its products
     run (`isa`: the kernels' instruction set, and whether a float32 product goes to AMX tiles)."""
 
-    def __init__(self, problem, candidates):
+    def __init__(self, problem, candidates, note=None):
         super().__init__(candidates)
         self.problem = problem
         self.isa = _isa_note(problem)
+        self.note = note  # how the call relates to the problem shown, where it runs more than that one
 
     def __str__(self) -> str:
         lines = [f"{self.problem.op} {self.problem.descriptor()}", f"  on {self.isa}"]
+        lines += [f"  {self.note}"] if self.note else []
         lines += [str(c) for c in self]
         return "\n".join(lines)
 
@@ -86,43 +110,113 @@ def _either(op, prepare, args, **arrays):
         return getattr(_gpu(op, **arrays), prepare)(*args)[0]
 
 
-def _rnn_problem(op, host, gpu, args, x):
-    """The problem of an RNN call: recurrent.<host>(*args) on host arrays, gpu_recurrent.<gpu> on GPU
-    arrays (a host input among them: the call's placement error)."""
+# Each entry: an operator's call signature (its keywords that do not shape the problem unread; algo is
+# explain's own) giving the call's problem, or (problem, note, workspace limit): the note where the call
+# runs more than that problem, the limit that the call's workspace= sets.
+def _gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None):
+    return _either("gemm", "gemm_prepare", (a, b, c, alpha, beta, trans_a, trans_b), a=a, b=b, c=c)
+
+
+def _linear_call(input, weight, bias=None, *, activation=None, return_preactivation=False, stream=None):
+    if isinstance(weight, PackedWeight):
+        return _linear._linear_packed_prepare(input, weight, bias, activation)[0]
+    return _either("linear", "linear_prepare", (input, weight, bias, activation), input=input, weight=weight,
+                   bias=bias)
+
+
+def _same_padded(op, x, weight_shape, stride, padding, dilation):
+    """For padding='same' that pads one more on the bottom/right (conv2d's _odd_same): the input as the call
+    runs it, a view of its shape (explain reads shapes only), and the symmetric padding; else (x, padding)."""
+    odd = _conv._odd_same(weight_shape, stride, padding, dilation)
+    if odd is None or np.ndim(x) != 4 or device_of(x) == "cuda":
+        return x, padding
+    x = _array(op, "input", x, ndim=4)
+    (eh, ew), padding = odd
+    return np.broadcast_to(np.zeros((), x.dtype), (x.shape[0], x.shape[1], x.shape[2] + eh, x.shape[3] + ew)), padding
+
+
+def _conv_call(op, p, workspace):
+    limit = _conv._workspace_limit(_conv._caller_workspace(op, workspace))
+    return p, None, limit
+
+
+def _conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, workspace=None):
+    if np.ndim(input) == 3 and device_of(input) != "cuda":  # unbatched: the call runs a batch of one
+        input = _array("conv2d", "input", input, ndim=3)[None]
+    input, padding = _same_padded("conv2d", input, np.shape(weight), stride, padding, dilation)
+    return _conv_call("conv2d", _conv._conv2d_prepare(input, weight, bias, stride, padding, dilation, groups)[0],
+                      workspace)
+
+
+def _conv2d_bwd_data(input_shape, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *, workspace=None):
+    op = "conv2d_backward_data"
+    odd = _conv._odd_same(np.shape(weight), stride, padding, dilation)
+    if odd is not None:
+        n, c, h, w = _conv._shape4(op, "input_shape", input_shape)
+        input_shape, padding = (n, c, h + odd[0][0], w + odd[0][1]), odd[1]
+    return _conv_call(op, _conv._conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation,
+                                                         groups)[0], workspace)
+
+
+def _conv2d_bwd_filter(input, weight_shape, grad_output, stride=1, padding=0, dilation=1, groups=1, *,
+                       workspace=None):
+    op = "conv2d_backward_filter"
     try:
-        return getattr(_recurrent, host)(op, *args)[0]
+        shape = tuple(int(v) for v in weight_shape)
+    except (TypeError, ValueError):
+        shape = ()  # the usual checks report it
+    input, padding = _same_padded(op, input, shape, stride, padding, dilation)
+    return _conv_call(op, _conv._conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding,
+                                                           dilation, groups)[0], workspace)
+
+
+def _rnn_problem(op, host, gpu, args, x):
+    """(problem, on the host): recurrent.<host>(*args) on host arrays, gpu_recurrent.<gpu> on GPU arrays
+    (a host input among them: the call's placement error)."""
+    try:
+        return getattr(_recurrent, host)(op, *args)[0], True
     except DeviceArray:
         if device_of(x) != "cuda":
             raise placement_error(op, input=x) from None
         from . import gpu_recurrent
 
-        return getattr(gpu_recurrent, gpu)(op, *args)[0]
+        return getattr(gpu_recurrent, gpu)(op, *args)[0], False
 
 
-def _sequence_problem(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size):
-    return _rnn_problem(op, "_sequence_args", "sequence_args",
-                        (mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size), x)
+def _sequence_problem(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size, train,
+                      dropout, recompute):
+    """A sequence call's problem; a host training forward with dropout between layers or recompute runs its
+    layers as one-layer calls (recurrent._sequence_stack): then the first of them, and a note."""
+    p, host = _rnn_problem(op, "_sequence_args", "sequence_args",
+                           (mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size), x)
+    p_drop, recompute, train = _dropout(op, dropout), _flag(op, "recompute", recompute), _flag(op, "train", train)
+    if not (host and train and ((p_drop > 0.0 and p.layers > 1) or recompute)) or p.layers == 1:
+        return p
+    why = "dropout between layers" if p_drop > 0.0 else "recompute"
+    return (dataclasses.replace(p, layers=1), f"the call runs its {p.layers} layers as one-layer problems ({why}): "
+            f"the first is shown; the next take {p.dirs * (p.proj or p.hidden)} input features", None)
 
 
-# lstm/gru/rnn's signatures; the keywords that do not shape the problem (train, dropout, ...) are unread.
 def _lstm(x, h0, c0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False, dropout=0.0,
           generator=None, recompute=False, proj_size=0, stream=None):
-    return _sequence_problem("lstm", "lstm", x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size)
+    return _sequence_problem("lstm", "lstm", x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size,
+                             train, dropout, recompute)
 
 
 def _gru(x, h0, weights, *, num_layers=1, bidirectional=False, batch_first=False, train=False, dropout=0.0,
          generator=None, recompute=False, stream=None):
-    return _sequence_problem("gru", "gru", x, h0, None, weights, num_layers, bidirectional, batch_first, 0)
+    return _sequence_problem("gru", "gru", x, h0, None, weights, num_layers, bidirectional, batch_first, 0, train,
+                             dropout, recompute)
 
 
 def _rnn(x, h0, weights, *, nonlinearity="tanh", num_layers=1, bidirectional=False, batch_first=False, train=False,
          dropout=0.0, generator=None, recompute=False, stream=None):
     return _sequence_problem("rnn", _recurrent._rnn_mode(nonlinearity), x, h0, None, weights, num_layers,
-                             bidirectional, batch_first, 0)
+                             bidirectional, batch_first, 0, train, dropout, recompute)
 
 
 def _cell_problem(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh):
-    return _rnn_problem(op, "_cell_args", "cell_args", (mode, x, h, c, w_ih, w_hh, b_ih, b_hh), x)
+    return _rnn_problem(op, "_cell_args", "cell_args", (mode, x, h, c, w_ih, w_hh, b_ih, b_hh), x)[0]
 
 
 def _backward_problem(op, modes, reserve, cell):
@@ -130,24 +224,21 @@ def _backward_problem(op, modes, reserve, cell):
     if type(reserve).__name__ == "GpuRnnReserve":
         if reserve.mode not in modes or reserve.cell != cell:
             raise ValueError(f"{op}: the reserve is from a {reserve.op} forward")
-    else:
-        reserve = _recurrent._reserve(op, reserve, modes, cell)
-    return dataclasses.replace(reserve.problem, direction="bwd")
+        return dataclasses.replace(reserve.problem, direction="bwd")
+    reserve = _recurrent._reserve(op, reserve, modes, cell)
+    p = dataclasses.replace(reserve.problem, direction="bwd")
+    if reserve.stack:
+        return (dataclasses.replace(p, layers=1), f"the backward runs the forward's {len(reserve.stack)} one-layer "
+                f"problems in reverse: the first layer's is shown", None)
+    return p
 
 
 _PREPARE = {
-    "gemm": lambda a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False: _either(
-        "gemm", "gemm_prepare", (a, b, c, alpha, beta, trans_a, trans_b), a=a, b=b, c=c),
-    "linear": lambda input, weight, bias=None, *, activation=None: (
-        _linear._linear_packed_prepare(input, weight, bias, activation)[0] if isinstance(weight, PackedWeight)
-        else _either("linear", "linear_prepare", (input, weight, bias, activation), input=input, weight=weight,
-                     bias=bias)),
-    "conv2d": lambda input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1: _conv._conv2d_prepare(
-        input, weight, bias, stride, padding, dilation, groups)[0],
-    "conv2d_backward_data": lambda input_shape, weight, grad_output, stride=1, padding=0, dilation=1, groups=1: (
-        _conv._conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation, groups)[0]),
-    "conv2d_backward_filter": lambda input, weight_shape, grad_output, stride=1, padding=0, dilation=1, groups=1: (
-        _conv._conv2d_bwd_filter_prepare(input, weight_shape, grad_output, stride, padding, dilation, groups)[0]),
+    "gemm": _gemm,
+    "linear": _linear_call,
+    "conv2d": _conv2d,
+    "conv2d_backward_data": _conv2d_bwd_data,
+    "conv2d_backward_filter": _conv2d_bwd_filter,
     "lstm": _lstm,
     "gru": _gru,
     "rnn": _rnn,
@@ -157,13 +248,13 @@ _PREPARE = {
         "gru_backward", ("gru",), reserve, False),
     "rnn_backward": lambda grad_output, grad_h_n, reserve, *, accumulate_into=None: _backward_problem(
         "rnn_backward", ("rnn_tanh", "rnn_relu"), reserve, False),
-    "lstm_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo="auto": _cell_problem(
+    "lstm_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False: _cell_problem(
         "lstm_cell", "lstm", x, *_recurrent._lstm_hx(hx), w_ih, w_hh, b_ih, b_hh),
-    "gru_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo="auto": _cell_problem(
+    "gru_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False: _cell_problem(
         "gru_cell", "gru", x, hx, None, w_ih, w_hh, b_ih, b_hh),
-    "rnn_tanh_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo="auto": _cell_problem(
+    "rnn_tanh_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False: _cell_problem(
         "rnn_tanh_cell", "rnn_tanh", x, hx, None, w_ih, w_hh, b_ih, b_hh),
-    "rnn_relu_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo="auto": _cell_problem(
+    "rnn_relu_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False: _cell_problem(
         "rnn_relu_cell", "rnn_relu", x, hx, None, w_ih, w_hh, b_ih, b_hh),
     "lstm_cell_backward": lambda grad_h, grad_c, reserve, *, accumulate_into=None: _backward_problem(
         "lstm_cell_backward", ("lstm",), reserve, True),
@@ -177,10 +268,13 @@ _PREPARE = {
 def explain(what, *args, algo="auto", workspace_limit=None, **kwargs) -> Explanation:
     """The candidate algorithms for a call and why each can or cannot run it.
 
-    what: an operator name with the call's arguments (explain("gemm", a, b, trans_b=True), explain("lstm",
-    x, h0, c0, weights, num_layers=2), explain("lstm_backward", grad_output, None, None, reserve)), a
-    Problem, or a problem descriptor string: GEMM ("m64n4096k4096tb_f32"), RNN ("lstm_l1t50mb16slc512sic512") or
+    what: an operator name with the call's arguments (explain("gemm", a, b, trans_b=True), explain("conv2d",
+    x, w, padding=1, workspace=ws), explain("lstm", x, h0, c0, weights, num_layers=2),
+    explain("lstm_backward", grad_output, None, None, reserve)), a Problem, or a problem descriptor string:
+    GEMM ("m64n4096k4096tb_f32"), RNN ("lstm_l1t50mb16slc512sic512", direction="bwd" for its backward) or
     benchdnn convolution ("mb8ic64ih56oc64oh56kh3ph1", with direction=/dtype= as keywords).
+    workspace_limit: as dnnkit.set_workspace_limit's, for this explanation (with a call's workspace=, the
+    smaller of the two).
     """
     if not isinstance(algo, str) and not isinstance(algo, Algorithm):
         raise TypeError(f"explain: algo must be 'auto', an algorithm's name or an Algorithm, got {shown(algo)}")
@@ -189,14 +283,28 @@ def explain(what, *args, algo="auto", workspace_limit=None, **kwargs) -> Explana
         raise (ValueError if isinstance(workspace_limit, numbers.Integral) and not isinstance(workspace_limit, bool)
                else TypeError)(f"explain: workspace_limit must be None or a number of bytes >= 0, got "
                                f"{shown(workspace_limit)}")
-    if isinstance(what, (GemmProblem, ConvProblem, RnnProblem)):
-        p = what
-    elif isinstance(what, str) and what in _PREPARE:
+    note = None
+    if isinstance(what, str) and what in _PREPARE:
         try:
             inspect.signature(_PREPARE[what]).bind(*args, **kwargs)
         except TypeError as e:  # the call's arguments do not fit the operator's signature
             raise TypeError(f"explain: {what}(): {e}") from None
         p = _PREPARE[what](*args, **kwargs)
+        if isinstance(p, tuple):
+            p, note, limit = p
+            if limit is not None:
+                workspace_limit = limit if workspace_limit is None else min(limit, workspace_limit)
+    elif isinstance(what, str) and (not any(ch.isdigit() for ch in what) or what.strip().lower() in _PREPARE):
+        # Every descriptor has a size in it; the operators' names are lower case.
+        raise ValueError(f"explain: no operator {what.strip()!r} here; explain takes the calls of "
+                         f"{', '.join(_PREPARE)} (with their arguments), a Problem, or a descriptor")
+    elif isinstance(what, (str, GemmProblem, ConvProblem, RnnProblem)) and args:
+        raise TypeError(f"explain: a Problem or a descriptor takes no call arguments; to explain a call, name its "
+                        f"operator ({', '.join(_PREPARE)})")
+    elif isinstance(what, (GemmProblem, ConvProblem, RnnProblem)):
+        if kwargs:
+            raise TypeError(f"explain: a Problem takes no keywords but algo and workspace_limit, got {sorted(kwargs)}")
+        p = what
     elif isinstance(what, str):
         p = _parse_descriptor(what, **kwargs)
     else:
@@ -205,4 +313,4 @@ def explain(what, *args, algo="auto", workspace_limit=None, **kwargs) -> Explana
         known = [a.name for a in _algorithms(p.op, p.device)]
         if algo not in known:
             raise ValueError(f"explain: algo must be 'auto' or one of {known} for {p.op}, got {algo!r}")
-    return Explanation(p, explain_problem(p, algo, workspace_limit))
+    return Explanation(p, explain_problem(p, algo, workspace_limit), note)

@@ -84,9 +84,14 @@ def _apart(op: str, ws, **arrays) -> None:
                 raise ValueError(f"{op}: workspace overlaps {name}; the algorithm would overwrite it")
 
 
+def _workspace_limit(ws):
+    """The workspace a caller's ws (flat bytes, or None) holds for any algorithm, from its first aligned byte."""
+    return None if ws is None else max(0, ws.nbytes - (_WORKSPACE_ALIGN - 1))
+
+
 def _conv_plan(op: str, p, algo, ws):
     """The plan for p; with a caller's workspace ws, one whose workspace fits in it (its limit)."""
-    return _plan(op, p, algo, None if ws is None else max(0, ws.nbytes - (_WORKSPACE_ALIGN - 1)))
+    return _plan(op, p, algo, _workspace_limit(ws))
 
 
 def _conv_plan_workspace(op: str, p, algo, ws, dtype):
@@ -295,10 +300,12 @@ def conv2d_backward_filter(input, weight_shape, grad_output, stride=1, padding=0
 
 
 def conv2d_backward_bias(grad_output):
-    """Gradient of conv2d with respect to its bias: grad_output summed over N, H and W."""
+    """Gradient of conv2d with respect to its bias: grad_output (N, K, P, Q), or (K, P, Q) unbatched, summed
+    over all but K."""
     op = "conv2d_backward_bias"
     try:
-        dy = np.ascontiguousarray(_array(op, "grad_output", grad_output, ndim=4))
+        dy = _array(op, "grad_output", grad_output, ndim=(3, 4))
+        dy = np.ascontiguousarray(dy if dy.ndim == 4 else dy[None])
     except DeviceArray:
         raise placement_error(op, grad_output=grad_output) from None
     return _conv_kernels.bias_grad(dy, _empty(op, (dy.shape[1],), dy.dtype))

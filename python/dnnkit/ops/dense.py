@@ -257,7 +257,8 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
                     preactivation=None, algo="auto", accumulate_into=None, stream=None):
     """Gradients of y = act(input @ weight.T + bias): returns (grad_input, grad_weight, grad_bias).
 
-    grad_bias is None when bias is False. With an activation, pass the forward's output (enough for relu,
+    bias: whether the forward had a bias (True or False; None as False); grad_bias is None without one. With an
+    activation, pass the forward's output (enough for relu,
     tanh and sigmoid) or its preactivation (needed for gelu; see linear(return_preactivation=True)).
     accumulate_into: (grad_weight, grad_bias) arrays (grad_bias None without a bias; C-contiguous, of the
     weight's dtype) to which the gradients are added in place and which are returned, as autograd adds
@@ -266,6 +267,10 @@ def linear_backward(grad_output, input, weight, *, bias=True, activation=None, o
     op = "linear_backward"
     if isinstance(weight, PackedWeight):
         weight = weight.weight
+    if bias is None:
+        bias = False
+    elif hasattr(bias, "shape"):
+        raise TypeError(f"{op}: bias is whether the forward had a bias (True or False), got an array")
     try:
         x = _array(op, "input", input)
         w = _array(op, "weight", weight, ndim=2)

@@ -18,7 +18,7 @@ from ..backends import cuda as _cuda, device_of, placement_error
 from .._checks import _flag, _new_problem
 from ..algos.rnn_cuda import SAVED
 from ..problem import RnnProblem
-from ._rnn_args import _dropout, _generator, _layers, _proj_size, _weight_label, _weights
+from ._rnn_args import _dropout, _generator, _layers, _proj_size, _shape_error, _weight_label, _weights
 from .gpu_dense import _plan, _same_dtype
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
@@ -83,8 +83,8 @@ def sequence_args(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch
         group = ws[k * per:(k + 1) * per]
         for j, want in enumerate(expect):
             if tuple(group[j].shape) != want:
-                raise ValueError(f"{op}: {_weight_label(names, as_dict, k * per + j)} must have shape {want}, got "
-                                 f"{tuple(group[j].shape)}")
+                raise _shape_error(op, _weight_label(names, as_dict, k * per + j), tuple(group[j].shape), want,
+                                   k < D and j == 0)
         flat += group[:2] + (group[2:4] if has_bias else [None, None]) + ([group[-1]] if P else [])
     lead = (L * D,) if unbatched else (L * D, B)
     states = {}

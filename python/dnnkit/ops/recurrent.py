@@ -55,7 +55,7 @@ from ..dispatch import dispatch_state
 from ..packed import PackedWeight, unpacked
 from ..problem import RnnProblem, shown
 from ._common import _accumulate_target, _calls, _plan, _problems, _targets_apart
-from ._rnn_args import _dropout, _generator, _layers, _proj_size, _weight_label, _weights
+from ._rnn_args import _dropout, _generator, _layers, _proj_size, _shape_error, _weight_label, _weights
 
 _CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
@@ -149,8 +149,8 @@ def _check_weights(op, mode, arrays, names, as_dict, has_bias, dtype, input_size
         group = checked[k * per:(k + 1) * per]
         for j, a in enumerate(group):
             if a.shape != expect[j]:
-                raise ValueError(f"{op}: {_weight_label(names, as_dict, k * per + j)} must have shape {expect[j]}, "
-                                 f"got {a.shape}")
+                raise _shape_error(op, _weight_label(names, as_dict, k * per + j), a.shape, expect[j],
+                                   k < dirs and j == 0)
         group = [np.ascontiguousarray(a) for a in group]
         flat += group[:2] + (group[2:4] if has_bias else [None, None]) + ([group[-1]] if proj else [])
     return flat, H
@@ -521,7 +521,8 @@ def lstm_backward(grad_output, grad_h_n, grad_c_n, reserve, *, accumulate_into=N
     of the weights' shapes and dtype); the weight and bias gradients are added to them in place, as
     autograd adds into ``.grad`` and cuDNN's weight backward into dw, and they are returned as
     grad_weights. Gradients summed over micro-batches, or over the steps of a cell stepped in a loop,
-    then cost no extra pass. algo: as for lstm (explain("lstm_..._bwd") lists them; no wavefront)."""
+    then cost no extra pass. algo: as for lstm (explain("lstm_backward", grad_output, None, None, reserve)
+    lists them; no wavefront)."""
     return _sequence_backward("lstm_backward", ("lstm",), grad_output, grad_h_n, grad_c_n, reserve, accumulate_into,
                               algo)
 
