@@ -1,6 +1,7 @@
 """The `dnnkit` command line, run as a separate process (`python -m dnnkit` and the console script)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -157,6 +158,36 @@ def test_autotune_model_list(tmp_path):
     (["cache", "show"], ["descriptor"]),
     (["autotune", "--problem", "m4n4k4", "--plot", "roofline.txt"], ["autotune --plot", "roofline.txt", ".png"]),
     (["autotune", "--problem", "m4n4k4", "--plot", "/nonexistent/dir/x.png"], ["autotune --plot", "/nonexistent"]),
+    # --direction against the kind of descriptor: a GEMM has none, an RNN fwd or bwd, a convolution three.
+    (["autotune", "--problem", "m8n16k32tb_f32", "--direction", "bwd"], ["autotune --problem", "--direction bwd",
+                                                                          "GEMM", "no direction"]),
+    (["autotune", "--problem", "mb1ic4ih8oc4kh3ph1", "--problem", "m8n8k8", "--direction", "bwd_data"],
+     ["autotune --problem", "--direction bwd_data", "'m8n8k8'", "GEMM"]),
+    (["autotune", "--problem", "lstm_l1t2mb2slc4sic4", "--direction", "bwd_data"],
+     ["autotune --problem", "--direction bwd_data", "RNN", "fwd or bwd"]),
+    (["autotune", "--problem", "mb1ic4ih8oc4kh3ph1", "--direction", "bwd"],
+     ["autotune --problem", "--direction bwd", "convolution", "fwd, bwd_data or bwd_filter"]),
+    (["autotune", "conv2d", "--input", "1,4,8,8", "--weight", "4,4,3,3", "--direction", "bwd"],
+     ["autotune conv2d", "--direction bwd", "fwd, bwd_data or bwd_filter"]),
+    (["explain", "m64n64k64", "--direction", "bwd_filter"], ["explain", "--direction bwd_filter", "GEMM"]),
+    (["explain", "lstm_l1t2mb2slc4sic4", "--direction", "bwd_filter"], ["explain", "--direction bwd_filter", "RNN"]),
+    (["explain", "mb1ic4ih8oc4kh3ph1", "--direction", "bwd"], ["explain", "--direction bwd", "convolution"]),
+    (["cache", "show", "m8n8k8", "--direction", "bwd"], ["cache show", "--direction bwd", "GEMM"]),
+    (["cache", "show", "lstm_l1t2mb2slc4sic4", "--direction", "bwd_data"], ["cache show", "--direction bwd_data"]),
+    # cache show KEY: the operator must fit the descriptor and agree with --direction and --dtype.
+    (["cache", "show", "gru_fwd lstm_l1t2mb2slc4sic4_f32"], ["cache show", "gru_fwd", "not a key"]),
+    (["cache", "show", "conv2d_fwd m8n8k8_f32"], ["cache show", "conv2d_fwd", "not a key"]),
+    (["cache", "show", "lstm_bwd"], ["cache show", "lstm_bwd", "not a key"]),
+    (["cache", "show", "lstm_bwd lstm_l1t2mb2slc4sic4_f32", "--direction", "fwd"], ["cache show", "--direction fwd"]),
+    (["cache", "show", "conv2d_fwd mb1ic4ih8oc4kh3ph1 float64 cpu", "--dtype", "float32"],
+     ["cache show", "--dtype float32", "float64"]),
+    (["cache", "show", "garbage"], ["cache show", "garbage"]),
+    (["cache", "clear", "gemm", "m8n8k8"], ["cache clear", "one argument", "'gemm m8n8k8'"]),
+    # --padding: an int, a pair, same or valid (same: stride 1, as conv2d and torch)
+    (["autotune", "conv2d", "--input", "1,4,8,8", "--weight", "4,4,3,3", "--padding", "sam"],
+     ["--padding", "'same'", "'valid'", "sam"]),
+    (["autotune", "conv2d", "--input", "1,4,8,8", "--weight", "4,4,3,3", "--padding", "same", "--stride", "2"],
+     ["autotune conv2d", "'same'", "stride 1"]),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, args, words):
     one_line_error(run_in(tmp_path, *args), *words)
@@ -198,6 +229,96 @@ def test_autotune_plot(tmp_path):
     r = run_in(tmp_path, "autotune", "--problem", "mb2ic8ih12oc8oh12kh3ph1", "--budget", "0.02", "--plot", str(png))
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_autotune_plot_with_rnn_problems(tmp_path):
+    """RNN problems (forward and backward) have a place on the roofline beside GEMMs and convolutions."""
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "roofline.png"
+    r = run_in(tmp_path, "autotune", "--problem", "lstm_l1t2mb2slc4sic4", "--problem", "m8n16k32tb_f32",
+               "--problem", "mb1ic4ih8oc4kh3ph1", "--budget", "0.02", "--plot", str(png))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"roofline written to {png}" in r.stdout
+    png.unlink()
+    r = run_in(tmp_path, "autotune", "--problem", "gru_l2t2mb2slc4sic4_bidir", "--direction", "bwd", "--budget",
+               "0.02", "--plot", str(png))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_rnn_problem_moves_its_input_weights_output_and_final_states():
+    from dnnkit.cli import _problem_bytes
+    from dnnkit.problem import RnnProblem
+
+    # T=2, B=3, I=4, H=5: x 24; W_ih 80, W_hh 100, biases 40; output 30; h_n and c_n 15 each.
+    lstm = RnnProblem("lstm", 2, 3, 4, 5)
+    assert _problem_bytes(lstm) == (24 + 80 + 100 + 40 + 30 + 30) * 4
+    assert _problem_bytes(dataclasses.replace(lstm, direction="bwd")) == 2 * _problem_bytes(lstm)
+    assert _problem_bytes(dataclasses.replace(lstm, dtype="float64")) == 2 * _problem_bytes(lstm)
+    # GRU without biases: no c_n.
+    assert _problem_bytes(RnnProblem("gru", 2, 3, 4, 5, bias=False)) == (24 + 60 + 75 + 30 + 15) * 4
+    # Two bidirectional layers with a projection P=2: layer 1 reads both directions' P-wide outputs; W_hr
+    # is P x H; the output and h_n are P wide, c_n H wide.
+    p = RnnProblem("lstm", 2, 3, 4, 5, layers=2, dirs=2, proj=2)
+    weights = 2 * (20 * (4 + 2) + 40 + 10) + 2 * (20 * (4 + 2) + 40 + 10)
+    assert _problem_bytes(p) == (24 + weights + 2 * 3 * 2 * 2 + 2 * 2 * 3 * (2 + 5)) * 4
+
+
+def test_cache_show_takes_the_keys_cache_list_prints(tmp_path):
+    """`cache show` takes a key as `cache list` prints it (its operator gives the direction; the words after
+    the key are ignored), and on a miss names the results stored for the same descriptor in another
+    direction or dtype."""
+    assert run_in(tmp_path, "autotune", "--problem", "lstm_l1t2mb2slc4sic4", "--direction", "bwd",
+                  "--budget", "0.01").returncode == 0
+    assert run_in(tmp_path, "autotune", "--problem", "mb1ic4ih8oc4kh3ph1", "--direction", "bwd_data", "--dtype",
+                  "float64", "--budget", "0.01").returncode == 0
+    assert run_in(tmp_path, "autotune", "--problem", "m8n16k32tb_f32", "--budget", "0.01").returncode == 0
+    listed = run_in(tmp_path, "cache", "list")
+    assert listed.returncode == 0, listed.stderr
+    lines = [line for line in listed.stdout.splitlines()[1:] if line.strip()]
+    keys = [x["problem"] for x in json.loads(run_in(tmp_path, "cache", "list", "--json").stdout)]
+    assert len(lines) == len(keys) == 3
+    for key, line in zip(keys, lines):
+        # The key; the line, with and without its mark; the key's words unquoted.
+        for words in ([key], [line], [line[2:]], key.split()):
+            r = run_in(tmp_path, "cache", "show", *words)
+            assert r.returncode == 0, (words, r.stderr)
+            assert r.stdout.startswith(key.split(" ")[0] + " ") and "median ms" in r.stdout, r.stdout
+    for text in ("gemm m8n16k32tb_f32", "lstm_bwd lstm_l1t2mb2slc4sic4_f32", "lstm_bwd lstm_l1t2mb2slc4sic4",
+                 "conv2d_bwd_data mb1ic4ih8oc4kh3ph1 float64"):
+        r = run_in(tmp_path, "cache", "show", text)
+        assert r.returncode == 0, (text, r.stderr)
+    # A descriptor with --direction and --dtype, as before.
+    assert run_in(tmp_path, "cache", "show", "mb1ic4ih8oc4kh3ph1", "--direction", "bwd_data", "--dtype",
+                  "float64").returncode == 0
+    # Misses name what is stored for the same descriptor.
+    r = run_in(tmp_path, "cache", "show", "lstm_l1t2mb2slc4sic4")
+    assert r.returncode == 1 and "no tuning result for lstm_fwd" in r.stderr, r.stderr
+    assert "'lstm_bwd lstm_l1t2mb2slc4sic4_f32 float32 bias cpu'" in r.stderr
+    r = run_in(tmp_path, "cache", "show", "mb1ic4ih8oc4kh3ph1")
+    assert r.returncode == 1 and "conv2d_bwd_data g1mb1ic4ih8iw8oc4oh8ow8kh3kw3sh1sw1ph1pw1dh0dw0 float64" in r.stderr
+    r = run_in(tmp_path, "cache", "show", "m8n16k32tb_f64")
+    assert r.returncode == 1 and "'gemm m8n16k32tb_f32'" in r.stderr, r.stderr
+    r = run_in(tmp_path, "cache", "show", "m9n16k32tb_f32")
+    assert r.returncode == 1 and "the cache has" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_autotune_conv2d_takes_same_and_valid_padding(tmp_path):
+    """--padding same and valid, as conv2d takes them: an odd kernel pads symmetrically; an even one (torch
+    pads one more on the bottom/right) tunes the problem conv2d runs, its input grown by that row/column."""
+    from dnnkit.autotune.cache import problem_key
+    from dnnkit.problem import ConvProblem
+
+    cases = [(["--weight", "4,4,3,3", "--padding", "same"], ConvProblem.from_arrays((1, 4, 8, 8), (4, 4, 3, 3), 1, 1)),
+             (["--weight", "4,4,3,3", "--padding", "valid"], ConvProblem.from_arrays((1, 4, 8, 8), (4, 4, 3, 3))),
+             (["--weight", "4,4,2,3", "--padding", "same"],
+              ConvProblem.from_arrays((1, 4, 9, 8), (4, 4, 2, 3), 1, (0, 1)))]
+    for args, want in cases:
+        r = run_in(tmp_path, "autotune", "conv2d", "--input", "1,4,8,8", *args, "--budget", "0.01", "--json")
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)["problems"][0]
+        assert got["problem"] == problem_key(want) and (want.oh, want.ow) == ((8, 8) if "same" in args else (6, 6))
 
 
 @pytest.mark.parametrize("name,value,expect", [
@@ -388,7 +509,11 @@ def test_export_and_import_restore_rnn_records(tmp_path):
     """An exported cache with RNN results (besides GEMM and convolution ones) imports into an empty one."""
     tuned = tmp_path / "tuned"
     r = run_in(tuned, "autotune", "--problem", "lstm_l1t2mb1slc4sic4", "--problem", "gru_l1t2mb1slc4sic4_bidir",
-               "--problem", "m4n4k4", "--problem", "mb1ic2ih5oc2kh3", "--direction", "bwd_data", "--budget", "0.01")
+               "--direction", "bwd", "--budget", "0.01")
+    assert r.returncode == 0, r.stderr
+    batch = tmp_path / "layers.txt"
+    batch.write_text("m4n4k4\nmb1ic2ih5oc2kh3\n")  # a batch's direction is its convolutions'
+    r = run_in(tuned, "autotune", "--batch", str(batch), "--direction", "bwd_data", "--budget", "0.01")
     assert r.returncode == 0, r.stderr
     assert run_in(tuned, "cache", "export", str(tmp_path / "e.json")).returncode == 0
     fresh = tmp_path / "fresh"

@@ -2,11 +2,11 @@
 
   dnnkit info [--json] [--peak]
   dnnkit explain DESCRIPTOR [--direction D] [--dtype T]
-  dnnkit autotune conv2d --input N,C,H,W --weight K,C,R,S [--stride --padding --dilation --groups]
+  dnnkit autotune conv2d --input N,C,H,W --weight K,C,R,S [--stride --padding (P[,P]|same|valid) --dilation --groups]
   dnnkit autotune --problem DESCRIPTOR ... | --batch FILE | --model resnet50|lstm|fc [--mb N]
                   [--direction D] [--dtype T] [--budget S] [--workspace-limit BYTES] [--force]
                   [--no-prune] [--json] [--plot FILE.png]
-  dnnkit cache path | list [--json] | show DESCRIPTOR | clear (PATTERN [--device any] | --all) [--yes] |
+  dnnkit cache path | list [--json] | show DESCRIPTOR|KEY | clear (PATTERN [--device any] | --all) [--yes] |
                export FILE | import FILE
 
 Errors are one line on stderr, "dnnkit: error: ...", with exit status 2: bad arguments, a tuning cache
@@ -88,12 +88,48 @@ def _cmd_info(args) -> int:
     return 0
 
 
+def _descriptor_kind(text: str) -> str | None:
+    """The grammar descriptor text follows, "gemm", "rnn" or "conv" (as parse_descriptor tries them), or None
+    where it follows none (parse_descriptor then says why)."""
+    from .problem import RNN_MODES, ConvProblem, GemmProblem
+
+    if text.strip().startswith(RNN_MODES):
+        return "rnn"
+    for kind, parse in (("gemm", GemmProblem.parse), ("conv", ConvProblem.parse)):
+        try:
+            parse(text)
+            return kind
+        except ValueError:
+            pass
+    return None
+
+
+# The directions each kind of descriptor takes: a GEMM has none but the default.
+_DIRECTIONS = {"gemm": ("fwd",), "rnn": ("fwd", "bwd"), "conv": ("fwd", "bwd_data", "bwd_filter")}
+_KIND_NAMES = {"gemm": "a GEMM descriptor", "rnn": "an RNN descriptor", "conv": "a convolution descriptor"}
+_TAKES = {"gemm": "has no direction (fwd only)", "rnn": "takes fwd or bwd", "conv": "takes fwd, bwd_data or bwd_filter"}
+
+
+def _check_direction(command: str, text: str, direction: str | None) -> str | None:
+    """The kind of descriptor text (as _descriptor_kind); ValueError naming command and --direction where
+    direction is not one that kind takes: a GEMM none (fwd, the default, only), an RNN fwd or bwd, a
+    convolution fwd, bwd_data or bwd_filter."""
+    kind = _descriptor_kind(text)
+    if kind is None or direction is None or direction in _DIRECTIONS[kind]:
+        return kind
+    raise ValueError(f"{command}: --direction {direction} does not apply to {text.strip()!r}, "
+                     f"{_KIND_NAMES[kind]}, which {_TAKES[kind]}")
+
+
 def _cmd_explain(args) -> int:
     import dnnkit
 
+    kind = _check_direction("explain", args.problem, args.direction)
     kwargs = {}
-    if args.direction or args.dtype:
-        kwargs = {"direction": args.direction or "fwd", "dtype": args.dtype or "float32"}
+    if args.direction and kind != "gemm":  # a GEMM's only direction, fwd, is no keyword of its grammar
+        kwargs["direction"] = args.direction
+    if args.dtype:
+        kwargs["dtype"] = args.dtype
     print(dnnkit.explain(args.problem, **kwargs))
     return 0
 
@@ -131,6 +167,16 @@ def _pair_arg(text: str):
     return v[0] if len(v) == 1 else v
 
 
+def _padding_arg(text: str):
+    """--padding: an int, a pair 'H,W', or "same" or "valid" as conv2d's padding argument takes them."""
+    if text.strip() in ("same", "valid"):
+        return text.strip()
+    try:
+        return _pair_arg(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected an int, a pair 'H,W', 'same' or 'valid', got {text!r}") from None
+
+
 def _budget_arg(text: str) -> float:
     try:
         v = float(text)
@@ -143,6 +189,7 @@ def _budget_arg(text: str) -> float:
 
 def _problems(args) -> list:
     from .autotune.models import load_batch, model_problems
+    from .ops.convolution import _odd_same
     from .problem import ConvProblem, parse_descriptor
 
     sources = [bool(args.op), bool(args.problem), bool(args.batch), bool(args.model)]
@@ -154,12 +201,24 @@ def _problems(args) -> list:
     if args.op == "conv2d":
         if args.input is None or args.weight is None:
             raise ValueError("autotune conv2d: --input N,C,H,W and --weight K,C/groups,R,S are required")
-        return [ConvProblem.from_arrays(args.input, args.weight, args.stride, args.padding, args.dilation,
+        if direction not in _DIRECTIONS["conv"]:
+            raise ValueError(f"autotune conv2d: --direction {direction} does not apply to a convolution, which "
+                             f"{_TAKES['conv']}")
+        shape, padding = args.input, args.padding
+        odd = _odd_same(args.weight, args.stride, padding, args.dilation)
+        if odd is not None and (args.device != "cuda" or direction == "bwd_data"):
+            # Where 'same' pads one more on the bottom/right, the array call (conv2d and its backward filter on
+            # the CPU, its backward data everywhere) runs the problem of the input grown by that row/column,
+            # padded symmetrically: that problem is the one tuned.
+            (eh, ew), padding = odd
+            shape = (shape[0], shape[1], shape[2] + eh, shape[3] + ew)
+        return [ConvProblem.from_arrays(shape, args.weight, args.stride, padding, args.dilation,
                                         args.groups, direction=direction, dtype=dtype, device=args.device,
                                         op="autotune conv2d")]
     if args.problem:
         out = []
         for text in args.problem:
+            _check_direction("autotune --problem", text, direction)
             try:
                 out.append(parse_descriptor(text, direction=direction, dtype=dtype, device=args.device))
             except ValueError as e:
@@ -386,7 +445,25 @@ def _why_untuned(result, limit) -> str:
 
 
 def _problem_bytes(p) -> int:
-    """The least memory traffic of a problem: its inputs and output, once each."""
+    """The least memory traffic of a problem: its inputs and outputs, once each.
+
+    GEMM: A, B and C. Convolution: input, weight and output (whatever the direction; a backward reads two
+    of them and writes the third). RNN: the input x (T*B*I), every layer's and direction's weights (W_ih,
+    W_hh, the two biases unless nobias, an LSTM's projection W_hr where proj > 0), the output (T*B*D*S, S
+    the state size: proj, or hidden without one) and the final states (h_n, and an LSTM's c_n); the
+    initial states are left out (a call may leave them zero). A backward RNN moves twice that: it reads
+    each of these (or its gradient) and writes the gradient of each."""
+    from .problem import RnnProblem
+
+    if isinstance(p, RnnProblem):
+        g, h, s, d = p.gates, p.hidden, p.state, p.dirs
+        weights = 0
+        for layer in range(p.layers):
+            inp = p.input if layer == 0 else d * s
+            weights += d * (g * h * (inp + s) + (2 * g * h if p.bias else 0) + (s * h if p.proj else 0))
+        states = p.layers * d * p.batch * (s + (h if p.mode == "lstm" else 0))
+        total = p.seq * p.batch * p.input + weights + p.seq * p.batch * d * s + states
+        return total * p.itemsize * (2 if p.direction == "bwd" else 1)
     if p.op == "gemm":
         return (p.m * p.k + p.k * p.n + p.m * p.n) * p.itemsize
     x, w, y = (math.prod(s) for s in (p.input_shape, p.weight_shape, p.output_shape))
@@ -422,8 +499,8 @@ def _plot(results, path: str, ceilings) -> None:
         ax.scatter([x for x, _ in pts], [y for _, y in pts], s=18, label=name)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP per byte of inputs and output)")
-    ax.set_ylabel("GFLOP/s (direct-convolution / GEMM FLOPs)")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte of inputs and outputs)")
+    ax.set_ylabel("GFLOP/s (direct-convolution, GEMM and RNN-GEMM FLOPs)")
     ax.set_title("dnnkit autotune: measured algorithms against this machine's ceilings")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -440,6 +517,12 @@ def _cmd_cache(args) -> int:
     from .autotune import cache
     from .autotune.records import format_table
 
+    # show takes a key's words unquoted as well as quoted; every other argument is one word.
+    words = args.arg or []
+    if len(words) > 1 and args.action != "show":
+        raise ValueError(f"cache {args.action}: takes one argument, got {len(words)}: {' '.join(words)!r} (quote "
+                         f"one that holds spaces)")
+    args.arg = " ".join(words) or None
     if args.action == "path":
         print(cache.cache_path())  # (opens nothing)
         return 0
@@ -481,13 +564,12 @@ def _cmd_cache(args) -> int:
         return 0
     if args.action == "show":
         if not args.arg:
-            raise ValueError("cache show: give a problem descriptor")
-        from .problem import parse_descriptor
-
-        p = parse_descriptor(args.arg, direction=args.direction, dtype=args.dtype)
+            raise ValueError("cache show: give a problem descriptor, or a key as `dnnkit cache list` prints it")
+        p = _shown_problem(args.arg, args.direction, args.dtype)
         result = store.get(p)
         if result is None:
-            print(f"dnnkit: no tuning result for {cache.problem_key(p)} on this device and version", file=sys.stderr)
+            print(f"dnnkit: no tuning result for {cache.problem_key(p)} on this device and version"
+                  f"{_other_results(store, p)}", file=sys.stderr)
             return 1
         print(format_table(result))
         return 0
@@ -519,6 +601,70 @@ def _cmd_cache(args) -> int:
     n = store.import_rows(doc["results"])
     print(f"imported {n} of {len(doc['results'])} tuning result(s) into {store.path} (newer ones kept)")
     return 0
+
+
+def _shown_problem(text: str, direction: str | None, dtype: str | None):
+    """The problem `cache show` is asked for: a key as `dnnkit cache list` prints it (its '*' mark optional;
+    the operator gives the direction; after a convolution's or RNN's descriptor its dtype, 'bias' and device
+    words where given, and the rest of the line ignored; --direction and --dtype, where given, must agree),
+    else a descriptor with --direction and --dtype."""
+    from .problem import CONV_DIRECTIONS, RNN_DIRECTIONS, RNN_MODES, parse_descriptor
+
+    words = text.split()
+    words = words[1:] if words[:1] == ["*"] else words
+    ops = {"gemm"} | {f"conv2d_{d}" for d in CONV_DIRECTIONS} | {f"{m}_{d}" for m in RNN_MODES for d in RNN_DIRECTIONS}
+    if not (words[:1] and words[0] in ops):
+        _check_direction("cache show", text, direction)
+        try:
+            return parse_descriptor(text, direction=direction or "fwd", dtype=dtype or "float32")
+        except ValueError as e:
+            raise ValueError(f"cache show: {e}") from None
+    op, rest = words[0], words[2:] if words[0] != "gemm" else []  # a GEMM key: its operator and descriptor
+    own_dtype = rest.pop(0) if rest[:1] in (["float32"], ["float64"]) else None
+    bias = rest[:1] == ["bias"] and bool(rest.pop(0))
+    device = rest.pop(0) if rest[:1] in (["cpu"], ["cuda"]) else "cpu"
+    own_direction = "fwd" if op == "gemm" else op.removeprefix("conv2d_") if op.startswith("conv2d_") \
+        else op.rpartition("_")[2]
+    p = None
+    if len(words) > 1:
+        try:
+            p = parse_descriptor(words[1], direction=own_direction, dtype=own_dtype or dtype or "float32", bias=bias,
+                                 device=device)
+        except ValueError:
+            pass
+    if p is None or p.op != op:
+        raise ValueError(f"cache show: {' '.join(words)!r} is not a key as `dnnkit cache list` prints one (its "
+                         f"operator, then that operator's descriptor: 'gemm m64n64k64_f32', 'lstm_fwd "
+                         f"lstm_l1t2mb2slc4sic4_f32 float32 bias cpu')")
+    for flag, given, own in (("--direction", direction, own_direction), ("--dtype", dtype, p.dtype)):
+        if given is not None and given != own:
+            raise ValueError(f"cache show: {flag} {given} disagrees with the key {' '.join(words)!r}")
+    return p
+
+
+def _other_results(store, p) -> str:
+    """'; the cache has ...': the stored results of p's descriptor in another direction or dtype (and a
+    convolution's with or without bias), and p's for another device or version; '' where there are none."""
+    from ._version import __version__
+    from .autotune import cache
+    from .problem import ConvProblem
+
+    def loose(q):  # q but for its direction, dtype and (a convolution's) bias and name
+        fields = {"dtype": "float32", **({"direction": "fwd"} if hasattr(q, "direction") else {}),
+                  **({"bias": False, "name": ""} if isinstance(q, ConvProblem) else {})}
+        return dataclasses.replace(q, **fields)
+
+    want, here, found = loose(p), cache.device_fingerprint(p.device), []
+    for row in store.rows():
+        try:
+            q = cache.parse_problem_key(row["problem"])
+        except ValueError:
+            continue
+        if type(q) is type(p) and loose(q) == want:
+            usable = row["device"] == here and row["version"] == __version__
+            entry = repr(row["problem"]) + ("" if usable else " (another device or version)")
+            found += [entry] if entry not in found else []
+    return f"; the cache has {', '.join(found)}" if found else ""
 
 
 def _check_export_target(path: str, live: str) -> None:
@@ -573,7 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_tune.add_argument("--input", type=_ints_arg(4), metavar="N,C,H,W", help="conv2d input shape")
     p_tune.add_argument("--weight", type=_ints_arg(4), metavar="K,C,R,S", help="conv2d weight shape")
     p_tune.add_argument("--stride", type=_pair_arg, default=1, metavar="S[,S]")
-    p_tune.add_argument("--padding", type=_pair_arg, default=0, metavar="P[,P]")
+    p_tune.add_argument("--padding", type=_padding_arg, default=0, metavar="P[,P]|same|valid")
     p_tune.add_argument("--dilation", type=_pair_arg, default=1, metavar="D[,D]")
     p_tune.add_argument("--groups", type=int, default=1)
     p_tune.add_argument("--problem", action="append", metavar="DESCRIPTOR",
@@ -597,14 +743,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_cache = sub.add_parser("cache", help="the tuning cache: path, list, show, clear, export, import")
     p_cache.add_argument("action", choices=("path", "list", "show", "clear", "export", "import"))
-    p_cache.add_argument("arg", nargs="?", metavar="DESCRIPTOR|FILE|PATTERN",
-                         help="show: a descriptor; export/import: a file; clear: text the problem keys contain")
+    p_cache.add_argument("arg", nargs="*", metavar="DESCRIPTOR|KEY|FILE|PATTERN",
+                         help="show: a descriptor, or a key as `cache list` prints it (e.g. 'gemm m8n8k8_f32'); "
+                              "export/import: a file; clear: text the problem keys contain")
     p_cache.add_argument("--all", action="store_true", help="clear: every record of every device and version")
     p_cache.add_argument("--device", choices=("here", "any"), default="here",
                          help="clear PATTERN: records of this device only (default), or of any")
     p_cache.add_argument("--yes", action="store_true", help="clear: do not ask")
-    p_cache.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter", "bwd"), default="fwd")
-    p_cache.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p_cache.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_filter", "bwd"),
+                         help="show DESCRIPTOR: convolution direction, or bwd for an RNN (default fwd; a key names "
+                              "its own)")
+    p_cache.add_argument("--dtype", choices=("float32", "float64"),
+                         help="show DESCRIPTOR: dtype of a descriptor without its own (default float32)")
     p_cache.add_argument("--json", action="store_true", help="list: print JSON")
     p_cache.set_defaults(func=_cmd_cache)
     return parser
