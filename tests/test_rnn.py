@@ -602,6 +602,41 @@ def test_explain_takes_the_rnn_calls():
         dnnkit.explain("lstm_cell", x[:, 0], 3, *lstm_w[:4])
 
 
+def test_repeated_sequence_calls_skip_the_checks_only_for_arrays_alike():
+    """A sequence call repeated on arrays of the same shapes, dtypes and layout reuses what the first call's
+    checks found; anything else (values aside) takes the checks again."""
+    rng = np.random.default_rng(11)
+    T, B, I, H = 4, 3, 5, 6
+    names = ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"]
+
+    def weights():
+        return [rng.standard_normal(s).astype(np.float32) * 0.5 for s in [(4 * H, I), (4 * H, H), (4 * H,), (4 * H,)]]
+
+    for _ in range(3):  # new values each time, the same shapes: every result its own
+        w, x = weights(), rng.standard_normal((T, B, I)).astype(np.float32)
+        h0, c0 = (rng.standard_normal((1, B, H)).astype(np.float32) for _ in range(2))
+        want, want_h, want_c = rnn_sequence_ref("lstm", x, h0, c0, w, 1, False)
+        for ws in (w, dict(zip(names, w))):
+            out, (h_n, c_n) = dnnkit.lstm(x, h0, c0, ws)
+            assert rel_l2(want, out) < 1e-5 and rel_l2(want_h, h_n) < 1e-5 and rel_l2(want_c, c_n) < 1e-5
+        out, _ = dnnkit.lstm(np.ascontiguousarray(x.transpose(1, 0, 2)), h0, c0, w, batch_first=True)
+        assert rel_l2(want, out.transpose(1, 0, 2)) < 1e-5
+        out, _ = dnnkit.lstm(np.asfortranarray(x), h0, c0, w)  # another layout: checked, then the same result
+        assert rel_l2(want, out) < 1e-5
+    w1 = [a[:H] for a in w]  # one gate: the tanh and ReLU RNNs, alike in all but their cell
+    for nonlinearity in ("tanh", "relu", "tanh"):
+        want, _, _ = rnn_sequence_ref("rnn_" + nonlinearity, x, h0, None, w1, 1, False)
+        assert rel_l2(want, dnnkit.rnn(x, h0, w1, nonlinearity=nonlinearity)[0]) < 1e-5
+    bad = weights()
+    bad[1] = bad[1].astype(np.float64)
+    with pytest.raises(TypeError, match=r"^lstm: weights\[1\] \(weight_hh_l0\) has dtype float64"):
+        dnnkit.lstm(x, h0, c0, bad)
+    with pytest.raises(ValueError, match=r"^lstm: h0 must have shape \(1, 3, 6\)"):
+        dnnkit.lstm(x, h0[:, :2], c0, w)
+    with pytest.raises(ValueError, match=r"^lstm: weights for num_layers=1"):
+        dnnkit.lstm(x, h0, c0, dict(zip(names[:3], w)))
+
+
 def test_rnn_workspace_limit_is_reported_by_name():
     x = np.zeros((2, 1, 3), np.float32)
     w = [np.zeros((16, 3), np.float32), np.zeros((16, 4), np.float32)]

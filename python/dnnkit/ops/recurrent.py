@@ -142,7 +142,6 @@ def _check_weights(op, mode, arrays, names, as_dict, has_bias, dtype, input_size
             raise ValueError(f"{op}: {_weight_label(names, as_dict, 1)} must be 2-D of shape ({G}*hidden_size, "
                              f"hidden_size) with hidden_size >= 1, got shape {w_hh0.shape}")
         H = S = w_hh0.shape[1]
-    flat = []
     for k in range(num_layers * dirs):
         in_k = input_size if k < dirs else dirs * S
         expect = [(G * H, in_k), (G * H, S)] + ([(G * H,), (G * H,)] if has_bias else []) + ([(S, H)] if proj else [])
@@ -151,9 +150,17 @@ def _check_weights(op, mode, arrays, names, as_dict, has_bias, dtype, input_size
             if a.shape != expect[j]:
                 raise _shape_error(op, _weight_label(names, as_dict, k * per + j), a.shape, expect[j],
                                    k < dirs and j == 0)
-        group = [np.ascontiguousarray(a) for a in group]
+    return _flat([np.ascontiguousarray(a) for a in checked], num_layers * dirs, has_bias, proj), H
+
+
+def _flat(arrays, groups, has_bias, proj):
+    """The kernel's flat list from the weights in module order: per layer-direction w_ih, w_hh, b_ih, b_hh
+    (None, None without biases), then w_hr with a projection."""
+    per, flat = (4 if has_bias else 2) + (1 if proj else 0), []
+    for k in range(groups):
+        group = arrays[k * per:(k + 1) * per]
         flat += group[:2] + (group[2:4] if has_bias else [None, None]) + ([group[-1]] if proj else [])
-    return flat, H
+    return flat
 
 
 def _state(op, name, h, shape, dtype):
@@ -251,10 +258,35 @@ def _sequence_args(op, mode, x, h0, c0, weights, num_layers, bidirectional, batc
     return p, xt, h0, c0, flat, names, as_dict, has_bias, unbatched, batch_first
 
 
+def _sequence_key(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size):
+    """A sequence call's signature in _calls (its cell, the arrays' shapes and dtypes, C-contiguous NumPy arrays all,
+    the weights' keys or count, the shaping arguments), or None where it is not one to remember. A hit holds
+    what _sequence_args found: a call repeated on arrays alike skips the checks that only shapes decide."""
+    if type(num_layers) is not int or type(bidirectional) is not bool or type(batch_first) is not bool or \
+            type(proj_size) is not int:
+        return None
+    try:
+        ws = tuple((k, _sig(v)) for k, v in weights.items()) if type(weights) is dict else \
+            tuple(_sig(w) for w in weights) if type(weights) in (list, tuple) else None
+        return None if ws is None else ("seq", op, mode, _sig(x), _sig(h0), _sig(c0), ws, num_layers, bidirectional,
+                                        batch_first, proj_size)
+    except AttributeError:
+        return None
+
+
 def _sequence_on_host(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, train, dropout,
                       generator, recompute, proj_size, algo):
-    p, xt, h0, c0, flat, names, as_dict, has_bias, unbatched, batch_first = _sequence_args(
-        op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size)
+    key = _sequence_key(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size)
+    hit = None if key is None else _calls.get(key)
+    if hit is not None:  # the arrays are C-contiguous ones of the shapes and dtypes checked before
+        p, names, as_dict, has_bias, unbatched = hit
+        xt = x[:, None, :] if unbatched else (x.transpose(1, 0, 2) if batch_first else x)
+        flat = _flat([weights[k] for k in names] if as_dict else list(weights), p.layers * p.dirs, has_bias, p.proj)
+    else:
+        p, xt, h0, c0, flat, names, as_dict, has_bias, unbatched, batch_first = _sequence_args(
+            op, mode, x, h0, c0, weights, num_layers, bidirectional, batch_first, proj_size)
+        if key is not None:
+            _calls.put(key, (p, names, as_dict, has_bias, unbatched))
     p_drop = _dropout(op, dropout)
     recompute = _flag(op, "recompute", recompute)
     train = _flag(op, "train", train)
