@@ -230,8 +230,15 @@ def test_set_tuning_rejects_unknown_mode():
 def test_set_workspace_limit_rejects_bad_values():
     with pytest.raises(ValueError, match="set_workspace_limit"):
         dnnkit.set_workspace_limit(-1)
-    with pytest.raises(TypeError, match="set_workspace_limit"):
+    with pytest.raises(ValueError, match="^set_workspace_limit: nbytes: not a byte count: 'lots'"):
+        dnnkit.set_workspace_limit("lots")
+    with pytest.raises(TypeError, match="^set_workspace_limit: nbytes must be an int, a byte count"):
+        dnnkit.set_workspace_limit(1.5)
+    try:  # a byte count as DNNKIT_WORKSPACE_LIMIT takes it
         dnnkit.set_workspace_limit("1 GiB")
+        assert dnnkit.get_workspace_limit() == 1 << 30
+    finally:
+        dnnkit.set_workspace_limit(None)
 
 
 WIDE = np.zeros((300, 300), F32)  # its repr alone is thousands of characters
@@ -315,9 +322,11 @@ def test_explain_rejects_bad_arguments():
         dnnkit.explain("m4n4k4", algo="nope")
     with pytest.raises(TypeError, match="explain: algo must be"):
         dnnkit.explain("m4n4k4", algo=3)
-    for limit, exc in (("1M", TypeError), (-1, ValueError), (True, TypeError)):
-        with pytest.raises(exc, match="explain: workspace_limit must be None or a number of bytes >= 0"):
+    for limit, exc, message in (("lots", ValueError, "not a byte count"), (-1, ValueError, "must be >= 0"),
+                                (True, TypeError, "must be an int, a byte count such as '64M', or None")):
+        with pytest.raises(exc, match=f"^explain: workspace_limit.*{message}"):
             dnnkit.explain("m4n4k4", workspace_limit=limit)
+    assert dnnkit.explain("m64n64k64", workspace_limit="1K") == dnnkit.explain("m64n64k64", workspace_limit=1024)
     with pytest.raises(ValueError, match="explain: GemmProblem: dtype must be one of"):
         dnnkit.explain("m4n4k4", dtype="float16")
 

@@ -496,6 +496,8 @@ BAD_INPUTS = [
      lambda: dnnkit.rnn_tanh_cell(X[0], None, *_w(G=1)[:3])),
     ("lstm_cell: hx must be a pair (h, c) or None", TypeError,
      lambda: dnnkit.lstm_cell(X[0], S[0], *_w())),
+    ("lstm_cell: hx must hold both h and c (or be None for zeros), got hx[1] None", TypeError,
+     lambda: dnnkit.lstm_cell(X[0], (S[0], None), *_w())),
 ]
 
 

@@ -8,6 +8,7 @@ never keeps `import dnnkit` from working."""
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 import warnings
@@ -139,15 +140,30 @@ def get_tuning() -> str:
     return _state["tuning"]
 
 
-def set_workspace_limit(nbytes: int | None) -> None:
-    """Algorithms whose workspace_bytes() exceeds this are not chosen (None: no limit)."""
-    if nbytes is not None:
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-            raise TypeError(f"set_workspace_limit: nbytes must be an int or None, got {type(nbytes).__name__}")
-        if nbytes < 0:
-            raise ValueError(f"set_workspace_limit: nbytes must be >= 0, got {nbytes}")
+def set_workspace_limit(nbytes: int | str | None) -> None:
+    """Algorithms whose workspace_bytes() exceeds this are not chosen (None: no limit). nbytes: an int, or
+    a byte count as DNNKIT_WORKSPACE_LIMIT takes it ('64M', '2G')."""
+    nbytes = workspace_bytes("set_workspace_limit", "nbytes", nbytes)
     _state["workspace_limit"] = nbytes
     changed()
+
+
+def workspace_bytes(op: str, name: str, nbytes):
+    """A workspace limit as given (an int >= 0, a byte count such as '64M', or None) in bytes, or None; a
+    TypeError/ValueError naming op and name."""
+    if isinstance(nbytes, str):
+        try:
+            return parse_bytes(nbytes)
+        except ValueError as e:
+            raise ValueError(f"{op}: {name}: {e}") from None
+    if nbytes is None:
+        return None
+    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral):
+        raise TypeError(f"{op}: {name} must be an int, a byte count such as '64M', or None, got "
+                        f"{type(nbytes).__name__}")
+    if nbytes < 0:
+        raise ValueError(f"{op}: {name} must be >= 0, got {nbytes}")
+    return int(nbytes)
 
 
 def get_workspace_limit() -> int | None:

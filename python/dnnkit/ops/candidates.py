@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import numbers
 
 import numpy as np
 
@@ -16,6 +15,7 @@ from ..packed import PackedWeight
 from ..problem import RNN_DIRECTIONS, RNN_MODES, ConvProblem, GemmProblem, RnnProblem, parse_descriptor, shown
 from . import convolution as _conv, dense as _linear, recurrent as _recurrent
 from .._checks import _array, _flag
+from .._config import workspace_bytes
 from ._common import _gpu
 from ._rnn_args import _dropout
 
@@ -278,11 +278,7 @@ def explain(what, *args, algo="auto", workspace_limit=None, **kwargs) -> Explana
     """
     if not isinstance(algo, str) and not isinstance(algo, Algorithm):
         raise TypeError(f"explain: algo must be 'auto', an algorithm's name or an Algorithm, got {shown(algo)}")
-    if workspace_limit is not None and (isinstance(workspace_limit, bool) or
-                                        not isinstance(workspace_limit, numbers.Integral) or workspace_limit < 0):
-        raise (ValueError if isinstance(workspace_limit, numbers.Integral) and not isinstance(workspace_limit, bool)
-               else TypeError)(f"explain: workspace_limit must be None or a number of bytes >= 0, got "
-                               f"{shown(workspace_limit)}")
+    workspace_limit = workspace_bytes("explain", "workspace_limit", workspace_limit)
     note = None
     if isinstance(what, str) and what in _PREPARE:
         try:

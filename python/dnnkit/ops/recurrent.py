@@ -729,6 +729,9 @@ def _lstm_hx(hx):
         return None, None
     if not isinstance(hx, (tuple, list)) or len(hx) != 2:
         raise TypeError(f"lstm_cell: hx must be a pair (h, c) or None, got {type(hx).__name__}")
+    if (hx[0] is None) != (hx[1] is None):
+        raise TypeError(f"lstm_cell: hx must hold both h and c (or be None for zeros), got hx[{int(hx[1] is None)}] "
+                        f"None")
     return hx
 
 
