@@ -74,7 +74,7 @@ BAD_INPUT = [
     ("bf_algo", lambda: dnnkit.conv2d_backward_filter(X, W.shape, DY, algo="no_such_algorithm"),
      "conv2d_backward_filter"),
     # conv2d_backward_bias
-    ("bb_3d", lambda: dnnkit.conv2d_backward_bias(DY[0]), "conv2d_backward_bias"),
+    ("bb_2d", lambda: dnnkit.conv2d_backward_bias(DY[0, 0]), "conv2d_backward_bias"),
     ("bb_int", lambda: dnnkit.conv2d_backward_bias(DY.astype(np.int64)), "conv2d_backward_bias"),
     ("bb_none", lambda: dnnkit.conv2d_backward_bias(None), "conv2d_backward_bias"),
 ]
