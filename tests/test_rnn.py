@@ -592,6 +592,11 @@ def test_explain_takes_the_rnn_calls():
     assert dnnkit.explain("gru_cell_backward", h, reserve).problem.direction == "bwd"
     with pytest.raises(ValueError, match=r"^rnn_backward: reserve comes from gru_cell"):
         dnnkit.explain("rnn_backward", h, None, reserve)
+    with pytest.raises(ValueError, match=r"^gru_cell_backward: grad_h must have shape \(3, 6\)"):
+        dnnkit.explain("gru_cell_backward", h[:1], reserve)
+    with pytest.raises(ValueError, match=r"^lstm_backward: grad_output must have shape \(3, 5, 6\)"):
+        dnnkit.explain("lstm_backward", out[:1], None, None, dnnkit.lstm(x, None, None, lstm_w[:4], batch_first=True,
+                                                                          train=True)[2])
     with pytest.raises(ValueError, match=r"^lstm: weights has 3 entries"):
         dnnkit.explain("lstm", x, None, None, lstm_w[:3])
     with pytest.raises(ValueError, match=r"^rnn: nonlinearity must be 'tanh' or 'relu'"):

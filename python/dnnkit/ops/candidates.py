@@ -219,13 +219,15 @@ def _cell_problem(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh):
     return _rnn_problem(op, "_cell_args", "cell_args", (mode, x, h, c, w_ih, w_hh, b_ih, b_hh), x)[0]
 
 
-def _backward_problem(op, modes, reserve, cell):
-    """The backward problem of a training forward's reserve (host or GPU), checked as the backward checks it."""
+def _backward_problem(op, modes, reserve, cell, grads):
+    """The backward problem of a training forward's reserve (host or GPU), checked as the backward checks it
+    (on the host its gradients too: grads, (grad_output, grad_h_n, grad_c_n) or a cell's (grad_h, grad_c))."""
     if type(reserve).__name__ == "GpuRnnReserve":
         if reserve.mode not in modes or reserve.cell != cell:
             raise ValueError(f"{op}: the reserve is from a {reserve.op} forward")
         return dataclasses.replace(reserve.problem, direction="bwd")
     reserve = _recurrent._reserve(op, reserve, modes, cell)
+    (_recurrent._cell_grads if cell else _recurrent._sequence_grads)(op, reserve, *grads)
     p = dataclasses.replace(reserve.problem, direction="bwd")
     if reserve.stack:
         return (dataclasses.replace(p, layers=1), f"the backward runs the forward's {len(reserve.stack)} one-layer "
@@ -243,11 +245,11 @@ _PREPARE = {
     "gru": _gru,
     "rnn": _rnn,
     "lstm_backward": lambda grad_output, grad_h_n, grad_c_n, reserve, *, accumulate_into=None: _backward_problem(
-        "lstm_backward", ("lstm",), reserve, False),
+        "lstm_backward", ("lstm",), reserve, False, (grad_output, grad_h_n, grad_c_n)),
     "gru_backward": lambda grad_output, grad_h_n, reserve, *, accumulate_into=None: _backward_problem(
-        "gru_backward", ("gru",), reserve, False),
+        "gru_backward", ("gru",), reserve, False, (grad_output, grad_h_n, None)),
     "rnn_backward": lambda grad_output, grad_h_n, reserve, *, accumulate_into=None: _backward_problem(
-        "rnn_backward", ("rnn_tanh", "rnn_relu"), reserve, False),
+        "rnn_backward", ("rnn_tanh", "rnn_relu"), reserve, False, (grad_output, grad_h_n, None)),
     "lstm_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False: _cell_problem(
         "lstm_cell", "lstm", x, *_recurrent._lstm_hx(hx), w_ih, w_hh, b_ih, b_hh),
     "gru_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False: _cell_problem(
@@ -257,11 +259,11 @@ _PREPARE = {
     "rnn_relu_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False: _cell_problem(
         "rnn_relu_cell", "rnn_relu", x, hx, None, w_ih, w_hh, b_ih, b_hh),
     "lstm_cell_backward": lambda grad_h, grad_c, reserve, *, accumulate_into=None: _backward_problem(
-        "lstm_cell_backward", ("lstm",), reserve, True),
+        "lstm_cell_backward", ("lstm",), reserve, True, (grad_h, grad_c)),
     "gru_cell_backward": lambda grad_h, reserve, *, accumulate_into=None: _backward_problem(
-        "gru_cell_backward", ("gru",), reserve, True),
+        "gru_cell_backward", ("gru",), reserve, True, (grad_h, None)),
     "rnn_cell_backward": lambda grad_h, reserve, *, accumulate_into=None: _backward_problem(
-        "rnn_cell_backward", ("rnn_tanh", "rnn_relu"), reserve, True),
+        "rnn_cell_backward", ("rnn_tanh", "rnn_relu"), reserve, True, (grad_h, None)),
 }
 
 

@@ -504,6 +504,12 @@ def _run_backward_stack(op, r: RnnReserve, dy, dh_n, dc_n, into=None, algo="auto
 
 def _backward(op, r: RnnReserve, grad_output, grad_h_n, grad_c_n, into=None, algo="auto"):
     """Sequences: the user's gradients (in the forward's layouts) checked and brought to the kernel's."""
+    return _run_backward(op, r, *_sequence_grads(op, r, grad_output, grad_h_n, grad_c_n), into, algo)
+
+
+def _sequence_grads(op, r: RnnReserve, grad_output, grad_h_n, grad_c_n):
+    """(dy, dh_n, dc_n): a sequence backward's gradients checked against its forward's layouts, C-contiguous
+    in the kernel's, None where not given. The backward and explain."""
     _, T, B, I, H, L, D, P = r.shape
     S = P or H
     dtype = r.x.dtype
@@ -520,7 +526,7 @@ def _backward(op, r: RnnReserve, grad_output, grad_h_n, grad_c_n, into=None, alg
     dc_n = _grad(op, "grad_c_n", grad_c_n, lead + (H,), dtype) if r.mode == "lstm" else None
     dh_n = None if dh_n is None else np.ascontiguousarray(dh_n)
     dc_n = None if dc_n is None else np.ascontiguousarray(dc_n)
-    return _run_backward(op, r, dy, dh_n, dc_n, into, algo)
+    return dy, dh_n, dc_n
 
 
 def _sequence_backward(op, modes, grad_output, grad_h_n, grad_c_n, reserve, accumulate_into, algo):
@@ -752,6 +758,18 @@ def rnn_relu_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo=
     return _cell("rnn_relu_cell", "rnn_relu", x, hx, None, w_ih, w_hh, b_ih, b_hh, train, algo)
 
 
+def _cell_grads(op, r: RnnReserve, grad_h, grad_c):
+    """(dh, dc) of a cell's backward checked against its forward's state shape, as (1, B, H), None where
+    not given: h' is the step's output (grad_output of a one-step sequence), c' its final cell state."""
+    _, _, B, _, H, _, _, _ = r.shape
+    state = (H,) if r.unbatched else (B, H)
+    dh = _grad(op, "grad_h", grad_h, state, r.x.dtype)
+    dc = _grad(op, "grad_c", grad_c, state, r.x.dtype) if r.mode == "lstm" else None
+    dh = None if dh is None else np.ascontiguousarray(dh).reshape(1, B, H)
+    dc = None if dc is None else np.ascontiguousarray(dc).reshape(1, B, H)
+    return dh, dc
+
+
 def _cell_backward(op, modes, grad_h, grad_c, reserve, accumulate_into):
     if type(reserve).__name__ == "GpuRnnReserve":
         from . import gpu_recurrent
@@ -762,13 +780,7 @@ def _cell_backward(op, modes, grad_h, grad_c, reserve, accumulate_into):
     r = _reserve(op, reserve, modes, cell=True)
     into = _accumulate_targets(op, r, accumulate_into, ["grad_w_ih", "grad_w_hh", "grad_b_ih", "grad_b_hh"],
                                (("grad_h", grad_h), ("grad_c", grad_c)))
-    _, _, B, _, H, _, _, _ = r.shape
-    state = (H,) if r.unbatched else (B, H)
-    # h' is the step's output (grad_output of a one-step sequence); c' is the final cell state.
-    dh = _grad(op, "grad_h", grad_h, state, r.x.dtype)
-    dc = _grad(op, "grad_c", grad_c, state, r.x.dtype) if r.mode == "lstm" else None
-    dh = None if dh is None else np.ascontiguousarray(dh).reshape(1, B, H)
-    dc = None if dc is None else np.ascontiguousarray(dc).reshape(1, B, H)
+    dh, dc = _cell_grads(op, r, grad_h, grad_c)
     dx, dh0, dc0, grads = _run_backward(op, r, dh, None, dc, into)
     dx, dh0 = dx[0], dh0[0]
     dc0 = None if dc0 is None else dc0[0]
