@@ -1,9 +1,12 @@
 """The RNN operators' argument checks that do not depend on where the arrays are (recurrent.py for the
-host, gpu_recurrent.py for the GPU): layer counts, dropout, projections, and the weights' structure
-(list or dict, torch.nn.LSTM's parameter names and order). Errors name the operator and the argument."""
+host, gpu_recurrent.py for the GPU): layer counts, dropout, projections, the RNN's nonlinearity, an
+LSTM cell's states, and the weights' structure (list or dict, torch.nn.LSTM's parameter names and order,
+and the kernels' flat order). Errors name the operator and the argument."""
 from __future__ import annotations
 
 import numpy as np
+
+from ..problem import shown
 
 
 def _param_names(num_layers: int, dirs: int, bias: bool, proj: bool = False) -> list:
@@ -82,3 +85,31 @@ def _generator(op, generator) -> np.random.Generator:
         return np.random.default_rng(generator)
     raise TypeError(f"{op}: generator must be None, an int seed or a numpy.random.Generator, "
                     f"got {type(generator).__name__}")
+
+
+def _flat(arrays, groups, has_bias, proj):
+    """The kernel's flat list from the weights in module order: per layer-direction w_ih, w_hh, b_ih, b_hh
+    (None, None without biases), then w_hr with a projection."""
+    per, flat = (4 if has_bias else 2) + (1 if proj else 0), []
+    for k in range(groups):
+        group = arrays[k * per:(k + 1) * per]
+        flat += group[:2] + (group[2:4] if has_bias else [None, None]) + ([group[-1]] if proj else [])
+    return flat
+
+
+def _rnn_mode(nonlinearity) -> str:
+    if not isinstance(nonlinearity, str) or nonlinearity not in ("tanh", "relu"):
+        raise ValueError(f"rnn: nonlinearity must be 'tanh' or 'relu', got {shown(nonlinearity)}")
+    return "rnn_" + nonlinearity
+
+
+def _lstm_hx(hx):
+    """lstm_cell's hx as (h, c)."""
+    if hx is None:
+        return None, None
+    if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+        raise TypeError(f"lstm_cell: hx must be a pair (h, c) or None, got {type(hx).__name__}")
+    if (hx[0] is None) != (hx[1] is None):
+        raise TypeError(f"lstm_cell: hx must hold both h and c (or be None for zeros), got hx[{int(hx[1] is None)}] "
+                        f"None")
+    return hx

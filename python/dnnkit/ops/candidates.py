@@ -17,7 +17,7 @@ from . import convolution as _conv, dense as _linear, recurrent as _recurrent
 from .._checks import _array, _flag
 from .._config import workspace_bytes
 from ._common import _gpu
-from ._rnn_args import _dropout
+from ._rnn_args import _dropout, _lstm_hx, _rnn_mode
 
 
 # ---------------------------------------------------------------------------------------------- explain
@@ -211,7 +211,7 @@ def _gru(x, h0, weights, *, num_layers=1, bidirectional=False, batch_first=False
 
 def _rnn(x, h0, weights, *, nonlinearity="tanh", num_layers=1, bidirectional=False, batch_first=False, train=False,
          dropout=0.0, generator=None, recompute=False, stream=None):
-    return _sequence_problem("rnn", _recurrent._rnn_mode(nonlinearity), x, h0, None, weights, num_layers,
+    return _sequence_problem("rnn", _rnn_mode(nonlinearity), x, h0, None, weights, num_layers,
                              bidirectional, batch_first, 0, train, dropout, recompute)
 
 
@@ -251,7 +251,7 @@ _PREPARE = {
     "rnn_backward": lambda grad_output, grad_h_n, reserve, *, accumulate_into=None: _backward_problem(
         "rnn_backward", ("rnn_tanh", "rnn_relu"), reserve, False, (grad_output, grad_h_n, None)),
     "lstm_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False: _cell_problem(
-        "lstm_cell", "lstm", x, *_recurrent._lstm_hx(hx), w_ih, w_hh, b_ih, b_hh),
+        "lstm_cell", "lstm", x, *_lstm_hx(hx), w_ih, w_hh, b_ih, b_hh),
     "gru_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False: _cell_problem(
         "gru_cell", "gru", x, hx, None, w_ih, w_hh, b_ih, b_hh),
     "rnn_tanh_cell": lambda x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False: _cell_problem(

@@ -17,11 +17,10 @@ from .. import dispatch
 from ..backends import cuda as _cuda, device_of, placement_error
 from .._checks import _flag, _new_problem
 from ..algos.rnn_cuda import SAVED
-from ..problem import RnnProblem
-from ._rnn_args import _dropout, _generator, _layers, _proj_size, _shape_error, _weight_label, _weights
+from ..problem import RNN_GATES, RnnProblem
+from ._rnn_args import _dropout, _flat, _generator, _layers, _proj_size, _shape_error, _weight_label, _weights
 from .gpu_dense import _plan, _same_dtype
 
-_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
 
 def _all_arrays(x, h0, c0, weights) -> list:
@@ -61,7 +60,7 @@ def sequence_args(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch
         d = _cuda.adopt(op, _weight_label(names, as_dict, i), w)
         ws.append(d)
     _same_dtype(op, input=dx, **{_weight_label(names, as_dict, i): w for i, w in enumerate(ws)})
-    G = _GATES[mode]
+    G = RNN_GATES[mode]
     per = (4 if has_bias else 2) + (1 if P else 0)
     if P:
         # H from weight_hr_l0 (P, H); torch.nn.LSTM requires 0 < proj_size < hidden_size.
@@ -76,7 +75,6 @@ def sequence_args(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch
             raise ValueError(f"{op}: {_weight_label(names, as_dict, 1)} must be 2-D of shape ({G}*hidden_size, "
                              f"hidden_size) with hidden_size >= 1, got shape {w_hh0}")
         H = S = w_hh0[1]
-    flat = []  # 4 a layer-direction (w_ih, w_hh, b_ih, b_hh; None for absent biases), w_hr fifth with P
     for k in range(L * D):
         in_k = I if k < D else D * S
         expect = [(G * H, in_k), (G * H, S)] + ([(G * H,), (G * H,)] if has_bias else []) + ([(S, H)] if P else [])
@@ -85,7 +83,7 @@ def sequence_args(op, mode, x, h0, c0, weights, num_layers, bidirectional, batch
             if tuple(group[j].shape) != want:
                 raise _shape_error(op, _weight_label(names, as_dict, k * per + j), tuple(group[j].shape), want,
                                    k < D and j == 0)
-        flat += group[:2] + (group[2:4] if has_bias else [None, None]) + ([group[-1]] if P else [])
+    flat = _flat(ws, L * D, has_bias, P)
     lead = (L * D,) if unbatched else (L * D, B)
     states = {}
     for name, h, width in (("h0", h0, S), ("c0", c0 if mode == "lstm" else None, H)):
@@ -294,7 +292,7 @@ def cell_args(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh):
     unbatched = dx.ndim == 1
     B, I = (1, tuple(dx.shape)[0]) if unbatched else tuple(dx.shape)
     dtype = _cuda.dtype_name(dx)
-    G = _GATES[mode]
+    G = RNN_GATES[mode]
     dw_ih = _cuda.adopt(op, "w_ih", w_ih, ndim=2)
     dw_hh = _cuda.adopt(op, "w_hh", w_hh, ndim=2)
     _same_dtype(op, input=dx, w_ih=dw_ih, w_hh=dw_hh)

@@ -53,12 +53,12 @@ from ..backends import DeviceArray, device_of, placement_error
 from .._checks import _DTYPE_NAMES, _FLOAT_DTYPES, _array, _empty, _flag, _new_problem
 from ..dispatch import dispatch_state
 from ..packed import PackedWeight, unpacked
-from ..problem import RnnProblem, shown
+from ..problem import RNN_GATES, RnnProblem
 from ._common import _accumulate_target, _calls, _plan, _problems, _targets_apart
-from ._rnn_args import _dropout, _generator, _layers, _proj_size, _shape_error, _weight_label, _weights
+from ._rnn_args import (_dropout, _flat, _generator, _layers, _lstm_hx, _proj_size, _rnn_mode, _shape_error,
+                        _weight_label, _weights)
 
 _CELL_CODES = {"lstm": 0, "gru": 1, "rnn_tanh": 2, "rnn_relu": 3}
-_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
 
 class RnnReserve:
@@ -116,7 +116,7 @@ def _problem(op, mode, T, B, I, H, L, D, bias, direction, dtype, P=0) -> RnnProb
 def _check_weights(op, mode, arrays, names, as_dict, has_bias, dtype, input_size, num_layers, dirs, proj=0):
     """Contiguous arrays of the right shapes and dtype, as the kernel's flat list (4 per layer-direction,
     None for absent biases, and w_hr fifth with a projection); returns (flat, hidden_size)."""
-    G = _GATES[mode]
+    G = RNN_GATES[mode]
     per = (4 if has_bias else 2) + (1 if proj else 0)
     checked = []
     for i, w in enumerate(arrays):
@@ -151,16 +151,6 @@ def _check_weights(op, mode, arrays, names, as_dict, has_bias, dtype, input_size
                 raise _shape_error(op, _weight_label(names, as_dict, k * per + j), a.shape, expect[j],
                                    k < dirs and j == 0)
     return _flat([np.ascontiguousarray(a) for a in checked], num_layers * dirs, has_bias, proj), H
-
-
-def _flat(arrays, groups, has_bias, proj):
-    """The kernel's flat list from the weights in module order: per layer-direction w_ih, w_hh, b_ih, b_hh
-    (None, None without biases), then w_hr with a projection."""
-    per, flat = (4 if has_bias else 2) + (1 if proj else 0), []
-    for k in range(groups):
-        group = arrays[k * per:(k + 1) * per]
-        flat += group[:2] + (group[2:4] if has_bias else [None, None]) + ([group[-1]] if proj else [])
-    return flat
 
 
 def _state(op, name, h, shape, dtype):
@@ -357,12 +347,6 @@ def gru(x, h0, weights, *, num_layers=1, bidirectional=False, batch_first=False,
     generator, recompute, algo and stream as for lstm."""
     return _sequence("gru", "gru", x, h0, None, weights, num_layers, bidirectional, batch_first, train, dropout,
                      generator, recompute, 0, algo, stream)
-
-
-def _rnn_mode(nonlinearity) -> str:
-    if not isinstance(nonlinearity, str) or nonlinearity not in ("tanh", "relu"):
-        raise ValueError(f"rnn: nonlinearity must be 'tanh' or 'relu', got {shown(nonlinearity)}")
-    return "rnn_" + nonlinearity
 
 
 def rnn(x, h0, weights, *, nonlinearity="tanh", num_layers=1, bidirectional=False, batch_first=False, train=False,
@@ -651,7 +635,7 @@ def _cell_args(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh):
     B, I = (1, x.shape[0]) if unbatched else x.shape
     if I < 1:
         raise ValueError(f"{op}: input must have a feature size (its last dimension) >= 1, got shape {x.shape}")
-    G = _GATES[mode]
+    G = RNN_GATES[mode]
     packed = [isinstance(w, PackedWeight) for w in (w_ih, w_hh)]
     if any(packed):
         if not all(packed):
@@ -727,18 +711,6 @@ def lstm_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo="aut
     "fused_cell_dots", "fused_cell_gemm" (docs/algorithms.md; without hx, or on packed weights, the step
     runs the general way whatever is named)."""
     return _cell("lstm_cell", "lstm", x, *_lstm_hx(hx), w_ih, w_hh, b_ih, b_hh, train, algo)
-
-
-def _lstm_hx(hx):
-    """lstm_cell's hx as (h, c)."""
-    if hx is None:
-        return None, None
-    if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-        raise TypeError(f"lstm_cell: hx must be a pair (h, c) or None, got {type(hx).__name__}")
-    if (hx[0] is None) != (hx[1] is None):
-        raise TypeError(f"lstm_cell: hx must hold both h and c (or be None for zeros), got hx[{int(hx[1] is None)}] "
-                        f"None")
-    return hx
 
 
 def gru_cell(x, hx, w_ih, w_hh, b_ih=None, b_hh=None, *, train=False, algo="auto"):
