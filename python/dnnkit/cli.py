@@ -189,7 +189,7 @@ def _budget_arg(text: str) -> float:
 
 def _problems(args) -> list:
     from .autotune.models import load_batch, model_problems
-    from .ops.convolution import _odd_same
+    from .ops.convolution import _grown, _odd_same
     from .problem import ConvProblem, parse_descriptor
 
     sources = [bool(args.op), bool(args.problem), bool(args.batch), bool(args.model)]
@@ -210,8 +210,7 @@ def _problems(args) -> list:
             # Where 'same' pads one more on the bottom/right, the array call (conv2d and its backward filter on
             # the CPU, its backward data everywhere) runs the problem of the input grown by that row/column,
             # padded symmetrically: that problem is the one tuned.
-            (eh, ew), padding = odd
-            shape = (shape[0], shape[1], shape[2] + eh, shape[3] + ew)
+            shape, padding = _grown(shape, odd), odd[1]
         return [ConvProblem.from_arrays(shape, args.weight, args.stride, padding, args.dilation,
                                         args.groups, direction=direction, dtype=dtype, device=args.device,
                                         op="autotune conv2d")]

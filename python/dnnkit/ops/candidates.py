@@ -131,8 +131,7 @@ def _same_padded(op, x, weight_shape, stride, padding, dilation):
     if odd is None or np.ndim(x) != 4 or device_of(x) == "cuda":
         return x, padding
     x = _array(op, "input", x, ndim=4)
-    (eh, ew), padding = odd
-    return np.broadcast_to(np.zeros((), x.dtype), (x.shape[0], x.shape[1], x.shape[2] + eh, x.shape[3] + ew)), padding
+    return np.broadcast_to(np.zeros((), x.dtype), _conv._grown(x.shape, odd)), odd[1]
 
 
 def _conv_call(op, p, workspace):
@@ -152,8 +151,7 @@ def _conv2d_bwd_data(input_shape, weight, grad_output, stride=1, padding=0, dila
     op = "conv2d_backward_data"
     odd = _conv._odd_same(np.shape(weight), stride, padding, dilation)
     if odd is not None:
-        n, c, h, w = _conv._shape4(op, "input_shape", input_shape)
-        input_shape, padding = (n, c, h + odd[0][0], w + odd[0][1]), odd[1]
+        input_shape, padding = _conv._grown(_conv._shape4(op, "input_shape", input_shape), odd), odd[1]
     return _conv_call(op, _conv._conv2d_bwd_data_prepare(input_shape, weight, grad_output, stride, padding, dilation,
                                                          groups)[0], workspace)
 

@@ -142,6 +142,12 @@ def _odd_same(weight_shape, stride, padding, dilation):
     return (th % 2, tw % 2), (th // 2, tw // 2)
 
 
+def _grown(shape, odd) -> tuple:
+    """An N, C, H, W shape with _odd_same's extra bottom row and right column."""
+    n, c, h, w = shape
+    return n, c, h + odd[0][0], w + odd[0][1]
+
+
 def _pad_bottom_right(x: np.ndarray, extra) -> np.ndarray:
     return np.pad(x, ((0, 0), (0, 0), (0, extra[0]), (0, extra[1])))
 
@@ -246,7 +252,7 @@ def conv2d_backward_data(input_shape, weight, grad_output, stride=1, padding=0, 
     odd = _odd_same(np.shape(weight), stride, padding, dilation)
     if odd is not None:
         n, c, h, w_ = _shape4("conv2d_backward_data", "input_shape", input_shape)
-        dx = conv2d_backward_data((n, c, h + odd[0][0], w_ + odd[0][1]), weight, grad_output, stride, odd[1], dilation,
+        dx = conv2d_backward_data(_grown((n, c, h, w_), odd), weight, grad_output, stride, odd[1], dilation,
                                   groups, algo=algo, workspace=workspace)
         return np.ascontiguousarray(dx[:, :, :h, :w_])  # the hand-padded row/column's gradient dropped
     op = "conv2d_backward_data"
