@@ -114,6 +114,19 @@ def test_autotune_problem_json(tmp_path):
     assert json.loads(forced.stdout)["problems"][0]["source"] == "measured"
 
 
+def test_autotune_no_prune_times_what_a_cached_result_pruned(tmp_path):
+    """--no-prune tunes again a problem whose cached result left candidates untimed (pruned)."""
+    args = ("autotune", "--problem", "mb1ic32ih28oc32oh28kh5ph2", "--json", "--budget", "0.01")
+    first = json.loads(run_in(tmp_path, *args).stdout)["problems"][0]
+    pruned = {r["algorithm"] for r in first["records"] if r["status"] == "pruned"}
+    assert "fft" in pruned  # predicted several times slower than the direct and GEMM paths at 5x5
+    again = json.loads(run_in(tmp_path, *args, "--no-prune").stdout)["problems"][0]
+    assert again["source"] == "measured"
+    assert all(r["status"] == "ok" for r in again["records"] if r["algorithm"] in pruned)
+    cached = json.loads(run_in(tmp_path, *args, "--no-prune").stdout)["problems"][0]
+    assert cached["source"] == "cache"
+
+
 def test_autotune_conv2d_shapes_table(tmp_path):
     r = run_in(tmp_path, "autotune", "conv2d", "--input", "2,4,9,9", "--weight", "6,4,3,3", "--stride", "2",
                "--padding", "1", "--direction", "bwd_filter", "--budget", "0.02")
@@ -362,10 +375,10 @@ def test_a_closed_pipe_ends_the_command_quietly():
 
 def test_autotune_tunes_rnn_lines_beside_the_rest(tmp_path):
     """A batch with an LSTM sequence: it is tuned like the GEMM beside it, every time-loop schedule that
-    can run it timed, and its records name them."""
+    can run it timed (--no-prune), and its records name them."""
     batch = tmp_path / "layers.txt"
     batch.write_text("lstm_l2t6mb8slc16sic16_f32\nm8n8k8\n")
-    r = run_in(tmp_path, "autotune", "--batch", str(batch), "--budget", "0.01", "--json")
+    r = run_in(tmp_path, "autotune", "--batch", str(batch), "--budget", "0.01", "--json", "--no-prune")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     out = json.loads(r.stdout)
     assert [p["descriptor"] for p in out["problems"]] == ["lstm_l2t6mb8slc16sic16_f32", "m8n8k8_f32"]

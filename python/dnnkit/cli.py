@@ -387,8 +387,9 @@ def _cmd_autotune(args) -> int:
     for i, p in enumerate(problems):
         progress.step(i, f"{p.op} {p.descriptor()}")
         result = None if args.force else store.get(p)
-        if result is not None and _tuned_under_tighter_limit(result, limit):
-            result = None  # a candidate it left untimed fits this limit: tune again
+        if result is not None and (_tuned_under_tighter_limit(result, limit)
+                                   or args.no_prune and any(r.status == "pruned" for r in result)):
+            result = None  # a candidate it left untimed is to be timed now: tune again
         if result is None:
             result = find(p, budget=args.budget, workspace_limit=args.workspace_limit,
                           prune=None if args.no_prune else 4.0, store=store)
