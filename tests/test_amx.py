@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import dnnkit
 from dnnkit.reference import (
-    gemm_ref, gru_cell_ref, linear_ref, lstm_cell_ref, rel_l2, rnn_cell_ref, rnn_sequence_backward_ref, rnn_sequence_ref,
+    conv2d_backward_data_ref, conv2d_ref, gemm_ref, gru_cell_ref, linear_ref, lstm_cell_ref, rel_l2, rnn_cell_ref,
+    rnn_sequence_backward_ref, rnn_sequence_ref,
 )
 from helpers import amx_set
 
@@ -116,7 +117,7 @@ def test_tile_kernel_matches_float64(amx, m, n, k, layout, alpha, beta, bias, se
     assert np.max(np.abs(c - ref) / scale) <= 2 ** -22 * np.sqrt(k + 2)
 
 
-@given(m=st.integers(192, 330), n=st.integers(192, 330), k=st.integers(64, 1100), trans_a=st.booleans(),
+@given(m=st.integers(192, 330), n=st.integers(192, 330), k=st.integers(192, 1100), trans_a=st.booleans(),
        trans_b=st.booleans(), beta=st.sampled_from([0.0, 1.0, 0.5]), seed=st.integers(0, 2**31))
 def test_gemm_on_tiles_carries_float32_error(num_threads, m, n, k, trans_a, trans_b, beta, seed):
     """The blocked GEMM on tiles against float64: the error per element is float32's, within 2x (plus a
@@ -131,6 +132,28 @@ def test_gemm_on_tiles_carries_float32_error(num_threads, m, n, k, trans_a, tran
     e_fma, e_amx = scaled_error(fma, A, B, ref), scaled_error(tiles, A, B, ref)
     assert e_amx <= 2 * e_fma + 2 ** -24, (e_amx, e_fma)
     assert not np.array_equal(fma, tiles)  # the tiles did run
+
+
+@pytest.mark.parametrize("n,c,k,h,w", [(8, 256, 256, 7, 7), (3, 200, 192, 9, 11), (4, 192, 320, 14, 14)])
+def test_pointwise_conv_batched_on_tiles(num_threads, n, c, k, h, w):
+    """1x1 convolutions whose images go side by side into one GEMM (B's columns in groups of H*W, panels
+    of 32 across the groups' edges), forward and backward data, on tiles: float32's error, the tiles
+    having run; an input the tiles cannot split gives the FMA kernels' bits."""
+    rng = np.random.default_rng(n * c)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((k, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
+    dy = rng.standard_normal((n, k, h, w)).astype(np.float32)
+    cases = ((lambda x_: dnnkit.conv2d(x_, wt, algo="im2col_gemm"), conv2d_ref(x, wt)),
+             (lambda dy_: dnnkit.conv2d_backward_data(x.shape, wt, dy_, algo="gemm_col2im"),
+              conv2d_backward_data_ref(x.shape, wt, dy)))
+    for (call, ref), arg in zip(cases, (x, dy)):
+        fma, tiles = fma_and_amx(lambda: call(arg))
+        assert not np.array_equal(fma, tiles)  # the tiles did run
+        assert rel_l2(tiles, ref) <= 2 * rel_l2(fma, ref) + 1e-7
+        odd = arg.copy()
+        odd[-1, -1, -1, -1] = 2.0 ** -110  # splits into no bfloat16 parts: the whole product on the FMA kernels
+        fma, tiles = fma_and_amx(lambda: call(odd))
+        assert np.array_equal(fma, tiles)
 
 
 def test_linear_layer_with_bias_and_activation_on_tiles(num_threads):

@@ -73,7 +73,12 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, bool a_rows) {
   return p;
 }
 
-bool shape_fits(index_t m, index_t n, index_t k) { return std::min(m, n) >= 192 && k >= 64; }
+// From a depth of 128; under 192, only with 512 columns or more: shallower, the load and store of C's
+// tiles a depth block and each thread's split of every A panel (own_a) over few columns cost more than
+// the tiles save.
+bool shape_fits(index_t m, index_t n, index_t k) {
+  return std::min(m, n) >= 192 && k >= 128 && (k >= 192 || n >= 512);
+}
 
 index_t workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
   if (!active() || !shape_fits(m, n, k)) return 0;
@@ -88,7 +93,7 @@ index_t workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
 }
 
 bool gemm(const GemmArgs<float>& g, int nthreads) {
-  if (!active() || g.a_packed || g.pack_b || g.b_group_cols != 0 || !shape_fits(g.m, g.n, g.k)) return false;
+  if (!active() || g.a_packed || g.pack_b || !shape_fits(g.m, g.n, g.k)) return false;
   // B packed ahead for the FMA kernels is read in place where its panels are the tiles' 32 columns wide.
   if (g.b_panels && select_ukernel<float>(active_isa()).nr != kBlock) return false;
   return gemm_tiles(g, make_plan(g.m, g.n, g.k, nthreads > 0 ? nthreads : get_num_threads(), g.cs_a == 1));

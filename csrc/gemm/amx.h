@@ -147,9 +147,10 @@ void tile_t(index_t nsteps, const bf16* a, const bf16* b, float* ct, index_t ldc
             int side_rows = 0, bool accumulate = false);
 
 // The blocked GEMM on tiles, for gemm<float>: returns false, having done nothing, where the tile path
-// does not take the product (not enabled, A packed ahead, B computed or grouped, fewer than 192 rows or
-// columns, or an operand not splittable); the caller then runs the FMA kernels. B packed ahead
-// (GemmArgs::b_panels) is read from its panels. Throws std::bad_alloc before its parallel region.
+// does not take the product (not enabled, A packed ahead, B computed, a shape shape_fits refuses, or an
+// operand not splittable); the caller then runs the FMA kernels. B packed ahead (GemmArgs::b_panels) is
+// read from its panels, a grouped B (b_group_cols) group by group. Throws std::bad_alloc before its
+// parallel region.
 bool gemm(const GemmArgs<float>& g, int nthreads);
 // GFLOP/s of bfloat16 products on `nthreads` threads' tile units, each running a loop of independent
 // products for about `seconds` (0 where there are no tiles). A float32 product costs six of them.

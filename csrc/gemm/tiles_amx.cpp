@@ -417,6 +417,40 @@ void pack_b_panels(index_t k, index_t n, const float* b, index_t rs, index_t cs,
 }
 
 namespace {
+// B's columns [j, j + cols) of rows from `row`: their address where they lie in one group of a grouped B
+// (GemmArgs::b_group_cols), or B is not grouped; else null.
+const float* b_columns(const GemmArgs<float>& g, index_t row, index_t j, index_t cols) {
+  const float* b = g.b + row * g.rs_b;
+  if (g.b_group_cols == 0) return b + j * g.cs_b;
+  const index_t grp = j / g.b_group_cols, jj = j % g.b_group_cols;
+  return jj + cols <= g.b_group_cols ? b + grp * g.b_group_stride + jj * g.cs_b : nullptr;
+}
+
+// Rows [b0, b1) of a grouped B split exactly (splittable, group by group).
+bool grouped_b_splittable(const GemmArgs<float>& g, index_t b0, index_t b1) {
+  for (index_t j = 0; j < g.n; j += g.b_group_cols)
+    if (!splittable(b1 - b0, std::min(g.b_group_cols, g.n - j), b_columns(g, b0, j, 1), g.rs_b, g.cs_b)) return false;
+  return true;
+}
+
+// The panel of columns [j, j + cols) of a grouped B across a group boundary, depth [pc, pc + k): each
+// step's rows copied run by run (one run a group) into a row-major buffer, then split from there.
+void pack_b_panel_grouped(const GemmArgs<float>& g, index_t pc, index_t k, index_t j, int cols, bf16* dst) {
+  alignas(64) float buf[32 * 32];
+  for_each_step(k, dst, [&](index_t p0, index_t kk, bf16* step) {
+    for (index_t p = 0; p < kk; ++p) {
+      for (int l = 0; l < cols;) {
+        const index_t jj = (j + l) % g.b_group_cols;
+        const int run = static_cast<int>(std::min<index_t>(cols - l, g.b_group_cols - jj));
+        const float* src = b_columns(g, pc + p0 + p, j + l, run);
+        for (int r = 0; r < run; ++r) buf[p * 32 + l + r] = src[r * g.cs_b];
+        l += run;
+      }
+    }
+    b_step_rows(cols, kk, buf, 32, step);
+  });
+}
+
 // The tiles' C from a 32 x 32 buffer (row stride 32), the steps of one or two pairs of panels, and C
 // back into the buffer.
 template <class Side>
@@ -616,7 +650,8 @@ bool gemm_tiles(const GemmArgs<float>& g, const Plan& p) {
         ok = splittable(1, len * (tid + 1) / nt - b0, g.b_panels + b0, 0, 1);
       } else if (ok) {
         const index_t b0 = g.k * tid / nt, b1 = g.k * (tid + 1) / nt;
-        ok = splittable(b1 - b0, g.n, g.b + b0 * g.rs_b, g.rs_b, g.cs_b);
+        ok = g.b_group_cols ? grouped_b_splittable(g, b0, b1)
+                            : splittable(b1 - b0, g.n, g.b + b0 * g.rs_b, g.rs_b, g.cs_b);
       }
       if (!ok) unsplit.store(true, std::memory_order_relaxed);
     }
@@ -645,14 +680,14 @@ bool gemm_tiles(const GemmArgs<float>& g, const Plan& p) {
     // The B panel of columns [j, j + 32) of depth block d, at dst.
     auto pack_b = [&](const DepthBlock& d, index_t j, bf16* dst) {
       const int cols = static_cast<int>(std::min<index_t>(32, g.n - j));
-      if (panels)
-        pack_b_panel(d.kc, cols, g.b_panels + j * g.k + d.pc * 32, 32, 1, dst);
-      else
-        pack_b_panel(d.kc, cols, g.b + d.pc * g.rs_b + j * g.cs_b, g.rs_b, g.cs_b, dst);
+      if (panels) return pack_b_panel(d.kc, cols, g.b_panels + j * g.k + d.pc * 32, 32, 1, dst);
+      if (const float* b = b_columns(g, d.pc, j, cols)) return pack_b_panel(d.kc, cols, b, g.rs_b, g.cs_b, dst);
+      pack_b_panel_grouped(g, d.pc, d.kc, j, cols, dst);
     };
     // A thread's own B block, columns [jc, jc + nc) of depth block d, as panels at dst.
     auto pack_b_block = [&](const DepthBlock& d, index_t jc, index_t nc, bf16* dst) {
-      if (!panels) return pack_b_panels(d.kc, nc, g.b + d.pc * g.rs_b + jc * g.cs_b, g.rs_b, g.cs_b, dst, panel);
+      if (!panels && !g.b_group_cols)
+        return pack_b_panels(d.kc, nc, g.b + d.pc * g.rs_b + jc * g.cs_b, g.rs_b, g.cs_b, dst, panel);
       for (index_t jr = 0; jr < ceil_div(nc, index_t(32)); ++jr) pack_b(d, jc + jr * 32, dst + jr * panel);
     };
     // C's tile at rows [i, i + 32) and columns [j, j + 32) over depth block d from the panels ap and bp,

@@ -48,7 +48,7 @@ import math
 from ..backends.cpu import ext as _cpu
 from .._config import get_num_threads, get_workspace_limit
 from .base import Algorithm, cpu_float_reason
-from .gemm_cpu import FULL_WIDTH_COLUMNS, depth_efficiency, gemm_efficiency, gemm_mc, micro_rows
+from .gemm_cpu import AMX_SPEEDUP, FULL_WIDTH_COLUMNS, depth_efficiency, gemm_efficiency, gemm_mc, micro_rows
 
 # Bound on the im2col column buffer when the user sets no tighter workspace limit.
 DEFAULT_COL_BYTES = 64 << 20
@@ -70,6 +70,12 @@ def _dims(p):
     n, c, k, g = p.mb, p.ic, p.oc, p.g
     pq = p.oh * p.ow
     return n, c, k, g, c // g, k // g, pq, 2.0 * n * k * pq * (c // g) * p.kh * p.kw
+
+
+def _tiles(p, m: int, n: int, k: int) -> float:
+    """The blocked GEMM's speed-up on an m x n x k product of p's dtype: AMX_SPEEDUP where the tiles take a
+    float32 product of this shape, else 1."""
+    return AMX_SPEEDUP if p.dtype == "float32" and _cpu.amx_takes_shape(m, n, k) else 1.0
 
 
 def workspace_bound() -> int:
@@ -133,8 +139,11 @@ class Im2colGemmFwd(_Im2col):
         n, ch, k, g, cg, kg, pq, direct = _dims(p)
         pointwise = (p.kh, p.kw, p.sh, p.sw, p.ph, p.pw) == (1, 1, 1, 1, 0, 0)
         # Small planes go side by side in one GEMM, which runs about as fast as one image's would (the
-        # threads then split its rows, not its columns).
-        t = direct / (c.peak(p) * gemm_efficiency(kg, pq, cg * p.kh * p.kw))
+        # threads then split its rows, not its columns) but on the AMX tiles where they take its shape.
+        crs, chunk = cg * p.kh * p.kw, self.chunk(p)
+        images = min(n, _side_by_side(p, chunk))
+        cols = pq * images if images > 1 else min(pq, chunk)
+        t = direct / (c.peak(p) * gemm_efficiency(kg, pq, crs) * _tiles(p, kg, cols, crs))
         # The GEMM packs its B operand (the columns, or the input planes of a 1x1 layer) once per block
         # of MC output channels, and building the columns is one more copy.
         copy = 2 * n * ch * p.kh * p.kw * pq * p.itemsize / c.bandwidth
@@ -157,7 +166,7 @@ def _gemm_backward_cost(p, c, whole_images: bool = False, images: int = 1) -> fl
     columns = 2 * n * ch * p.kh * p.kw * pq * p.itemsize / c.bandwidth
     if images > 1 and p.direction == "bwd_filter":
         columns += 2 * n * k * pq * p.itemsize / c.bandwidth
-    return direct / (c.peak(p) * gemm_efficiency(m, cols, inner)) + columns
+    return direct / (c.peak(p) * gemm_efficiency(m, cols, inner) * _tiles(p, m, cols, inner)) + columns
 
 
 def _side_by_side(p, chunk: int) -> int:

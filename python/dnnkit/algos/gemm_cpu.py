@@ -60,7 +60,9 @@ _GEMM_EFFICIENCY = 0.62
 # the large operand once; their arithmetic runs at this share of the peak.
 STREAM_EFFICIENCY = 0.5
 WT_DIRECT_EFFICIENCY = 0.62  # B never packed: at full tiles the blocked GEMM's best share
-AMX_SPEEDUP = 3.0  # the tiles' float32 product (three bfloat16 passes) against the FMA peak
+# The tiles' float32 products (six bfloat16 ones, and the split of both operands) against the FMA kernels
+# at the same shape, on the shapes the tiles take (Sapphire Rapids: 1.1-1.5x).
+AMX_SPEEDUP = 1.4
 
 
 @functools.lru_cache(maxsize=None)
@@ -240,12 +242,13 @@ class AmxGemm(_BlockedPath):
         if not _cpu.amx_takes_shape(p.m, p.n, p.k):
             if not _cpu.amx_enabled():
                 return "needs AMX-BF16 tiles, which this CPU (or dnnkit.set_amx, DNNKIT_ISA) does not offer"
-            return f"m = {p.m}, n = {p.n}: the tiles take 192 rows and columns or more"
+            return (f"m = {p.m}, n = {p.n}, k = {p.k}: the tiles take 192 rows and columns or more and a depth of "
+                    "128 or more (192 under 512 columns)")
         return None
 
     def cost(self, p, c) -> float:
-        """The blocked GEMM's schedule at AMX_SPEEDUP times the FMA peak (three bfloat16 products a float32
-        one; not yet fitted on an AMX machine: the fitted correction takes over once tuned there)."""
+        """The blocked GEMM's schedule at AMX_SPEEDUP times the FMA kernels' speed (a tuned machine's fitted
+        correction takes over)."""
         return _flops(p) / (c.peak(p) * AMX_SPEEDUP * gemm_efficiency(p.m, p.n, p.k, may_transpose=False))
 
 

@@ -98,7 +98,7 @@ def _isa_note(p) -> str:
                     f"bfloat16 parts) where every operand value splits, else on the {isa} FMA kernels")
         return f"{isa} FMA kernels (this product's shape is too small for the AMX tiles)"
     return (f"{isa} FMA kernels, and AMX tiles for the float32 products inside of 192 or more rows and columns "
-            f"and a depth of 64 or more, where every operand value splits")
+            f"and a depth of 128 or more (192 under 512 columns), where every operand value splits")
 
 
 def _either(op, prepare, args, **arrays):
