@@ -485,6 +485,34 @@ def test_gemm_streamed_products(isa, num_threads, data):
     check_streamed(dtype, m, n, k, data, b_view, c_order)
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_few_deep_past_the_caches(isa, dtype, k):
+    """A few-deep product into a C larger than an L2 cache, only written (beta = 0, no bias), is stored
+    past the caches: every element written (C starts as NaN), float32's error against float64, alpha
+    applied, rows of odd length (each starting off the vectors' alignment), and the same bits on 1 and 2
+    threads and in either direction of the calls."""
+    n = 1003
+    m = dnnkit._cpu.l2_cache_bytes() // (n * np.dtype(dtype).itemsize) + 37
+    rng = np.random.default_rng(k)
+    a = rng.standard_normal((k, m)).astype(dtype).T  # a dW's layout: dY^T, rows of A strided
+    b = rng.standard_normal((k, n)).astype(dtype)
+    outs = []
+    previous = dnnkit.get_num_threads()
+    try:
+        for threads in (1, 2):
+            dnnkit.set_num_threads(threads)
+            for _ in range(2):
+                c = np.full((m, n), np.nan, dtype)
+                dnnkit._cpu.gemm(a, b, c, 0.5, 0.0, None, 0, 0)
+                outs.append(c)
+    finally:
+        dnnkit.set_num_threads(previous)
+    for c in outs[1:]:
+        assert np.array_equal(c, outs[0])
+    assert rel_l2(outs[0], 0.5 * (a.astype(np.float64) @ b)) <= (1e-6 if dtype == np.float32 else 1e-13)
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 1000, 3000), (5, 130, 2100), (3000, 300, 1), (400, 77, 5)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gemm_streamed_same_bits_on_any_threads(isa, dtype, m, n, k):

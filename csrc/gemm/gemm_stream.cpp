@@ -16,10 +16,12 @@
 // output sums its k products in order. The bits are therefore the same on any number of threads and in
 // either direction (alternate_direction).
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 
 #include "epilogue.h"
 #include "gemm.h"
+#include "../simd/vec.h"
 #include "../work_share.h"
 
 namespace dnnkit {
@@ -162,6 +164,29 @@ void deep_rows(index_t n, const T* a, index_t rs_a, index_t cs_a, const T* b, in
   }
 }
 
+// One row of C, few deep, beta = 0, stored past the caches (a C written once and larger than them: no
+// read for ownership, no eviction of the operands): its k products summed in order, as deep_rows does.
+template <typename T, int K>
+void deep_row_stream(index_t n, const T* a, index_t cs_a, const T* b, index_t rs_b, T alpha, T* c) {
+  using V = reg_vec_t<T>;
+  constexpr index_t L = RegVec<T>::lanes;
+  T ai[K];
+  for (int p = 0; p < K; ++p) ai[p] = a[p * cs_a];
+  auto sum = [&](index_t j) {
+    T s = ai[0] * b[j];
+    for (int p = 1; p < K; ++p) s += ai[p] * b[p * rs_b + j];
+    return alpha * s;
+  };
+  index_t j = 0;
+  for (; j < n && reinterpret_cast<std::uintptr_t>(c + j) % kRegBytes != 0; ++j) c[j] = sum(j);
+  for (; j + L <= n; j += L) {
+    V s = splat<V>(ai[0]) * vload<V>(b + j);
+    for (int p = 1; p < K; ++p) s += splat<V>(ai[p]) * vload<V>(b + p * rs_b + j);
+    vstore_stream(c + j, splat<V>(alpha) * s);
+  }
+  for (; j < n; ++j) c[j] = sum(j);
+}
+
 template <typename T>
 using DeepRowsFn = void (*)(index_t, const T*, index_t, index_t, const T*, index_t, T, T, T*, index_t);
 
@@ -183,7 +208,11 @@ constexpr int deep_rows_at_once() {
 
 template <typename T, int K>
 void deep_block(index_t rows, index_t n, const T* a, index_t rs_a, index_t cs_a, const T* b, index_t rs_b, T alpha,
-                T beta, T* c, index_t ldc) {
+                T beta, T* c, index_t ldc, bool stream) {
+  if (stream) {
+    for (index_t i = 0; i < rows; ++i) deep_row_stream<T, K>(n, a + i * rs_a, cs_a, b, rs_b, alpha, c + i * ldc);
+    return;
+  }
   constexpr int R = deep_rows_at_once<K>();
   index_t i = 0;
   for (; i + R <= rows; i += R)
@@ -192,7 +221,8 @@ void deep_block(index_t rows, index_t n, const T* a, index_t rs_a, index_t cs_a,
 }
 
 template <typename T>
-using DeepBlockFn = void (*)(index_t, index_t, const T*, index_t, index_t, const T*, index_t, T, T, T*, index_t);
+using DeepBlockFn = void (*)(index_t, index_t, const T*, index_t, index_t, const T*, index_t, T, T, T*, index_t,
+                             bool);
 
 template <typename T>
 DeepBlockFn<T> deep_block_fn(index_t k) {
@@ -218,15 +248,22 @@ void few_deep(const GemmArgs<T>& g, int nthreads) {
   std::optional<PanelShare> share;
   if (nt > 1 && units < PanelShare::kMaxPanels) share.emplace(nt, units);
   const bool reverse = alternate_direction(g.c);  // C is what streams
+  // A C only written (no beta, bias or activation) and larger than an L2 cache goes past the caches: it
+  // would leave them for the next level anyway, after a read for ownership of each of its lines
+  // (bench/gemm.py's bwd:dw rows at batch 1). Either way each output sums its k products in order.
+  const bool past_caches = g.beta == T(0) && !g.bias && g.act == Activation::identity &&
+                           double(m) * double(n) * sizeof(T) > double(l2_cache_bytes());
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     for_each_unit(share ? &*share : nullptr, units, reverse, [&](index_t u) {
       const index_t i0 = u * rows, i1 = std::min(m, i0 + rows);
-      fn(i1 - i0, n, g.a + i0 * g.rs_a, g.rs_a, g.cs_a, g.b, g.rs_b, g.alpha, g.beta, g.c + i0 * g.rs_c, g.rs_c);
+      fn(i1 - i0, n, g.a + i0 * g.rs_a, g.rs_a, g.cs_a, g.b, g.rs_b, g.alpha, g.beta, g.c + i0 * g.rs_c, g.rs_c,
+         past_caches);
       if (g.bias || g.act != Activation::identity)
         apply_epilogue<T>(g.c + i0 * g.rs_c, g.rs_c, 1, i1 - i0, n,
                           g.bias ? g.bias + (g.bias_per_row ? i0 : 0) : nullptr, g.act, g.bias_per_row);
     });
+    if (past_caches) stream_fence();
   }
 }
 

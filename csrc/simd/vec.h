@@ -7,7 +7,7 @@
 #include <cstring>
 #include <type_traits>
 
-#ifdef __AVX512F__
+#ifdef __AVX__
 #include <immintrin.h>
 #endif
 
@@ -120,6 +120,27 @@ struct RegVec {
 };
 template <typename T>
 using reg_vec_t = typename RegVec<T>::type;
+
+// A store of one register's vector at p (aligned to kRegBytes) that bypasses the caches where the module
+// has the instruction (a plain store in the reference module), and the fence that orders such stores
+// before what follows them (another thread's reads included).
+template <typename T>
+inline void vstore_stream(T* p, reg_vec_t<T> v) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(T) == 4) _mm512_stream_ps(p, reinterpret_cast<__m512>(v));
+  else _mm512_stream_pd(p, reinterpret_cast<__m512d>(v));
+#elif defined(__AVX__)
+  if constexpr (sizeof(T) == 4) _mm256_stream_ps(p, reinterpret_cast<__m256>(v));
+  else _mm256_stream_pd(p, reinterpret_cast<__m256d>(v));
+#else
+  vstore(p, v);
+#endif
+}
+inline void stream_fence() {
+#if defined(__AVX__)
+  _mm_sfence();
+#endif
+}
 
 // x in every lane of a generic vector: x - (+0) is x exactly (-0 and NaN included), so the subtraction
 // folds away where 0 + x (which turns -0 into +0) would be computed.
