@@ -115,6 +115,27 @@ def test_explain_takes_gpu_rnn_calls():
         dnnkit.explain("lstm", dev(x), None, None, ws, num_layers=2)
 
 
+def test_explain_checks_a_gpu_backward_s_gradients():
+    """explain of a backward from a GPU reserve checks the gradients as the backward does: device, dtype,
+    shape."""
+    rng = np.random.default_rng(5)
+    x = rand(rng, (5, 3, 4))
+    ws = [dev(w) for w in _weights(rng, "lstm", 4, 6, 1, 1, True, np.float32)]
+    out, _, reserve = dnnkit.lstm(dev(x), None, None, ws, train=True)
+    gy = dev(rand(rng, (5, 3, 6)))
+    assert dnnkit.explain("lstm_backward", gy, None, None, reserve).problem.direction == "bwd"
+    with pytest.raises(ValueError, match=r"^lstm_backward: grad_output must have shape \(5, 3, 6\)"):
+        dnnkit.explain("lstm_backward", dev(rand(rng, (5, 3, 5))), None, None, reserve)
+    with pytest.raises(TypeError, match=r"^lstm_backward: grad_output is on the host"):
+        dnnkit.explain("lstm_backward", rand(rng, (5, 3, 6)), None, None, reserve)
+    h, reserve = dnnkit.lstm_cell(dev(x[0]), None, *ws, train=True)
+    assert dnnkit.explain("lstm_cell_backward", dev(rand(rng, (3, 6))), None, reserve).problem.direction == "bwd"
+    with pytest.raises(ValueError, match=r"^lstm_cell_backward: grad_c must have shape \(3, 6\)"):
+        dnnkit.explain("lstm_cell_backward", None, dev(rand(rng, (2, 6))), reserve)
+    with pytest.raises(TypeError, match=r"^lstm_cell_backward: grad_h has dtype float64"):
+        dnnkit.explain("lstm_cell_backward", dev(rand(rng, (3, 6), np.float64)), None, reserve)
+
+
 @pytest.mark.parametrize("mode, L, P, dropout, batch_first, train", [("gru", 2, 0, 0.3, True, True),
                                                                      ("lstm", 2, 2, 0.0, False, False)])
 def test_wavefront(mode, L, P, dropout, batch_first, train):

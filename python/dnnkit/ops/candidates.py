@@ -218,11 +218,13 @@ def _cell_problem(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh):
 
 
 def _backward_problem(op, modes, reserve, cell, grads):
-    """The backward problem of a training forward's reserve (host or GPU), checked as the backward checks it
-    (on the host its gradients too: grads, (grad_output, grad_h_n, grad_c_n) or a cell's (grad_h, grad_c))."""
+    """The backward problem of a training forward's reserve (host or GPU), checked as the backward checks it,
+    its gradients too: grads, (grad_output, grad_h_n, grad_c_n) or a cell's (grad_h, grad_c)."""
     if type(reserve).__name__ == "GpuRnnReserve":
         if reserve.mode not in modes or reserve.cell != cell:
             raise ValueError(f"{op}: the reserve is from a {reserve.op} forward")
+        from . import gpu_recurrent
+        (gpu_recurrent.cell_grads if cell else gpu_recurrent.sequence_grads)(op, reserve, *grads)
         return dataclasses.replace(reserve.problem, direction="bwd")
     reserve = _recurrent._reserve(op, reserve, modes, cell)
     (_recurrent._cell_grads if cell else _recurrent._sequence_grads)(op, reserve, *grads)

@@ -205,9 +205,9 @@ class GpuRnnReserve:
                 f"directions={p.dirs} {p.dtype} {self.nbytes} bytes on the GPU>")
 
 
-def backward(op, r: GpuRnnReserve, grad_output, grad_h_n, grad_c_n, accumulate_into, algo, stream=None):
-    """lstm_backward / gru_backward / rnn_backward for a GPU reserve: (grad_x, grad_h0[, grad_c0],
-    grad_weights), arrays of the input's kind, the weights' gradients in the forward's list or dict."""
+def sequence_grads(op, r: GpuRnnReserve, grad_output, grad_h_n, grad_c_n) -> dict:
+    """The gradients a sequence's backward takes, checked against its GPU reserve (device, dtype, shape,
+    layout): {name: device array} of those given, unbatched ones with their batch axis of 1."""
     p = r.problem
     T, B, H, L, D = p.seq, p.batch, p.hidden, p.layers, p.dirs
     S = p.proj or H
@@ -234,6 +234,18 @@ def backward(op, r: GpuRnnReserve, grad_output, grad_h_n, grad_c_n, accumulate_i
         if r.unbatched:
             d = d.reshape((T, 1, D * S) if name == "grad_output" else (L * D, 1, shape[-1]))
         grads[name] = d
+    return grads
+
+
+def backward(op, r: GpuRnnReserve, grad_output, grad_h_n, grad_c_n, accumulate_into, algo, stream=None):
+    """lstm_backward / gru_backward / rnn_backward for a GPU reserve: (grad_x, grad_h0[, grad_c0],
+    grad_weights), arrays of the input's kind, the weights' gradients in the forward's list or dict."""
+    p = r.problem
+    T, B, H, L, D = p.seq, p.batch, p.hidden, p.layers, p.dirs
+    S = p.proj or H
+    dtype = p.dtype
+    lead = (L * D,) if r.unbatched else (L * D, B)
+    grads = sequence_grads(op, r, grad_output, grad_h_n, grad_c_n)
     plan = _plan(op, RnnProblem(r.mode, T, B, p.input, H, layers=L, dirs=D, bias=p.bias, direction="bwd",
                                 dtype=dtype, device="cuda", proj=p.proj), algo)
     into = _accumulate_targets(op, r, accumulate_into, dtype)
@@ -358,10 +370,9 @@ def cell(op, mode, x, h, c, w_ih, w_hh, b_ih, b_hh, train, algo="auto", stream=N
     return result, reserve
 
 
-def cell_backward(op, r: GpuRnnReserve, grad_h, grad_c, accumulate_into):
-    """lstm_cell_backward / gru_cell_backward / rnn_cell_backward for a GPU cell's reserve: the one-step
-    sequence's backward, grad_h flowing in as its output's gradient and grad_c as its final cell state's.
-    (grad_x, grad_h[, grad_c], grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh), the biases' None without biases."""
+def cell_grads(op, r: GpuRnnReserve, grad_h, grad_c) -> list:
+    """A cell's gradients checked against its GPU reserve: [grad_h, grad_c] as (1, B, H) device arrays, None
+    where not given (grad_c always None but for an LSTM)."""
     p = r.problem
     B, H = p.batch, p.hidden
     state = (H,) if r.cell_unbatched else (B, H)
@@ -374,11 +385,23 @@ def cell_backward(op, r: GpuRnnReserve, grad_h, grad_c, accumulate_into):
             raise TypeError(f"{op}: {name} is on the host but the forward ran on the GPU (its reserve holds GPU "
                             f"arrays); pass all of a call's arrays on one device")
         d = _cuda.adopt(op, name, g)
+        if _cuda.dtype_name(d) != p.dtype:
+            raise TypeError(f"{op}: {name} has dtype {d.dtype} but the forward ran in {p.dtype}")
         if tuple(d.shape) != state:
             raise ValueError(f"{op}: {name} must have shape {state}, got {tuple(d.shape)}")
         if not _contiguous(d):
             raise ValueError(f"{op}: {name} must be C-contiguous on the GPU")
         grads.append(d.reshape((1, B, H)))
+    return grads
+
+
+def cell_backward(op, r: GpuRnnReserve, grad_h, grad_c, accumulate_into):
+    """lstm_cell_backward / gru_cell_backward / rnn_cell_backward for a GPU cell's reserve: the one-step
+    sequence's backward, grad_h flowing in as its output's gradient and grad_c as its final cell state's.
+    (grad_x, grad_h[, grad_c], grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh), the biases' None without biases."""
+    p = r.problem
+    state = (p.hidden,) if r.cell_unbatched else (p.batch, p.hidden)
+    grads = cell_grads(op, r, grad_h, grad_c)
     if accumulate_into is not None:  # a cell's tuple names all four, absent biases as None
         if not isinstance(accumulate_into, (list, tuple)) or len(accumulate_into) != 4:
             raise ValueError(f"{op}: accumulate_into must be (grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh), the "
