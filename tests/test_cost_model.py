@@ -171,6 +171,20 @@ def test_the_nominal_peak_follows_the_cores_fma_datapath(monkeypatch):
         cpu.flops_per_cycle(cpu.active_isa()) * 2.5e9 * dnnkit.get_num_threads())
 
 
+def test_the_nominal_copy_rate_follows_the_cores_fma_datapath(monkeypatch):
+    """Until measured, a thread's copy bandwidth is the one measured on cores of the same FMA datapath (the
+    ceilings' nominal figure): more on wider cores, 10 GB/s on others."""
+    from dnnkit.backends import cpu
+
+    rates = []
+    for bits in (128, 256, 512, 64):
+        monkeypatch.setattr(cpu, "fma_datapath_bits", lambda bits=bits: bits)
+        rates.append(cpu.nominal_copy_bytes_per_s())
+    assert rates[0] < rates[1] < rates[2] and rates[3] == 10e9
+    monkeypatch.setattr(cost_model, "_calibration", lambda *a: {"ceilings": None})
+    assert cost_model.ceilings()["copy_bytes_per_s"] == 10e9
+
+
 def test_the_fit_reads_rnn_records_and_the_rules_still_decide(store):
     """RNN results in the cache are fitted like the others (their keys parse back): each schedule's factor
     is its measured / predicted; and untuned RNN problems are still decided by the rules."""

@@ -478,11 +478,11 @@ def _plot(results, path: str, ceilings) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ValueError("autotune: --plot needs matplotlib (pip install 'dnnkit[plot]')") from None
-    from .autotune.cost_model import _COPY_BYTES_PER_S, nominal_peak_flops
+    from .autotune.cost_model import nominal_copy_bytes_per_s, nominal_peak_flops
     from ._config import get_num_threads
 
     peak = (ceilings or {}).get("peak_flops") or nominal_peak_flops()
-    bw = ((ceilings or {}).get("copy_bytes_per_s") or _COPY_BYTES_PER_S) * get_num_threads()
+    bw = ((ceilings or {}).get("copy_bytes_per_s") or nominal_copy_bytes_per_s()) * get_num_threads()
     fig, ax = plt.subplots(figsize=(8, 5.5))
     points = {}
     for res in results:

@@ -8,7 +8,8 @@ Ceilings (device_ceilings): on the CPU, the float32 FMA peak and the per-thread 
 measured, where the stored peak is implausible (plausible_peak: under 40% of the nominal figure), or
 where the stored row is not positive finite numbers (cache.Store.get_ceilings: ignored, with a warning),
 nominal values (two FMAs a cycle per thread at 2.5 GHz, each of the active ISA's width or of the core's
-FMA datapath where narrower: backends/cpu.py flops_per_cycle; 10 GB/s per thread) stand in.
+FMA datapath where narrower: backends/cpu.py flops_per_cycle; a copy rate per thread by the core's FMA
+datapath, 13-27 GB/s: nominal_copy_bytes_per_s) stand in.
 ceilings() says which are in use; `dnnkit info --peak` prints it. On the GPU, its FP32 rate and copy
 bandwidth as `dnnkit autotune --device cuda` measures them (measure_gpu_ceilings), the TF32 rate scaled
 from the nominal by the measured clock, or until then the device's nominal FP32, TF32 and DRAM figures
@@ -42,9 +43,6 @@ from ..backends import cpu as _cpu
 from .._config import generation, get_num_threads
 from ..algos.base import Ceilings
 
-_COPY_BYTES_PER_S = 10e9  # per thread
-
-
 MIN_SAMPLES = 2
 _CLAMP = 8.0
 SIMILAR_LOG2 = 1.0  # a record of a problem twice as large in one feature weighs exp(-1/2) of one the same
@@ -53,6 +51,7 @@ PRIOR_WEIGHT = 0.3
 
 
 nominal_peak_flops = _cpu.nominal_peak_flops
+nominal_copy_bytes_per_s = _cpu.nominal_copy_bytes_per_s
 
 
 # A measured float32 peak under this share of the nominal figure was taken while other work held the
@@ -69,7 +68,7 @@ def ceilings() -> dict:
     """The ceilings the model uses now: peak_flops, copy_bytes_per_s (per thread), and source, which says
     whether they were measured (measure_ceilings, kept in the tuning cache) or are nominal, and why."""
     measured = _calibration()["ceilings"]
-    nominal = {"peak_flops": nominal_peak_flops(), "copy_bytes_per_s": _COPY_BYTES_PER_S}
+    nominal = {"peak_flops": nominal_peak_flops(), "copy_bytes_per_s": nominal_copy_bytes_per_s()}
     if measured is None:
         return {**nominal, "source": "nominal: not measured on this device yet (dnnkit autotune measures them)"}
     if not plausible_peak(measured["peak_flops"]):

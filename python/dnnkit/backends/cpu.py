@@ -117,6 +117,17 @@ def nominal_peak_flops() -> float:
     return flops_per_cycle(ext.active_isa()) * _NOMINAL_GHZ * 1e9 * ext.get_num_threads()
 
 
+# Bytes a second one thread copies (measure_copy_bandwidth) on cores of each FMA datapath width, which tells
+# their generations apart: Zen and Zen+ (128 bits) 13 GB/s, Zen 2 (256) 18, Sapphire Rapids (512) 27, as
+# measured on those machines; 10 GB/s on any other.
+_NOMINAL_COPY = {128: 13e9, 256: 18e9, 512: 27e9}
+
+
+def nominal_copy_bytes_per_s() -> float:
+    """The per-thread copy bandwidth the cost model takes until it is measured (_NOMINAL_COPY)."""
+    return _NOMINAL_COPY.get(fma_datapath_bits(), 10e9)
+
+
 def measure_peak_flops(nthreads: int, seconds: float, isa: str | None = None) -> float:
     """Measured float32 FMA throughput (FLOP/s) on nthreads threads, for isa (default: the active one)."""
     return ext.measure_peak_gflops(isa or ext.active_isa(), nthreads, seconds) * 1e9
