@@ -183,11 +183,12 @@ def test_gemm_with_each_thread_splitting_every_a_panel(num_threads, m, n, k):
     ref = linear_ref(x, w, b, "relu")
     assert rel_l2(tiles, ref) <= 2 * rel_l2(fma, ref) + 1e-7
     assert not np.array_equal(fma, tiles)  # the tiles did run
+    previous = dnnkit.get_amx()
     dnnkit.set_amx(True)
     try:
         assert np.array_equal(dnnkit.linear(x, dnnkit.pack_weight(w), b, activation="relu"), tiles)
     finally:
-        dnnkit.set_amx(False)
+        dnnkit.set_amx(previous)
 
 
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan, 1e-35, 1e-40, ROUNDS_TO_INF])
