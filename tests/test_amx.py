@@ -166,8 +166,8 @@ def test_linear_layer_with_bias_and_activation_on_tiles(num_threads):
         ref = linear_ref(x, w, b, act)
         assert rel_l2(tiles, ref) <= 2 * rel_l2(fma, ref) + 1e-7
         # A packed weight's panels, read in place by the tiles: the same bits as the unpacked product.
-        dnnkit.set_amx(True)
-        assert np.array_equal(dnnkit.linear(x, dnnkit.pack_weight(w), b, activation=act), tiles)
+        _, packed = fma_and_amx(lambda: dnnkit.linear(x, dnnkit.pack_weight(w), b, activation=act))
+        assert np.array_equal(packed, tiles)
 
 
 @pytest.mark.parametrize("m,n,k", [(1000, 300, 2100), (400, 1100, 256), (3200, 256, 576)])
@@ -183,12 +183,8 @@ def test_gemm_with_each_thread_splitting_every_a_panel(num_threads, m, n, k):
     ref = linear_ref(x, w, b, "relu")
     assert rel_l2(tiles, ref) <= 2 * rel_l2(fma, ref) + 1e-7
     assert not np.array_equal(fma, tiles)  # the tiles did run
-    previous = dnnkit.get_amx()
-    dnnkit.set_amx(True)
-    try:
-        assert np.array_equal(dnnkit.linear(x, dnnkit.pack_weight(w), b, activation="relu"), tiles)
-    finally:
-        dnnkit.set_amx(previous)
+    _, packed = fma_and_amx(lambda: dnnkit.linear(x, dnnkit.pack_weight(w), b, activation="relu"))
+    assert np.array_equal(packed, tiles)
 
 
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan, 1e-35, 1e-40, ROUNDS_TO_INF])
