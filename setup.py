@@ -54,7 +54,8 @@ TUNE_FLAGS = {
     "amx": ["-mmove-max=512", "-mstore-max=512", "-mtune=sapphirerapids"],
 }
 # The AMX files run only on the cores that have the tiles (Sapphire Rapids and its successors): they are
-# scheduled for those cores (the portable build's tile GEMM otherwise ran 8-10% under a -march=native one).
+# scheduled for those cores, as a -march=native build would schedule them (bench/RESULTS.md, the portable
+# build beside a -march=native one).
 LEVELS = ["ref", *ISA_FLAGS]
 # The modules, each with the levels whose kernel files it holds; its generic code gets its own level's flags.
 MODULES = {"ref": ["ref"], "avx2": ["ref", "avx2"], "avx512": ["ref", "avx2", "avx512", "amx"]}

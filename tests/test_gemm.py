@@ -485,6 +485,19 @@ def test_gemm_streamed_products(isa, num_threads, data):
     check_streamed(dtype, m, n, k, data, b_view, c_order)
 
 
+def _on_1_and_2_threads(call, times):
+    """call()'s results, `times` calls on 1 thread then as many on 2 (the thread count restored)."""
+    outs = []
+    previous = dnnkit.get_num_threads()
+    try:
+        for threads in (1, 2):
+            dnnkit.set_num_threads(threads)
+            outs += [call() for _ in range(times)]
+    finally:
+        dnnkit.set_num_threads(previous)
+    return outs
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gemm_few_deep_past_the_caches(isa, dtype, k):
@@ -497,17 +510,12 @@ def test_gemm_few_deep_past_the_caches(isa, dtype, k):
     rng = np.random.default_rng(k)
     a = rng.standard_normal((k, m)).astype(dtype).T  # a dW's layout: dY^T, rows of A strided
     b = rng.standard_normal((k, n)).astype(dtype)
-    outs = []
-    previous = dnnkit.get_num_threads()
-    try:
-        for threads in (1, 2):
-            dnnkit.set_num_threads(threads)
-            for _ in range(2):
-                c = np.full((m, n), np.nan, dtype)
-                dnnkit._cpu.gemm(a, b, c, 0.5, 0.0, None, 0, 0)
-                outs.append(c)
-    finally:
-        dnnkit.set_num_threads(previous)
+    def call():
+        c = np.full((m, n), np.nan, dtype)
+        dnnkit._cpu.gemm(a, b, c, 0.5, 0.0, None, 0, 0)
+        return c
+
+    outs = _on_1_and_2_threads(call, 2)
     for c in outs[1:]:
         assert np.array_equal(c, outs[0])
     assert rel_l2(outs[0], 0.5 * (a.astype(np.float64) @ b)) <= (1e-6 if dtype == np.float32 else 1e-13)
@@ -523,17 +531,12 @@ def test_gemm_streamed_same_bits_on_any_threads(isa, dtype, m, n, k):
     a = rng.standard_normal((m, k)).astype(dtype)
     b = rng.standard_normal((k, n)).astype(dtype)
     c0 = rng.standard_normal((m, n)).astype(dtype)
-    outs = []
-    previous = dnnkit.get_num_threads()
-    try:
-        for threads in (1, 2):
-            dnnkit.set_num_threads(threads)
-            for _ in range(4):
-                c = c0.copy()
-                dnnkit._cpu.gemm(a, b, c, 1.0, 1.0, None, 0, 0)
-                outs.append(c)
-    finally:
-        dnnkit.set_num_threads(previous)
+    def call():
+        c = c0.copy()
+        dnnkit._cpu.gemm(a, b, c, 1.0, 1.0, None, 0, 0)
+        return c
+
+    outs = _on_1_and_2_threads(call, 4)
     for c in outs[1:]:
         assert np.array_equal(c, outs[0])
     assert rel_l2(outs[0], a.astype(np.float64) @ b.astype(np.float64) + c0) <= (

@@ -118,8 +118,8 @@ def nominal_peak_flops() -> float:
 
 
 # Bytes a second one thread copies (measure_copy_bandwidth) on cores of each FMA datapath width, which tells
-# their generations apart: Zen and Zen+ (128 bits) 13 GB/s, Zen 2 (256) 18, Sapphire Rapids (512) 27, as
-# measured on those machines; 10 GB/s on any other.
+# their generations apart (the ceilings measured on Zen, Zen 2 and Sapphire Rapids: bench/RESULTS.md);
+# 10 GB/s on any other width.
 _NOMINAL_COPY = {128: 13e9, 256: 18e9, 512: 27e9}
 
 
