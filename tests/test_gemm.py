@@ -543,6 +543,60 @@ def test_gemm_streamed_same_bits_on_any_threads(isa, dtype, m, n, k):
         1e-6 if dtype == np.float32 else 1e-13)
 
 
+@pytest.mark.parametrize("m,n,k", [(1001, 64, 1300), (997, 40, 200), (3, 64, 700), (500, 96, 64)])
+@pytest.mark.parametrize("a_rows", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_a_panel_at_a_time(isa, no_amx, dtype, m, n, k, a_rows):
+    """A product whose A micro-panels each meet one B block (few columns) packs each panel just before
+    its row of tiles: on 1 and 2 threads, A with contiguous rows or columns, a depth past one depth block
+    (beta applied on the first only), row tails of every height, a column bias and relu on the last block,
+    and the same bits on either thread count."""
+    rng = np.random.default_rng(m + n + k)
+    a = rng.standard_normal((m, k)).astype(dtype) if a_rows else rng.standard_normal((k, m)).astype(dtype).T
+    b = rng.standard_normal((k, n)).astype(dtype)
+    bias = rng.standard_normal(n).astype(dtype)
+    c0 = rng.standard_normal((m, n)).astype(dtype)
+    def call():
+        c = c0.copy()
+        dnnkit._cpu.gemm(a, b, c, 0.5, 0.25, bias, 1, 0)
+        return c
+
+    outs = _on_1_and_2_threads(call, 1)
+    assert np.array_equal(outs[0], outs[1])
+    want = np.maximum(0.5 * (a.astype(np.float64) @ b) + 0.25 * c0 + bias, 0)
+    assert rel_l2(outs[0], want) <= (1e-6 if dtype == np.float32 else 1e-13)
+
+
+@pytest.mark.parametrize("b_layout", ["rows", "offset", "4k_rows"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_b_read_in_place(isa, no_amx, dtype, b_layout):
+    """A product of few rows of A on a B with contiguous rows reads B where it lies (each A micro-panel
+    height, a last panel of B narrower than the kernel's, rows at any alignment, or 4 KiB apart, where B is
+    packed instead): every result within float64's bound, beta, a column bias and relu on the last depth
+    block, and the same bits on 1 and 2 threads."""
+    rng = np.random.default_rng(7)
+    for m, n, k in [(1, 200, 300), (5, 515, 300), (13, 200, 1300), (14, 96, 300), (27, 515, 700), (49, 200, 300),
+                    (97, 130, 300), (112, 515, 300), (113, 200, 300)]:
+        a = rng.standard_normal((m, k)).astype(dtype)
+        if b_layout == "4k_rows":
+            per_4k = 4096 // np.dtype(dtype).itemsize
+            b = rng.standard_normal((k, -(-n // per_4k) * per_4k)).astype(dtype)[:, :n]
+        else:
+            b = rng.standard_normal((k, n + 1)).astype(dtype)
+            b = b[:, 1:] if b_layout == "offset" else np.ascontiguousarray(b[:, :n])
+        bias = rng.standard_normal(n).astype(dtype)
+        c0 = rng.standard_normal((m, n)).astype(dtype)
+        def call():
+            c = c0.copy()
+            dnnkit._cpu.gemm(a, b, c, 0.5, 0.25, bias, 1, 0)
+            return c
+
+        outs = _on_1_and_2_threads(call, 1)
+        assert np.array_equal(outs[0], outs[1]), (m, n, k)
+        want = np.maximum(0.5 * (a.astype(np.float64) @ b) + 0.25 * c0 + bias, 0)
+        assert rel_l2(outs[0], want) <= (1e-6 if dtype == np.float32 else 1e-13), (m, n, k)
+
+
 def test_strided_a_batch_rule():
     """The batches gemm_wt_direct is chosen for (the extension's sa_batch_fits, which the RNN code and the
     registry's WtDirectGemm share) on AVX-512 float32: one tile at least 60% full, panels of 32 rows at

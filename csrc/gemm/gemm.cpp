@@ -72,6 +72,13 @@ constexpr index_t kOwnACols = 512;
 // take time in proportion to n: below this many columns the packing is a share of the product worth
 // saving.
 constexpr index_t kAInPlaceCols = 512;
+// A micro-panels (of MR rows) up to which a B with contiguous rows is read where it lies rather than packed
+// (b_in_place), where threads split n: packing costs each value of B a read from memory and a write and a
+// read in L2, which the few tiles that read it do not pay back; read in place, B streams from memory while
+// the FMAs run. Not where B's rows lie a multiple of kAliasBytes apart: a panel's rows then fall in the same
+// sets of L1 and L2 and evict each other (bench/RESULTS.md, the Sapphire Rapids section).
+constexpr index_t kBInPlacePanels = 8;
+constexpr index_t kAliasBytes = 4096;
 // Rows, depth and columns from which a product runs B-outer (Plan::b_outer). On fewer rows of A, a B that
 // streams from memory is better packed a block at a time into L2 and consumed there (the A-outer order);
 // on a shallower depth, the micro-kernel's calls are too short to pay for B-outer's reads from L3 (each B
@@ -294,6 +301,44 @@ void scale_c(const GemmArgs<T>& g) {
   apply_epilogue<T>(g.c, g.rs_c, g.cs_c, g.m, g.n, g.bias, g.act, g.bias_per_row);
 }
 
+// B read where it lies (b_in_place): the packed A block (mc rows, a tail panel of the exact height)
+// against B's NR-wide panels [jr0, jr1) at depth [pc, pc + kc), B micro-panel outermost, the A micro-panels
+// (in L2) inner. Each tile fetches into L2 its share of the next panel's rows (ukernel_b_fn's pf), so
+// that B streams from memory while the FMAs run rather than in a packing pass before them. A panel past
+// the last full one (n not a multiple of NR) is packed into `edge` (KC x NR elements).
+template <typename T>
+void macro_kernel_b_rows(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, index_t ic, index_t mc,
+                         index_t jr0, index_t jr1, index_t pc, index_t kc, T beta, bool last, T* edge) {
+  const int mr = uk.mr, nr = uk.nr;
+  const index_t n_ir = ceil_div(mc, mr), full = g.n / nr;
+  const T* const k_bias = last ? g.bias : nullptr;
+  const bool epilogue = last && g.act != Activation::identity;
+  // Tile ir fetches rows [ir * share, ir * share + share) of the next panel, one every n_ir steps.
+  const index_t share = ceil_div(kc, n_ir);
+  for (index_t jr = jr0; jr < jr1; ++jr) {
+    const index_t j = jr * nr;
+    const int n_t = static_cast<int>(std::min<index_t>(nr, g.n - j));
+    const T* const b = g.b + pc * g.rs_b + j;
+    if (jr >= full) pack_b_block<T>(g, nr, pc, kc, j, n_t, 0, 1, edge);
+    const bool next = jr + 1 < jr1 && jr + 1 < full;
+    for (index_t ir = 0; ir < n_ir; ++ir) {
+      const index_t i = ic + ir * mr;
+      const int m_t = static_cast<int>(std::min<index_t>(mr, ic + mc - i));
+      T* c = g.c + i * g.rs_c + j * g.cs_c;
+      const T* bias = k_bias ? k_bias + (g.bias_per_row ? i : j) : nullptr;
+      if (jr >= full) {
+        const ukernel_fn<T> fn = m_t == mr ? uk.fn : uk.rows[m_t - 1];
+        fn(kc, ap + ir * mr * kc, edge, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, bias, g.bias_per_row);
+      } else {
+        const T* pf = next && ir * share < kc ? b + nr + ir * share * g.rs_b : nullptr;
+        uk.fn_b[m_t - 1](kc, ap + ir * mr * kc, b, g.rs_b, pf, static_cast<int>(n_ir), c, g.rs_c, g.cs_c, g.alpha,
+                         beta, m_t, n_t, bias, g.bias_per_row);
+      }
+      if (epilogue) apply_epilogue<T>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
+    }
+  }
+}
+
 // Packs micro-panels [ir0, ir1) of the A block at (ic, pc) into ap; a tail panel has its exact height.
 template <typename T>
 void pack_a_block(const T* a, index_t rs_a, index_t cs_a, int mr, index_t ic, index_t mc, index_t pc, index_t kc,
@@ -390,6 +435,15 @@ index_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
   return bytes;
 }
 
+// Whether the product's B is read where it lies (macro_kernel_b_rows): a row-major B, each thread its
+// own columns, A a few micro-panels packed here.
+template <typename T>
+bool b_in_place(const GemmArgs<T>& g, const Plan& p, const UKernel<T>& uk) {
+  return uk.fn_b && p.split_n && !p.b_outer && !p.a_in_place && !g.a_packed && !g.b_panels && !g.pack_b &&
+         g.b_group_cols == 0 && g.cs_b == 1 &&
+         (g.rs_b * index_t(sizeof(T))) % kAliasBytes != 0 && ceil_div(g.m, index_t(p.mr)) <= kBInPlacePanels;
+}
+
 template <typename T>
 void gemm(const GemmArgs<T>& g, int nthreads) {
   if (g.m == 0 || g.n == 0) return;
@@ -419,6 +473,7 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
     return;
   }
   const bool a_buffer = !g.a_packed && !p.a_in_place;
+  const bool b_rows = b_in_place(g, p, uk);
   AlignedBuffer<T> abuf(a_buffer ? static_cast<std::size_t>(a_block * (p.own_a ? p.nthreads : 1)) : 0);
   AlignedBuffer<T> bbuf(g.b_panels ? 0 : static_cast<std::size_t>(b_block * (p.split_n ? p.nthreads : 1)));
 
@@ -444,6 +499,17 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
         auto pack_a = [&](index_t ir0, index_t ir1) {
           if (a_buffer) pack_a_block<T>(g.a, g.rs_a, g.cs_a, p.mr, ic, mc, pc, kc, ir0, ir1, own_a);
         };
+        // This thread's A micro-panels [ir0, ir1) against one B block (bp, columns [jc, jc + nc)), each
+        // panel packed into `slot` just before its row of tiles: where the panels meet no other B block,
+        // a panel is packed into L1 and read from there, rather than the whole A block packed out to L3
+        // and read back.
+        auto panels_then_tiles = [&](T* slot, index_t ir0, index_t ir1, const T* bp, index_t jc, index_t nc) {
+          for (index_t ir = ir0; ir < ir1; ++ir) {
+            const index_t i = ic + ir * p.mr, rows = ic + mc - i;
+            pack_a_block<T>(g.a, g.rs_a, g.cs_a, p.mr, i, rows, pc, kc, 0, 1, slot);
+            macro_kernel<T>(g, uk, slot, bp, p.nr * kc, i, rows, 0, 1, jc, nc, pc, kc, beta, last);
+          }
+        };
         // The B block at column jc read in place from GemmArgs::b_panels: its panels NR*k apart.
         auto in_place = [&](index_t jc, index_t nc, index_t ir0, index_t ir1) {
           macro_kernel<T>(g, uk, ap, g.b_panels + jc * g.k + pc * p.nr, p.nr * g.k, ic, mc, ir0, ir1, jc, nc, pc, kc,
@@ -452,7 +518,13 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
         if (p.split_n) {
           // Every thread reads the whole A block: its own copy (own_a), or one packed together, a run of
           // panels each.
-          if (p.own_a || g.a_packed || p.a_in_place) {
+          // One B block for this thread, and an A block of its own: a panel at a time.
+          const index_t panels = ceil_div(g.n, index_t(p.nr)), q0 = panels * tid / nt;
+          const index_t share = panels * (tid + 1) / nt - q0;
+          const index_t blocks = ceil_div(share, p.nc / p.nr);
+          const bool panel_at_a_time = a_buffer && !g.b_panels && !b_rows && (p.own_a || nt == 1) && blocks == 1;
+          if (panel_at_a_time) {
+          } else if (p.own_a || g.a_packed || p.a_in_place) {
             pack_a(0, n_ir);
           } else {
             const index_t chunk = ceil_div(n_ir, nt), r0 = std::min(n_ir, tid * chunk);
@@ -462,9 +534,8 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
           // This thread's columns: an equal share of the NR-wide panels (a share differs from another by
           // at most one panel), in equal blocks of at most NC columns.
           T* const own = bbuf.data() + tid * b_block;
-          const index_t panels = ceil_div(g.n, index_t(p.nr)), q0 = panels * tid / nt, share = panels * (tid + 1) / nt - q0;
-          const index_t blocks = ceil_div(share, p.nc / p.nr);
-          for (index_t jb = 0; jb < blocks; ++jb) {
+          if (b_rows) macro_kernel_b_rows<T>(g, uk, ap, ic, mc, q0, q0 + share, pc, kc, beta, last, own);
+          for (index_t jb = 0; jb < (b_rows ? 0 : blocks); ++jb) {
             const index_t jc = (q0 + share * jb / blocks) * p.nr;
             const index_t nc = std::min((q0 + share * (jb + 1) / blocks) * p.nr, g.n) - jc;
             if (g.b_panels) {
@@ -472,14 +543,18 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
               continue;
             }
             pack_b_block<T>(g, p.nr, pc, kc, jc, nc, 0, ceil_div(nc, p.nr), own);
-            macro_kernel<T>(g, uk, ap, own, p.nr * kc, ic, mc, 0, n_ir, jc, nc, pc, kc, beta, last);
+            if (panel_at_a_time)
+              panels_then_tiles(own_a, 0, n_ir, own, jc, nc);
+            else
+              macro_kernel<T>(g, uk, ap, own, p.nr * kc, ic, mc, 0, n_ir, jc, nc, pc, kc, beta, last);
           }
         } else {
           // Each thread packs and runs only its own A micro-panels: no barrier for A.
           T* bp = bbuf.data();
           const index_t chunk = ceil_div(n_ir, nt);
           const index_t ir0 = std::min(n_ir, tid * chunk), ir1 = std::min(n_ir, ir0 + chunk);
-          pack_a(ir0, ir1);
+          const bool panel_at_a_time = a_buffer && !g.b_panels && g.n <= p.nc;
+          if (!panel_at_a_time) pack_a(ir0, ir1);
           for (index_t jc = 0; jc < g.n; jc += p.nc) {
             const index_t nc = std::min(p.nc, g.n - jc);
             if (g.b_panels) {
@@ -489,7 +564,11 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
 #pragma omp for schedule(static)
               for (index_t jr = 0; jr < n_jr; ++jr) pack_b_block<T>(g, p.nr, pc, kc, jc, nc, jr, jr + 1, bp);
               // implicit barrier: B block complete
-              macro_kernel<T>(g, uk, ap, bp, p.nr * kc, ic, mc, ir0, ir1, jc, nc, pc, kc, beta, last);
+              if (panel_at_a_time) {
+                panels_then_tiles(own_a + ir0 * p.mr * kc, ir0, ir1, bp, jc, nc);
+              } else {
+                macro_kernel<T>(g, uk, ap, bp, p.nr * kc, ic, mc, ir0, ir1, jc, nc, pc, kc, beta, last);
+              }
             }
             // The shared B block, and the A buffer: a thread's micro-panels of the next (ic, pc) block
             // (another kc, another block height) may lie where another thread's of this block still are.

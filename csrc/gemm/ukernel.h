@@ -35,6 +35,15 @@ template <typename T>
 using ukernel_a_fn = void (*)(index_t k, const T* a, index_t lda, const T* b, T* c, index_t rs_c, index_t cs_c, T alpha,
                               T beta, int m, int n, const T* bias, bool bias_rows);
 
+// ukernel_fn with B read where it lies (UKernel::fn_b): row p of B at b + p*ldb, NR values of it read
+// whatever n (the caller passes full panels only).
+// While it runs, the kernel fetches into L2 one row of NR values every pf_every steps from pf on (rows
+// pf, pf + ldb, ...): the caller's next panel of B. pf null: none.
+template <typename T>
+using ukernel_b_fn = void (*)(index_t k, const T* a, const T* b, index_t ldb, const T* pf, int pf_every, T* c,
+                              index_t rs_c, index_t cs_c, T alpha, T beta, int m, int n, const T* bias,
+                              bool bias_rows);
+
 // One row of A (a[p], contiguous) against np <= UKernel::row_np packed k x NR panels of B, b_stride
 // elements apart: for j < n (n <= np*NR; panel q holds columns [q*NR, q*NR + NR)),
 //     c[j] := beta * c[j] + sum_p a[p] B(p, j)  [+ bias[j]]
@@ -68,6 +77,10 @@ struct UKernel {
   // One row of A against up to row_np packed B panels at once (row_panels_fn); null: the ISA has none.
   row_panels_fn<T> row_panels = nullptr;
   int row_np = 0;
+  // The same contract on B read where it lies (ukernel_b_fn), for full panels: fn_b[m-1] (1 <= m <= mr) on
+  // an A micro-panel of stride m, as rows[m-1]. The blocked GEMM skips packing a B with contiguous rows
+  // for few rows of A (gemm.cpp, b_in_place); null: the ISA has none.
+  const ukernel_b_fn<T>* fn_b = nullptr;
 };
 
 // Small-M dot kernel (gemm_small_m.cpp): out[i*ldo + j] = sum_p x[i*ldx + p] * w[j*ldw + p] for

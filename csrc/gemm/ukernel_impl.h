@@ -9,11 +9,15 @@ namespace {
 
 // kStridedA: A read where it lies (UKernel::fn_a), row i at a + i*lda, contiguous along k; rows i >= m
 // are never read (row 0 is read in their place). Else a packed micro-panel (lda unused).
-template <class V, int MR, int NV, int kPrefetchK = 8, int kPrefetchA = 0, bool kStridedA = false>
+// kStridedB: B read where it lies (UKernel::fn_b), row p at b + p*ldb, NR values of it whatever n; and
+// every pf_every steps one row of another panel at pf (pf + ldb, ...) is fetched into L2 (pf null: none).
+template <class V, int MR, int NV, int kPrefetchK = 8, int kPrefetchA = 0, bool kStridedA = false,
+          bool kStridedB = false>
 void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const typename V::T* __restrict b,
                   typename V::T* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, typename V::T alpha,
                   typename V::T beta, int m, int n, const typename V::T* bias, bool bias_rows,
-                  dnnkit::index_t lda = 0) {
+                  dnnkit::index_t lda = 0, dnnkit::index_t ldb = 0, const typename V::T* pf = nullptr,
+                  int pf_every = 1) {
   using T = typename V::T;
   using R = typename V::reg;
   constexpr int W = V::width;
@@ -41,16 +45,33 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
 #pragma GCC unroll 64
     for (int i = 0; i < MR; ++i) ar[i] = a + (i < m ? i : 0) * lda;
   }
+  int pf_count = pf_every;
 #pragma GCC unroll 4
   for (dnnkit::index_t p = 0; p < k; ++p) {
     R bv[NV];
+    if constexpr (kStridedB) {
+      // A row of NR values at any alignment: the lines of its first and last value and those between.
+      const char* ahead = reinterpret_cast<const char*>(b + kPrefetchK * ldb);
 #pragma GCC unroll 8
-    for (int l = 0; l < kRowBytes; l += 64)
-      __builtin_prefetch(reinterpret_cast<const char*>(b + kPrefetchK * NR) + l, 0, 3);
+      for (int l = 0; l < kRowBytes; l += 64) __builtin_prefetch(ahead + l, 0, 3);
+      __builtin_prefetch(ahead + kRowBytes - 1, 0, 3);
+      if (pf && --pf_count == 0) {
+        pf_count = pf_every;
+        const char* row = reinterpret_cast<const char*>(pf);
+#pragma GCC unroll 8
+        for (int l = 0; l < kRowBytes; l += 64) __builtin_prefetch(row + l, 0, 2);
+        __builtin_prefetch(row + kRowBytes - 1, 0, 2);
+        pf += ldb;
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int l = 0; l < kRowBytes; l += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(b + kPrefetchK * NR) + l, 0, 3);
+    }
     // A ahead as well, one line a step (a step of A is MR values: 56 bytes of float32 at MR = 14).
     if constexpr (kPrefetchA > 0) __builtin_prefetch(a + kPrefetchA * MR, 0, 3);
 #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) bv[j] = V::load(b + j * W);
+    for (int j = 0; j < NV; ++j) bv[j] = kStridedB ? V::loadu(b + j * W) : V::load(b + j * W);
 #pragma GCC unroll 64
     for (int i = 0; i < MR; ++i) {
       R av = kStridedA ? V::broadcast(ar[i] + p) : V::broadcast(a + i);
@@ -58,7 +79,7 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
       for (int j = 0; j < NV; ++j) acc[i][j] = V::fma(av, bv[j], acc[i][j]);
     }
     if constexpr (!kStridedA) a += MR;
-    b += NR;
+    b += kStridedB ? ldb : NR;
   }
 
   const R va = V::set1(alpha);
