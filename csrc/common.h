@@ -96,6 +96,12 @@ class AlignedBuffer {
 // set it to 0 so that small shapes reach the multi-threaded code.
 double min_parallel_work();
 void set_min_parallel_work(double fmas);
+// Bytes of output from which a kernel that only writes it stores it past the caches (non-temporal
+// stores): the last-level cache's size (L3, else L2). A smaller output stays in that cache, where plain
+// stores write it faster, and where its reader finds it. Tests lower it (any value; negative: the default)
+// to reach the streaming stores.
+double past_caches_bytes();
+void set_past_caches_bytes(double bytes);
 
 inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
 inline index_t round_up(index_t a, index_t b) { return ceil_div(a, b) * b; }

@@ -265,6 +265,16 @@ static std::atomic<double> g_min_parallel_work{double(1 << 17)};
 double min_parallel_work() { return g_min_parallel_work.load(std::memory_order_relaxed); }
 void set_min_parallel_work(double fmas) { g_min_parallel_work.store(fmas < 0 ? 0 : fmas); }
 
+static std::atomic<double> g_past_caches_bytes{-1};
+
+double past_caches_bytes() {
+  const double set = g_past_caches_bytes.load(std::memory_order_relaxed);
+  if (set >= 0) return set;
+  const long l3 = l3_cache_bytes();
+  return double(l3 > 0 ? l3 : l2_cache_bytes());
+}
+void set_past_caches_bytes(double bytes) { g_past_caches_bytes.store(bytes < 0 ? -1 : bytes); }
+
 static std::atomic<int> g_num_threads{0};
 
 int get_num_threads() {

@@ -500,13 +500,17 @@ def _on_1_and_2_threads(call, times):
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gemm_few_deep_past_the_caches(isa, dtype, k):
-    """A few-deep product into a C larger than an L2 cache, only written (beta = 0, no bias), is stored
-    past the caches: every element written (C starts as NaN), float32's error against float64, alpha
-    applied, rows of odd length (each starting off the vectors' alignment), and the same bits on 1 and 2
-    threads and in either direction of the calls."""
+@pytest.mark.parametrize("past_caches", [True, False])
+def test_gemm_few_deep_past_the_caches(isa, dtype, k, past_caches):
+    """A few-deep product into a C only written (beta = 0, no bias), larger than the size from which it
+    is stored past the caches (past_caches_bytes, lowered here under C's size) or smaller (plain stores):
+    every element written (C starts as NaN), float32's error against float64, alpha applied, rows of odd
+    length (each starting off the vectors' alignment), and the same bits on 1 and 2 threads and in either
+    direction of the calls."""
     n = 1003
     m = dnnkit._cpu.l2_cache_bytes() // (n * np.dtype(dtype).itemsize) + 37
+    if past_caches:
+        dnnkit._cpu.set_past_caches_bytes(dnnkit._cpu.l2_cache_bytes())
     rng = np.random.default_rng(k)
     a = rng.standard_normal((k, m)).astype(dtype).T  # a dW's layout: dY^T, rows of A strided
     b = rng.standard_normal((k, n)).astype(dtype)
@@ -515,10 +519,27 @@ def test_gemm_few_deep_past_the_caches(isa, dtype, k):
         dnnkit._cpu.gemm(a, b, c, 0.5, 0.0, None, 0, 0)
         return c
 
-    outs = _on_1_and_2_threads(call, 2)
+    try:
+        outs = _on_1_and_2_threads(call, 2)
+    finally:
+        dnnkit._cpu.set_past_caches_bytes(-1)
     for c in outs[1:]:
         assert np.array_equal(c, outs[0])
     assert rel_l2(outs[0], 0.5 * (a.astype(np.float64) @ b)) <= (1e-6 if dtype == np.float32 else 1e-13)
+
+
+def test_past_caches_bytes_default():
+    """The size from which a written-only output is stored past the caches: the last-level cache's by
+    default (L3, else L2), any size while a test sets it, the default again on a negative value."""
+    default = dnnkit._cpu.past_caches_bytes()
+    l3 = dnnkit._cpu.l3_cache_bytes()
+    assert default == (l3 if l3 > 0 else dnnkit._cpu.l2_cache_bytes())
+    try:
+        dnnkit._cpu.set_past_caches_bytes(12345)
+        assert dnnkit._cpu.past_caches_bytes() == 12345
+    finally:
+        dnnkit._cpu.set_past_caches_bytes(-1)
+    assert dnnkit._cpu.past_caches_bytes() == default
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 1000, 3000), (5, 130, 2100), (3000, 300, 1), (400, 77, 5)])

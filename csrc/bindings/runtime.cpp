@@ -160,6 +160,12 @@ void bind_runtime(py::module_& m) {
 
   m.def("min_parallel_work", [] { return min_parallel_work(); });
 
+  m.def("set_past_caches_bytes", [](double bytes) { set_past_caches_bytes(bytes); }, py::arg("bytes"),
+        "Test-only: bytes of output from which a kernel that only writes it stores past the caches (default, "
+        "or negative: the last-level cache's size).");
+
+  m.def("past_caches_bytes", [] { return past_caches_bytes(); });
+
   m.def("has_openmp", [] {
 #ifdef _OPENMP
     return true;

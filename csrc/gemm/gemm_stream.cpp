@@ -248,11 +248,11 @@ void few_deep(const GemmArgs<T>& g, int nthreads) {
   std::optional<PanelShare> share;
   if (nt > 1 && units < PanelShare::kMaxPanels) share.emplace(nt, units);
   const bool reverse = alternate_direction(g.c);  // C is what streams
-  // A C only written (no beta, bias or activation) and larger than an L2 cache goes past the caches: it
-  // would leave them for the next level anyway, after a read for ownership of each of its lines
-  // (bench/gemm.py's bwd:dw rows at batch 1). Either way each output sums its k products in order.
+  // A C only written (no beta, bias or activation) and larger than the last-level cache goes past the
+  // caches (past_caches_bytes): it would go on to memory anyway, after a read for ownership of each of its
+  // lines. Either way each output sums its k products in order.
   const bool past_caches = g.beta == T(0) && !g.bias && g.act == Activation::identity &&
-                           double(m) * double(n) * sizeof(T) > double(l2_cache_bytes());
+                           double(m) * double(n) * sizeof(T) > past_caches_bytes();
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     for_each_unit(share ? &*share : nullptr, units, reverse, [&](index_t u) {
