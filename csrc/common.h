@@ -97,9 +97,11 @@ class AlignedBuffer {
 double min_parallel_work();
 void set_min_parallel_work(double fmas);
 // Bytes of output from which a kernel that only writes it stores it past the caches (non-temporal
-// stores): the last-level cache's size (L3, else L2). A smaller output stays in that cache, where plain
-// stores write it faster, and where its reader finds it. Tests lower it (any value; negative: the default)
-// to reach the streaming stores.
+// stores): the last-level cache's size (L3, else L2), at most 16 L2 caches' worth (an output larger than
+// that has left a shared L3 to the other cores' work by the time it is read, and plain stores would read
+// each of its lines from memory first). A smaller output stays in the cache, where plain stores write it
+// faster and its reader finds it (bench/RESULTS.md, the Sapphire Rapids section). Tests lower it (any
+// value; negative: the default) to reach the streaming stores.
 double past_caches_bytes();
 void set_past_caches_bytes(double bytes);
 

@@ -1,5 +1,6 @@
 #include "cpu_info.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
@@ -270,8 +271,8 @@ static std::atomic<double> g_past_caches_bytes{-1};
 double past_caches_bytes() {
   const double set = g_past_caches_bytes.load(std::memory_order_relaxed);
   if (set >= 0) return set;
-  const long l3 = l3_cache_bytes();
-  return double(l3 > 0 ? l3 : l2_cache_bytes());
+  const double l2 = double(l2_cache_bytes()), l3 = double(l3_cache_bytes());
+  return l3 > 0 ? std::min(l3, 16 * l2) : l2;
 }
 void set_past_caches_bytes(double bytes) { g_past_caches_bytes.store(bytes < 0 ? -1 : bytes); }
 

@@ -530,10 +530,11 @@ def test_gemm_few_deep_past_the_caches(isa, dtype, k, past_caches):
 
 def test_past_caches_bytes_default():
     """The size from which a written-only output is stored past the caches: the last-level cache's by
-    default (L3, else L2), any size while a test sets it, the default again on a negative value."""
+    default (L3, else L2), at most 16 L2 caches' worth; any size while a test sets it, the default again on
+    a negative value."""
     default = dnnkit._cpu.past_caches_bytes()
-    l3 = dnnkit._cpu.l3_cache_bytes()
-    assert default == (l3 if l3 > 0 else dnnkit._cpu.l2_cache_bytes())
+    l2, l3 = dnnkit._cpu.l2_cache_bytes(), dnnkit._cpu.l3_cache_bytes()
+    assert default == (min(l3, 16 * l2) if l3 > 0 else l2)
     try:
         dnnkit._cpu.set_past_caches_bytes(12345)
         assert dnnkit._cpu.past_caches_bytes() == 12345
