@@ -575,18 +575,24 @@ def test_gemm_a_panel_at_a_time(isa, no_amx, dtype, m, n, k, a_rows):
     and the same bits on either thread count."""
     rng = np.random.default_rng(m + n + k)
     a = rng.standard_normal((m, k)).astype(dtype) if a_rows else rng.standard_normal((k, m)).astype(dtype).T
-    b = rng.standard_normal((k, n)).astype(dtype)
-    bias = rng.standard_normal(n).astype(dtype)
-    c0 = rng.standard_normal((m, n)).astype(dtype)
+    _check_relu_product(rng, a, rng.standard_normal((k, n)).astype(dtype))
+
+
+def _check_relu_product(rng, a, b):
+    """relu(0.5 A B + 0.25 C + bias) by the extension's gemm on 1 and 2 threads: the same bits on both, and
+    within float64's bound."""
+    m, n = a.shape[0], b.shape[1]
+    bias = rng.standard_normal(n).astype(a.dtype)
+    c0 = rng.standard_normal((m, n)).astype(a.dtype)
     def call():
         c = c0.copy()
         dnnkit._cpu.gemm(a, b, c, 0.5, 0.25, bias, 1, 0)
         return c
 
     outs = _on_1_and_2_threads(call, 1)
-    assert np.array_equal(outs[0], outs[1])
+    assert np.array_equal(outs[0], outs[1]), a.shape + b.shape
     want = np.maximum(0.5 * (a.astype(np.float64) @ b) + 0.25 * c0 + bias, 0)
-    assert rel_l2(outs[0], want) <= (1e-6 if dtype == np.float32 else 1e-13)
+    assert rel_l2(outs[0], want) <= (1e-6 if a.dtype == np.float32 else 1e-13), a.shape + b.shape
 
 
 @pytest.mark.parametrize("b_layout", ["rows", "offset", "4k_rows"])
@@ -606,17 +612,7 @@ def test_gemm_b_read_in_place(isa, no_amx, dtype, b_layout):
         else:
             b = rng.standard_normal((k, n + 1)).astype(dtype)
             b = b[:, 1:] if b_layout == "offset" else np.ascontiguousarray(b[:, :n])
-        bias = rng.standard_normal(n).astype(dtype)
-        c0 = rng.standard_normal((m, n)).astype(dtype)
-        def call():
-            c = c0.copy()
-            dnnkit._cpu.gemm(a, b, c, 0.5, 0.25, bias, 1, 0)
-            return c
-
-        outs = _on_1_and_2_threads(call, 1)
-        assert np.array_equal(outs[0], outs[1]), (m, n, k)
-        want = np.maximum(0.5 * (a.astype(np.float64) @ b) + 0.25 * c0 + bias, 0)
-        assert rel_l2(outs[0], want) <= (1e-6 if dtype == np.float32 else 1e-13), (m, n, k)
+        _check_relu_product(rng, a, b)
 
 
 def test_strided_a_batch_rule():
