@@ -516,24 +516,23 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
                           beta, last);
         };
         if (p.split_n) {
-          // Every thread reads the whole A block: its own copy (own_a), or one packed together, a run of
-          // panels each.
-          // One B block for this thread, and an A block of its own: a panel at a time.
+          // This thread's columns: an equal share of the NR-wide panels (a share differs from another by
+          // at most one panel), in equal blocks of at most NC columns.
           const index_t panels = ceil_div(g.n, index_t(p.nr)), q0 = panels * tid / nt;
           const index_t share = panels * (tid + 1) / nt - q0;
           const index_t blocks = ceil_div(share, p.nc / p.nr);
+          // Every thread reads the whole A block: its own copy (own_a), or one packed together, a run of
+          // panels each; an A block of its own against one B block, a panel at a time.
           const bool panel_at_a_time = a_buffer && !g.b_panels && !b_rows && (p.own_a || nt == 1) && blocks == 1;
-          if (panel_at_a_time) {
-          } else if (p.own_a || g.a_packed || p.a_in_place) {
+          if (!panel_at_a_time && (p.own_a || g.a_packed || p.a_in_place)) {
             pack_a(0, n_ir);
-          } else {
+          } else if (!panel_at_a_time) {
             const index_t chunk = ceil_div(n_ir, nt), r0 = std::min(n_ir, tid * chunk);
             pack_a(r0, std::min(n_ir, r0 + chunk));
 #pragma omp barrier  // A block complete
           }
-          // This thread's columns: an equal share of the NR-wide panels (a share differs from another by
-          // at most one panel), in equal blocks of at most NC columns.
           T* const own = bbuf.data() + tid * b_block;
+          // B read where it lies: all of this thread's panels at once, no B block packed.
           if (b_rows) macro_kernel_b_rows<T>(g, uk, ap, ic, mc, q0, q0 + share, pc, kc, beta, last, own);
           for (index_t jb = 0; jb < (b_rows ? 0 : blocks); ++jb) {
             const index_t jc = (q0 + share * jb / blocks) * p.nr;
