@@ -9,7 +9,7 @@ measured, where the stored peak is implausible (plausible_peak: under 40% of the
 where the stored row is not positive finite numbers (cache.Store.get_ceilings: ignored, with a warning),
 nominal values (two FMAs a cycle per thread at 2.5 GHz, each of the active ISA's width or of the core's
 FMA datapath where narrower: backends/cpu.py flops_per_cycle; a copy rate per thread by the core's FMA
-datapath, 13-27 GB/s: nominal_copy_bytes_per_s) stand in.
+datapath: nominal_copy_bytes_per_s) stand in.
 ceilings() says which are in use; `dnnkit info --peak` prints it. On the GPU, its FP32 rate and copy
 bandwidth as `dnnkit autotune --device cuda` measures them (measure_gpu_ceilings), the TF32 rate scaled
 from the nominal by the measured clock, or until then the device's nominal FP32, TF32 and DRAM figures

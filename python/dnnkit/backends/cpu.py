@@ -117,9 +117,9 @@ def nominal_peak_flops() -> float:
     return flops_per_cycle(ext.active_isa()) * _NOMINAL_GHZ * 1e9 * ext.get_num_threads()
 
 
-# Bytes a second one thread copies (measure_copy_bandwidth) on cores of each FMA datapath width, which tells
-# their generations apart (the ceilings measured on Zen, Zen 2 and Sapphire Rapids: bench/RESULTS.md);
-# 10 GB/s on any other width.
+# Bytes a second one thread copies (measure_copy_bandwidth), by the core's FMA datapath width, which tells
+# core generations apart; 10 GB/s on any other width. Used until `dnnkit autotune` measures the
+# machine's own rate (bench/RESULTS.md, the nominal copy rate a thread, in each CPU's section).
 _NOMINAL_COPY = {128: 13e9, 256: 18e9, 512: 27e9}
 
 
