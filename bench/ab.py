@@ -56,6 +56,7 @@ CONV = [
     ("g256mb8ic256ih56oc256oh56kh3ph1", ["depthwise", "im2col_gemm"]),
     ("mb8ic512ih7oc2048oh7kh1", ["im2col_gemm", "implicit_gemm"]),
     ("mb8ic512ih28oc256oh14kh1sh2", ["im2col_gemm", "implicit_gemm"]),
+    ("mb8ic1024ih14oc512oh7kh1sh2", ["im2col_gemm", "implicit_gemm"]),
     ("mb8ic1024ih14oc256oh14kh1", ["im2col_gemm", "implicit_gemm"]),
 ]
 for desc, algos in CONV:
