@@ -545,6 +545,29 @@ def test_backward_data_images_side_by_side_before_col2im(isa, num_threads, dtype
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_forward_strided_1x1_columns(isa, num_threads, dtype):
+    """im2col_gemm's forward on 1x1 filters without padding at strides other than 1, whose columns sample
+    the input in place (no bounds test): output rows of fewer and more than 8 pixels (the stride-2 copy's
+    vectors), odd strides, groups, small planes of several images side by side, a strided input, and a
+    workspace limit that starts chunks in the middle of an output row."""
+    algo = next(a for a in ALGOS["fwd"] if a.name == "im2col_gemm")
+    shapes = [  # n, c, k, h, w, groups, stride, layout
+        (3, 5, 6, 13, 14, 1, 2, "C"), (2, 4, 6, 9, 37, 2, 2, "strided"), (1, 3, 5, 11, 40, 1, (3, 2), "C"),
+        (2, 6, 9, 10, 9, 3, (2, 3), "C"), (4, 8, 7, 7, 7, 1, 2, "C")]
+    cases = [ConvCase(n, c, k, h, w, 1, 1, g, stride, 0, 1, dtype, True, layout, 600 + i)
+             for i, (n, c, k, h, w, g, stride, layout) in enumerate(shapes)]
+    for case in cases:
+        check_forward(algo, case)
+    before = dnnkit.get_workspace_limit()
+    try:  # the third shape (3 x 4 x 20 output, CRS 3): chunks of 7 pixels, most starting mid-row
+        dnnkit.set_workspace_limit(7 * 3 * np.dtype(dtype).itemsize)
+        assert algo.chunk(_problem(cases[2], "fwd")) == 7
+        check_forward(algo, cases[2])
+    finally:
+        dnnkit.set_workspace_limit(before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_backward_filter_images_side_by_side_along_the_depth(isa, num_threads, dtype):
     """im2col_gemm's backward filter on planes under 128 pixels: several images' dY rows and columns
     gathered along one product's depth (conv.h, Batching::depth). 1x1 (the planes copied), 1x1 stride 2
