@@ -615,6 +615,21 @@ def test_gemm_b_read_in_place(isa, no_amx, dtype, b_layout):
         _check_relu_product(rng, a, b)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_half_width_last_panel(isa, no_amx, dtype):
+    """A last panel of B of half the kernel's width or less runs on the half-width kernels (UKernel::half,
+    where the ISA has them) at every A micro-panel height: last panels of 1 to NR/2 columns and one wider
+    (NR/2 + 1), rows in full panels and in tails, one and several depth blocks (beta on the later ones), a
+    column bias and relu; every result within float64's bound and the same bits on 1 and 2 threads."""
+    rng = np.random.default_rng(11)
+    nr = dnnkit.info()["ukernels"][np.dtype(dtype).name]["NR"]
+    for m, n, k in [(130, nr + 1, 300), (131, nr + nr // 2, 700), (129, nr + nr // 2 + 1, 300), (41, 2 * nr + 3, 700),
+                    (14, nr // 2, 300), (200, 12 * nr + nr // 4, 300), (9, 5, 40)]:
+        a = rng.standard_normal((m, k)).astype(dtype)
+        b = rng.standard_normal((k, n)).astype(dtype)
+        _check_relu_product(rng, a, b)
+
+
 def test_strided_a_batch_rule():
     """The batches gemm_wt_direct is chosen for (the extension's sa_batch_fits, which the RNN code and the
     registry's WtDirectGemm share) on AVX-512 float32: one tile at least 60% full, panels of 32 rows at

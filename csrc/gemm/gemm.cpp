@@ -173,6 +173,9 @@ void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const
       if (!ap) {
         uk.fn_a(kc, g.a + i * g.rs_a + pc, g.rs_a, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, bias,
                 g.bias_per_row);
+      } else if (2 * n_t <= nr && uk.half) {  // a last panel of half its width or less
+        uk.half[m_t - 1](kc, a_panel, bp + jr * b_stride, nr, nullptr, 1, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t,
+                         bias, g.bias_per_row);
       } else {
         const ukernel_fn<T> tile = jr == 0 && first_a ? first_a : fn;
         tile(kc, a_panel, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, bias, g.bias_per_row);

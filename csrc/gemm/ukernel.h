@@ -81,6 +81,10 @@ struct UKernel {
   // an A micro-panel of stride m, as rows[m-1]. The blocked GEMM skips packing a B with contiguous rows
   // for few rows of A (gemm.cpp, b_in_place); null: the ISA has none.
   const ukernel_b_fn<T>* fn_b = nullptr;
+  // The same contract as fn_b, NR/2 columns wide: half[m-1] on an A micro-panel of stride m and a packed B
+  // panel (ldb = NR) whose last n <= NR/2 columns are all there is (a product's last panel), which the
+  // full-width kernels would compute at the cost of a whole panel; null: the ISA has none.
+  const ukernel_b_fn<T>* half = nullptr;
 };
 
 // Small-M dot kernel (gemm_small_m.cpp): out[i*ldo + j] = sum_p x[i*ldx + p] * w[j*ldw + p] for

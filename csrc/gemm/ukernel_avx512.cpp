@@ -72,6 +72,21 @@ void uk_b_f64(dnnkit::index_t k, const double* a, const double* b, dnnkit::index
   ukernel_tile<Avx512F64, M, 2, 8, 0, false, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, 0, ldb,
                                                  pf, pf_every);
 }
+// UKernel::half: one vector wide, on a packed B panel of two (ldb = NR), M = 1..kMR rows.
+template <int M>
+void uk_half_f32(dnnkit::index_t k, const float* a, const float* b, dnnkit::index_t ldb, const float* pf,
+                 int pf_every, float* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, float alpha, float beta, int m,
+                 int n, const float* bias, bool bias_rows) {
+  ukernel_tile<Avx512F32, M, 1, 8, 0, false, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, 0,
+                                                 ldb, pf, pf_every);
+}
+template <int M>
+void uk_half_f64(dnnkit::index_t k, const double* a, const double* b, dnnkit::index_t ldb, const double* pf,
+                 int pf_every, double* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, double alpha, double beta,
+                 int m, int n, const double* bias, bool bias_rows) {
+  ukernel_tile<Avx512F64, M, 1, 8, 0, false, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, 0,
+                                                 ldb, pf, pf_every);
+}
 double probe(dnnkit::index_t iters, double* flops) { return fma_probe<Avx512F32, 16>(iters, flops); }
 
 // Exact-row variants (UKernel::rows): ukernel_tile with M = 1..kMR rows and A panels of stride M.
@@ -100,6 +115,10 @@ constexpr auto kBRowsF32 =
     rows_table<BRowsF32, dnnkit::ukernel_b_fn<float>>(std::make_integer_sequence<int, kMR>{});
 constexpr auto kBRowsF64 =
     rows_table<BRowsF64, dnnkit::ukernel_b_fn<double>>(std::make_integer_sequence<int, kMR>{});
+template <int M> struct HalfF32 { static constexpr dnnkit::ukernel_b_fn<float> fn = uk_half_f32<M>; };
+template <int M> struct HalfF64 { static constexpr dnnkit::ukernel_b_fn<double> fn = uk_half_f64<M>; };
+constexpr auto kHalfF32 = rows_table<HalfF32, dnnkit::ukernel_b_fn<float>>(std::make_integer_sequence<int, kMR>{});
+constexpr auto kHalfF64 = rows_table<HalfF64, dnnkit::ukernel_b_fn<double>>(std::make_integer_sequence<int, kMR>{});
 
 // Strided-A tiles of 8 rows of W by NV vectors of the batch: 8 x 1, 8 x 2 and 8 x 3 (up to 24
 // accumulators, NV loads and 8 broadcasts per 8 NV FMAs). Batches past 3 vectors run as panels of 8 x 2:
@@ -141,11 +160,11 @@ void dot_f64(int mi, dnnkit::index_t k, const double* x, dnnkit::index_t ldx, co
 namespace dnnkit {
 template <> UKernel<float> ukernel_avx512<float>() {
   return {"ukernel_14x32_avx512", kMR, 32, uk_f32, kRowsF32.data(), uk_far_f32, uk_fara_f32, nullptr, nullptr, 0,
-          kBRowsF32.data()};
+          kBRowsF32.data(), kHalfF32.data()};
 }
 template <> UKernel<double> ukernel_avx512<double>() {
   return {"ukernel_14x16_avx512", kMR, 16, uk_f64, kRowsF64.data(), uk_far_f64, uk_fara_f64, nullptr, nullptr, 0,
-          kBRowsF64.data()};
+          kBRowsF64.data(), kHalfF64.data()};
 }
 double fma_probe_avx512(index_t iters, double* flops) { return probe(iters, flops); }
 // A batch of up to 48 rows (float32) reads each weight row once, in the narrowest tile that holds it; a
