@@ -35,6 +35,17 @@ index_t im2col_chunk(const ConvShape& sh, index_t max_workspace_elems, Batching 
 
 namespace {
 
+// d[q] = s[q*stride] for q < n.
+template <typename T>
+inline void sample_row(T* d, const T* s, index_t n, index_t stride) {
+  if (stride == 1)
+    std::memcpy(d, s, sizeof(T) * n);
+  else if (stride == 2)
+    copy_stride2(d, s, n);
+  else
+    for (index_t q = 0; q < n; ++q) d[q] = s[q * stride];
+}
+
 // col (CRS x (j1-j0), row stride ldcol) from one image-group plane x (Cg x H x W).
 template <typename T>
 void im2col(const ConvShape& sh, const T* x, index_t j0, index_t j1, T* col, index_t ldcol = -1) {
@@ -56,12 +67,7 @@ void im2col(const ConvShape& sh, const T* x, index_t j0, index_t j1, T* col, ind
         const index_t n = std::min<index_t>(Q - q0, j1 - j);  // this output row's part of the chunk
         const T* xr = xc + p * sh.sh * W + q0 * sh.sw;
         T* d = dst + (j - j0);
-        if (sh.sw == 1)
-          std::memcpy(d, xr, sizeof(T) * n);
-        else if (sh.sw == 2 && n >= 8)
-          copy_stride2(d, xr, n);
-        else
-          for (index_t q = 0; q < n; ++q) d[q] = xr[q * sh.sw];
+        sample_row(d, xr, n, sh.sw);
         j += n;
       }
       continue;
@@ -83,13 +89,7 @@ void im2col(const ConvShape& sh, const T* x, index_t j0, index_t j1, T* col, ind
         const T* xr = xc + ih * W - sh.pw + s * sh.dw;
         const index_t a = std::max(q0, q_lo), b = std::min(q1, q_hi);
         for (index_t q = q0; q < std::min(a, q1); ++q) d[q - q0] = T(0);
-        if (sh.sw == 1) {
-          if (b > a) std::memcpy(d + (a - q0), xr + a, sizeof(T) * (b - a));
-        } else if (sh.sw == 2) {
-          if (b > a) copy_stride2(d + (a - q0), xr + 2 * a, b - a);
-        } else {
-          for (index_t q = a; q < b; ++q) d[q - q0] = xr[q * sh.sw];
-        }
+        if (b > a) sample_row(d + (a - q0), xr + a * sh.sw, b - a, sh.sw);
         for (index_t q = std::max(b, q0); q < q1; ++q) d[q - q0] = T(0);
       }
       j += q1 - q0;

@@ -57,35 +57,21 @@ void uk_far_f64(dnnkit::index_t k, const double* a, const double* b, double* c, 
                 dnnkit::index_t cs_c, double alpha, double beta, int m, int n, const double* bias, bool bias_rows) {
   ukernel_tile<Avx512F64, kMR, 2, kFarK>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows);
 }
-// UKernel::fn_b: B read where it lies, M = 1..kMR rows on A panels of stride M.
-template <int M>
+// UKernel::fn_b: B read where it lies, M = 1..kMR rows on A panels of stride M; NV = 1, UKernel::half:
+// one vector wide, on a packed B panel of two (ldb = NR).
+template <int M, int NV = 2>
 void uk_b_f32(dnnkit::index_t k, const float* a, const float* b, dnnkit::index_t ldb, const float* pf, int pf_every,
               float* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, float alpha, float beta, int m, int n,
               const float* bias, bool bias_rows) {
-  ukernel_tile<Avx512F32, M, 2, 8, 0, false, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, 0, ldb,
-                                                 pf, pf_every);
+  ukernel_tile<Avx512F32, M, NV, 8, 0, false, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, 0, ldb,
+                                                  pf, pf_every);
 }
-template <int M>
+template <int M, int NV = 2>
 void uk_b_f64(dnnkit::index_t k, const double* a, const double* b, dnnkit::index_t ldb, const double* pf,
               int pf_every, double* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, double alpha, double beta, int m,
               int n, const double* bias, bool bias_rows) {
-  ukernel_tile<Avx512F64, M, 2, 8, 0, false, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, 0, ldb,
-                                                 pf, pf_every);
-}
-// UKernel::half: one vector wide, on a packed B panel of two (ldb = NR), M = 1..kMR rows.
-template <int M>
-void uk_half_f32(dnnkit::index_t k, const float* a, const float* b, dnnkit::index_t ldb, const float* pf,
-                 int pf_every, float* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, float alpha, float beta, int m,
-                 int n, const float* bias, bool bias_rows) {
-  ukernel_tile<Avx512F32, M, 1, 8, 0, false, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, 0,
-                                                 ldb, pf, pf_every);
-}
-template <int M>
-void uk_half_f64(dnnkit::index_t k, const double* a, const double* b, dnnkit::index_t ldb, const double* pf,
-                 int pf_every, double* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, double alpha, double beta,
-                 int m, int n, const double* bias, bool bias_rows) {
-  ukernel_tile<Avx512F64, M, 1, 8, 0, false, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, 0,
-                                                 ldb, pf, pf_every);
+  ukernel_tile<Avx512F64, M, NV, 8, 0, false, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, 0, ldb,
+                                                  pf, pf_every);
 }
 double probe(dnnkit::index_t iters, double* flops) { return fma_probe<Avx512F32, 16>(iters, flops); }
 
@@ -115,8 +101,8 @@ constexpr auto kBRowsF32 =
     rows_table<BRowsF32, dnnkit::ukernel_b_fn<float>>(std::make_integer_sequence<int, kMR>{});
 constexpr auto kBRowsF64 =
     rows_table<BRowsF64, dnnkit::ukernel_b_fn<double>>(std::make_integer_sequence<int, kMR>{});
-template <int M> struct HalfF32 { static constexpr dnnkit::ukernel_b_fn<float> fn = uk_half_f32<M>; };
-template <int M> struct HalfF64 { static constexpr dnnkit::ukernel_b_fn<double> fn = uk_half_f64<M>; };
+template <int M> struct HalfF32 { static constexpr dnnkit::ukernel_b_fn<float> fn = uk_b_f32<M, 1>; };
+template <int M> struct HalfF64 { static constexpr dnnkit::ukernel_b_fn<double> fn = uk_b_f64<M, 1>; };
 constexpr auto kHalfF32 = rows_table<HalfF32, dnnkit::ukernel_b_fn<float>>(std::make_integer_sequence<int, kMR>{});
 constexpr auto kHalfF64 = rows_table<HalfF64, dnnkit::ukernel_b_fn<double>>(std::make_integer_sequence<int, kMR>{});
 
