@@ -42,15 +42,17 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
   // along the row): element u of row (c, r), x[.., c, ih(r), u - pw] (0 outside the image), lies at
   // pad[(c*nr + r - r_lo)*sw*plen + (u % sw)*plen + u / sw]. Tap s of output column q reads u = q*sw +
   // s*dw: phase (s*dw) % sw, index q + (s*dw) / sw, so each step reads its kQB inputs contiguously
-  // with no edge cases, at any stride. Made once a task, read by every block of it.
-  const index_t sw = sh.sw, plen = qblocks * kQB + (S - 1) * sh.dw / sw, row_len = sw * plen;
+  // with no edge cases, at any stride. Made once a task, read by every block of it. Each phase of a row
+  // starts on a vector boundary (plen a multiple of L, the buffer aligned): a tap at index 0 reads whole
+  // vectors, never a pair of cache lines for one.
+  const index_t sw = sh.sw, plen = round_up(qblocks * kQB + (S - 1) * sh.dw / sw, L), row_len = sw * plen;
   std::vector<index_t> tap(static_cast<std::size_t>(S));  // tap s's window in a row: phase and index
   for (index_t s = 0; s < S; ++s) tap[s] = (s * sh.dw) % sw * plen + s * sh.dw / sw;
   const index_t tasks = sh.n * sh.g * P;
   RegionErrors errors;  // a task's buffers could not be allocated: rethrown after the region
 #pragma omp parallel num_threads(get_num_threads()) if (tasks > 1)
   {
-    std::vector<T> pad;
+    AlignedBuffer<T> pad;
     std::vector<index_t> toff;  // tap (r - r_lo, s)'s window in a channel's padded rows
 #pragma omp for schedule(dynamic, 2)
     for (index_t t = 0; t < tasks; ++t) errors.run([&] {
@@ -60,7 +62,9 @@ void conv2d_fwd_direct_kb(const ConvShape& sh, const T* x, const T* w, const T* 
       while (r_lo < R && p * sh.sh - sh.ph + r_lo * sh.dh < 0) ++r_lo;
       while (r_hi > r_lo && p * sh.sh - sh.ph + (r_hi - 1) * sh.dh >= H) --r_hi;
       const index_t nr = r_hi - r_lo;
-      pad.assign(static_cast<std::size_t>(std::max<index_t>(1, Cg * nr * row_len)), T(0));
+      const std::size_t pad_len = static_cast<std::size_t>(std::max<index_t>(1, Cg * nr * row_len));
+      pad.resize(pad_len);
+      std::fill_n(pad.data(), pad_len, T(0));
       const index_t u_lo = std::min(row_len, sh.pw), u_hi = std::min(row_len, sh.pw + W);  // u - pw in [0, W)
       for (index_t c = 0; c < Cg; ++c)
         for (index_t r = r_lo; r < r_hi; ++r) {
