@@ -620,11 +620,14 @@ def test_gemm_half_width_last_panel(isa, no_amx, dtype):
     """A last panel of B of half the kernel's width or less runs on the half-width kernels (UKernel::half,
     where the ISA has them) at every A micro-panel height: last panels of 1 to NR/2 columns and one wider
     (NR/2 + 1), rows in full panels and in tails, one and several depth blocks (beta on the later ones), a
-    column bias and relu; every result within float64's bound and the same bits on 1 and 2 threads."""
+    column bias and relu, over 512 columns as well (where AVX2 packs an A it reads in place below) and in
+    both loop orders (AVX2's B-outer from 512 rows); every result within float64's bound and the same bits
+    on 1 and 2 threads."""
     rng = np.random.default_rng(11)
     nr = dnnkit.info()["ukernels"][np.dtype(dtype).name]["NR"]
     for m, n, k in [(130, nr + 1, 300), (131, nr + nr // 2, 700), (129, nr + nr // 2 + 1, 300), (41, 2 * nr + 3, 700),
-                    (14, nr // 2, 300), (200, 12 * nr + nr // 4, 300), (9, 5, 40)]:
+                    (14, nr // 2, 300), (200, 12 * nr + nr // 4, 300), (9, 5, 40),
+                    (300, 515, 150), (520, 515, 200)]:
         a = rng.standard_normal((m, k)).astype(dtype)
         b = rng.standard_normal((k, n)).astype(dtype)
         _check_relu_product(rng, a, b)

@@ -201,10 +201,16 @@ void macro_kernel_b_outer(const GemmArgs<T>& g, const UKernel<T>& uk, const T* a
     for (index_t ir = 0; ir < n_ir; ++ir) {
       const index_t i = ic + ir * mr;
       const int m_t = static_cast<int>(std::min<index_t>(mr, ic + mc - i));
-      const ukernel_fn<T> fn = m_t == mr ? uk.fn : uk.rows[m_t - 1];
       T* c = g.c + i * g.rs_c + j * g.cs_c;
       const T* bias = k_bias ? k_bias + (g.bias_per_row ? i : j) : nullptr;
-      fn(kc, ap + ir * mr * kc, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, bias, g.bias_per_row);
+      if (2 * n_t <= nr && uk.half) {  // a last panel of half its width or less
+        uk.half[m_t - 1](kc, ap + ir * mr * kc, bp + jr * b_stride, nr, nullptr, 1, c, g.rs_c, g.cs_c, g.alpha, beta,
+                         m_t, n_t, bias, g.bias_per_row);
+      } else {
+        const ukernel_fn<T> fn = m_t == mr ? uk.fn : uk.rows[m_t - 1];
+        fn(kc, ap + ir * mr * kc, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, bias,
+           g.bias_per_row);
+      }
       if (epilogue) apply_epilogue<T>(c, g.rs_c, g.cs_c, m_t, n_t, nullptr, g.act);
     }
   }

@@ -44,25 +44,30 @@ void uk_a_f64(dnnkit::index_t k, const double* a, dnnkit::index_t lda, const dou
               bool bias_rows) {
   ukernel_tile<Avx2F64, kMR, 2, 8, 0, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, lda);
 }
-// UKernel::fn_b: B read where it lies, M = 1..kMR rows on A panels of stride M.
-template <int M>
+// UKernel::fn_b: B read where it lies, M = 1..kMR rows on A panels of stride M; NV = 1, UKernel::half:
+// one vector wide, on a packed B panel of two (ldb = NR).
+template <int M, int NV = 2>
 void uk_b_f32(dnnkit::index_t k, const float* a, const float* b, dnnkit::index_t ldb, const float* pf, int pf_every,
               float* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, float alpha, float beta, int m, int n,
               const float* bias, bool bias_rows) {
-  ukernel_tile<Avx2F32, M, 2, 8, 0, false, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, 0, ldb, pf,
-                                               pf_every);
+  ukernel_tile<Avx2F32, M, NV, 8, 0, false, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, 0, ldb,
+                                                pf, pf_every);
 }
-template <int M>
+template <int M, int NV = 2>
 void uk_b_f64(dnnkit::index_t k, const double* a, const double* b, dnnkit::index_t ldb, const double* pf,
               int pf_every, double* c, dnnkit::index_t rs_c, dnnkit::index_t cs_c, double alpha, double beta, int m,
               int n, const double* bias, bool bias_rows) {
-  ukernel_tile<Avx2F64, M, 2, 8, 0, false, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, 0, ldb, pf,
-                                               pf_every);
+  ukernel_tile<Avx2F64, M, NV, 8, 0, false, true>(k, a, b, c, rs_c, cs_c, alpha, beta, m, n, bias, bias_rows, 0, ldb,
+                                                pf, pf_every);
 }
 const dnnkit::ukernel_b_fn<float> kBRowsF32[kMR] = {uk_b_f32<1>, uk_b_f32<2>, uk_b_f32<3>,
                                                      uk_b_f32<4>, uk_b_f32<5>, uk_b_f32<6>};
 const dnnkit::ukernel_b_fn<double> kBRowsF64[kMR] = {uk_b_f64<1>, uk_b_f64<2>, uk_b_f64<3>,
                                                       uk_b_f64<4>, uk_b_f64<5>, uk_b_f64<6>};
+const dnnkit::ukernel_b_fn<float> kHalfF32[kMR] = {uk_b_f32<1, 1>, uk_b_f32<2, 1>, uk_b_f32<3, 1>,
+                                                    uk_b_f32<4, 1>, uk_b_f32<5, 1>, uk_b_f32<6, 1>};
+const dnnkit::ukernel_b_fn<double> kHalfF64[kMR] = {uk_b_f64<1, 1>, uk_b_f64<2, 1>, uk_b_f64<3, 1>,
+                                                     uk_b_f64<4, 1>, uk_b_f64<5, 1>, uk_b_f64<6, 1>};
 // UKernel::row_panels: 4 panels, 8 accumulators.
 constexpr int kRowNP = 4;
 void row_f32(dnnkit::index_t k, const float* a, const float* b, dnnkit::index_t b_stride, float* c, float beta, int n,
@@ -117,10 +122,12 @@ void dot_f64(int mi, dnnkit::index_t k, const double* x, dnnkit::index_t ldx, co
 
 namespace dnnkit {
 template <> UKernel<float> ukernel_avx2<float>() {
-  return {"ukernel_6x16_avx2", kMR, 16, uk_f32, kRowsF32, uk_far_f32, nullptr, uk_a_f32, row_f32, kRowNP, kBRowsF32};
+  return {"ukernel_6x16_avx2", kMR, 16, uk_f32, kRowsF32, uk_far_f32, nullptr, uk_a_f32, row_f32, kRowNP, kBRowsF32,
+          kHalfF32};
 }
 template <> UKernel<double> ukernel_avx2<double>() {
-  return {"ukernel_6x8_avx2", kMR, 8, uk_f64, kRowsF64, uk_far_f64, nullptr, uk_a_f64, row_f64, kRowNP, kBRowsF64};
+  return {"ukernel_6x8_avx2", kMR, 8, uk_f64, kRowsF64, uk_far_f64, nullptr, uk_a_f64, row_f64, kRowNP, kBRowsF64,
+          kHalfF64};
 }
 double fma_probe_avx2(index_t iters, double* flops) { return probe(iters, flops); }
 // 4 x 24: 12 accumulators, 3 vector loads and 4 broadcasts per 12 FMAs (16 registers).
