@@ -292,7 +292,7 @@ void filter_taps(const T* xp, index_t row_step, const index_t* off, const T* dyk
     V d;
     if constexpr (decltype(tail)::value) {
       alignas(64) T lanes[L] = {};
-      copy_lanes(lanes, row + q, static_cast<int>(Q - q));  // Q - q < L values, no call
+      copy_lanes<T, L>(lanes, row + q, static_cast<int>(Q - q));  // Q - q < L values, no call
       std::memcpy(&d, lanes, sizeof(V));
     } else {
       std::memcpy(&d, row + q, sizeof(V));

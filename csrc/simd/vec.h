@@ -46,9 +46,11 @@ inline void vstore(T* p, V v) {
   std::memcpy(p, &v, sizeof(V));
 }
 
-// Copies n <= lanes values from src to dst: one masked load and store where AVX-512 has them.
-template <typename T>
+// Copies n <= N values from src to dst (N a power of two, at most a Vec's lanes): one masked load and
+// store where AVX-512 has them.
+template <typename T, int N = Vec<T>::lanes>
 inline void copy_lanes(T* dst, const T* src, int n) {
+  static_assert(N > 0 && (N & (N - 1)) == 0 && N <= Vec<T>::lanes, "copy_lanes: N a power of two up to a Vec");
 #ifdef __AVX512F__
   if constexpr (sizeof(T) == 4) {
     const __mmask16 k = static_cast<__mmask16>((1u << n) - 1);
@@ -62,7 +64,7 @@ inline void copy_lanes(T* dst, const T* src, int n) {
   // (a loop of run-time length would be a call to memcpy).
   int i = 0;
 #pragma GCC unroll 8
-  for (int w = Vec<T>::lanes; w >= 1; w /= 2)
+  for (int w = N; w >= 1; w /= 2)
     if (n & w) {
       std::memcpy(dst + i, src + i, sizeof(T) * w);
       i += w;
