@@ -557,10 +557,10 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
               macro_kernel<T>(g, uk, ap, own, p.nr * kc, ic, mc, 0, n_ir, jc, nc, pc, kc, beta, last);
           }
         } else {
-          // Each thread packs and runs only its own A micro-panels: no barrier for A.
+          // Each thread packs and runs only its own A micro-panels: no barrier for A. Equal shares, the
+          // later threads' one panel larger, so that the last thread's partial panel sits in a larger share.
           T* bp = bbuf.data();
-          const index_t chunk = ceil_div(n_ir, nt);
-          const index_t ir0 = std::min(n_ir, tid * chunk), ir1 = std::min(n_ir, ir0 + chunk);
+          const index_t ir0 = n_ir * tid / nt, ir1 = n_ir * (tid + 1) / nt;
           const bool panel_at_a_time = a_buffer && !g.b_panels && g.n <= p.nc;
           if (!panel_at_a_time) pack_a(ir0, ir1);
           for (index_t jc = 0; jc < g.n; jc += p.nc) {
