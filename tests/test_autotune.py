@@ -305,6 +305,20 @@ def test_explain_shows_measured_times(fresh_cache):
     assert "measured 1.000 ms" in str(dnnkit.explain(p))
 
 
+def test_explain_says_which_ceilings_its_predictions_scale_by(fresh_cache):
+    """Nominal ceilings until this device's are measured (and why), then the measured ones; the explanation
+    reads the cache as it is when asked."""
+    p = ConvProblem.parse(SMALL_CONV)
+    shown = str(dnnkit.explain(p)).splitlines()
+    assert ("  predicted times: nominal ceilings, not measured on this device yet (dnnkit autotune measures them)"
+            in shown)
+    fresh_cache.put_ceilings(1.1 * cost_model.nominal_peak_flops(), 20e9)
+    assert dnnkit.explain(p).ceilings == "measured"
+    assert "  predicted times: this device's measured ceilings" in str(dnnkit.explain(p)).splitlines()
+    fresh_cache.put_ceilings(0.05 * cost_model.nominal_peak_flops(), 20e9)  # taken under load: not used
+    assert "nominal ceilings, the stored peak of" in str(dnnkit.explain(p))
+
+
 # ----------------------------------------------------------------------------------------- cost model
 def test_cost_model_fits_correction_factors_from_the_cache(fresh_cache):
     algo = algos.get("conv2d_fwd", "cpu", "im2col_gemm")

@@ -78,6 +78,15 @@ def ceilings() -> dict:
     return {**measured, "source": "measured"}
 
 
+def ceilings_source(p) -> str:
+    """What p's predicted times scale by, in words: its device's measured ceilings, or nominal ones and why."""
+    if p.device == "cuda":
+        if _calibration("cuda")["ceilings"] is not None:
+            return "measured"
+        return "nominal: not measured on this GPU yet (dnnkit autotune measures them)"
+    return ceilings()["source"]
+
+
 def device_ceilings(p) -> Ceilings | None:
     """The ceilings the cost formulas scale by on p's device: on the CPU ceilings() and dnnkit's threads;
     on the GPU its FP32 rate and copy bandwidth as measured (measure_gpu_ceilings, kept in the cache under

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..algos import algorithms as _algorithms
 from ..algos.base import Algorithm
+from ..autotune.cost_model import ceilings_source
 from ..backends import DeviceArray, cpu as _cpu, device_of, placement_error
 from ..dispatch import explain_problem
 from ..packed import PackedWeight
@@ -68,10 +69,13 @@ class Explanation(list):
         self.problem = problem
         self.isa = _isa_note(problem)
         self.note = note  # how the call relates to the problem shown, where it runs more than that one
+        self.ceilings = ceilings_source(problem)  # what the predicted times scale by: "measured" or "nominal: why"
 
     def __str__(self) -> str:
         lines = [f"{self.problem.op} {self.problem.descriptor()}", f"  on {self.isa}"]
         lines += [f"  {self.note}"] if self.note else []
+        lines += ["  predicted times: " + ("this device's measured ceilings" if self.ceilings == "measured" else
+                                           "nominal ceilings, " + self.ceilings.removeprefix("nominal: "))]
         lines += [str(c) for c in self]
         return "\n".join(lines)
 
