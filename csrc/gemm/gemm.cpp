@@ -142,6 +142,18 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   return p;
 }
 
+// A tile of a last B panel of half the micro-kernel's width or less on the half-width kernel
+// (UKernel::half; a_panel of stride m_t, b_panel packed NR wide); false, and nothing done, for a wider
+// panel or an ISA without one.
+template <typename T>
+inline bool half_width_tile(const GemmArgs<T>& g, const UKernel<T>& uk, index_t kc, const T* a_panel,
+                            const T* b_panel, T* c, T beta, int m_t, int n_t, const T* bias) {
+  if (2 * n_t > uk.nr || !uk.half) return false;
+  uk.half[m_t - 1](kc, a_panel, b_panel, uk.nr, nullptr, 1, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, bias,
+                   g.bias_per_row);
+  return true;
+}
+
 // The micro-panels of one packed A block (mc rows: full MR-row panels, then a tail panel of exactly the
 // remaining rows, stride m_t, run by the exact-height kernel) against the B block's panels, b_stride
 // elements apart (NR*KC when packed here, NR*k when read in place from GemmArgs::b_panels).
@@ -173,10 +185,7 @@ void macro_kernel(const GemmArgs<T>& g, const UKernel<T>& uk, const T* ap, const
       if (!ap) {
         uk.fn_a(kc, g.a + i * g.rs_a + pc, g.rs_a, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, bias,
                 g.bias_per_row);
-      } else if (2 * n_t <= nr && uk.half) {  // a last panel of half its width or less
-        uk.half[m_t - 1](kc, a_panel, bp + jr * b_stride, nr, nullptr, 1, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t,
-                         bias, g.bias_per_row);
-      } else {
+      } else if (!half_width_tile(g, uk, kc, a_panel, bp + jr * b_stride, c, beta, m_t, n_t, bias)) {
         const ukernel_fn<T> tile = jr == 0 && first_a ? first_a : fn;
         tile(kc, a_panel, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, bias, g.bias_per_row);
       }
@@ -203,10 +212,7 @@ void macro_kernel_b_outer(const GemmArgs<T>& g, const UKernel<T>& uk, const T* a
       const int m_t = static_cast<int>(std::min<index_t>(mr, ic + mc - i));
       T* c = g.c + i * g.rs_c + j * g.cs_c;
       const T* bias = k_bias ? k_bias + (g.bias_per_row ? i : j) : nullptr;
-      if (2 * n_t <= nr && uk.half) {  // a last panel of half its width or less
-        uk.half[m_t - 1](kc, ap + ir * mr * kc, bp + jr * b_stride, nr, nullptr, 1, c, g.rs_c, g.cs_c, g.alpha, beta,
-                         m_t, n_t, bias, g.bias_per_row);
-      } else {
+      if (!half_width_tile(g, uk, kc, ap + ir * mr * kc, bp + jr * b_stride, c, beta, m_t, n_t, bias)) {
         const ukernel_fn<T> fn = m_t == mr ? uk.fn : uk.rows[m_t - 1];
         fn(kc, ap + ir * mr * kc, bp + jr * b_stride, c, g.rs_c, g.cs_c, g.alpha, beta, m_t, n_t, bias,
            g.bias_per_row);

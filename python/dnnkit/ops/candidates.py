@@ -69,7 +69,7 @@ class Explanation(list):
         self.problem = problem
         self.isa = _isa_note(problem)
         self.note = note  # how the call relates to the problem shown, where it runs more than that one
-        self.ceilings = ceilings_source(problem)  # what the predicted times scale by: "measured" or "nominal: why"
+        self.ceilings = ceilings_source(problem)  # what the predicted times scale by
 
     def __str__(self) -> str:
         lines = [f"{self.problem.op} {self.problem.descriptor()}", f"  on {self.isa}"]
