@@ -47,15 +47,15 @@ ISA_FLAGS = {
 # Tuning flags, where the compiler has them (GCC 12 and newer): copies of a known size (std::memcpy into
 # and out of vectors, everywhere in the generic kernels) by whole vectors of the level's width. Under
 # -mtune=generic GCC otherwise copies 32 bytes as two 16-byte halves through the stack, and every such
-# vector load then waits on a failed store forwarding (bench/RESULTS.md, "The AVX2 path's changes").
+# vector load then waits on a failed store forwarding (bench/log/2026-11-25-zen2-avx2-path.md).
 TUNE_FLAGS = {
     "avx2": ["-mmove-max=256", "-mstore-max=256"],
     "avx512": ["-mmove-max=512", "-mstore-max=512"],
     "amx": ["-mmove-max=512", "-mstore-max=512", "-mtune=sapphirerapids"],
 }
 # The AMX files run only on the cores that have the tiles (Sapphire Rapids and its successors): they are
-# scheduled for those cores, as a -march=native build would schedule them (bench/RESULTS.md, the portable
-# build beside a -march=native one).
+# scheduled for those cores, as a -march=native build would schedule them (bench/log/2026-11-27-sapphire-rapids.md, the
+# portable build beside a -march=native one).
 LEVELS = ["ref", *ISA_FLAGS]
 # The modules, each with the levels whose kernel files it holds; its generic code gets its own level's flags.
 MODULES = {"ref": ["ref"], "avx2": ["ref", "avx2"], "avx512": ["ref", "avx2", "avx512", "amx"]}

@@ -100,7 +100,7 @@ void set_min_parallel_work(double fmas);
 // stores): the last-level cache's size (L3, else L2), at most 16 L2 caches' worth (an output larger than
 // that has left a shared L3 to the other cores' work by the time it is read, and plain stores would read
 // each of its lines from memory first). A smaller output stays in the cache, where plain stores write it
-// faster and its reader finds it (bench/RESULTS.md, the Sapphire Rapids section). Tests lower it (any
+// faster and its reader finds it (bench/log/2026-11-27-sapphire-rapids.md). Tests lower it (any
 // value; negative: the default) to reach the streaming stores.
 double past_caches_bytes();
 void set_past_caches_bytes(double bytes);

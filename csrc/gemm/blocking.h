@@ -9,10 +9,10 @@
 //     lines and the A micro-panels passing through);
 //   - the packed A block (MC x KC) stays in L3, shared by the threads: at most a quarter of it
 //     (blocking_for). A float32 MC of 4116 (294 panels of 14, 686 of 6) packs B once for any m up to
-//     4116 where L3 holds it (bench/RESULTS.md, "The AVX2 path's changes").
+//     4116 where L3 holds it (bench/log/2026-11-25-zen2-avx2-path.md).
 // Where the row says so (b_outer), large products take the other order (gemm.cpp, Plan::b_outer), whose
 // blocks b_outer_blocking sizes: a B micro-panel (KC x NR) fills L1 and stays there while the A
-// micro-panels of an A block in L2 stream past it (bench/RESULTS.md, "The AVX2 path's changes").
+// micro-panels of an A block in L2 stream past it (bench/log/2026-11-25-zen2-avx2-path.md).
 // Each k block is a pass over C (a load and a store of every tile), so deeper blocks pay as long as the
 // A micro-panel fits L1. Where a product runs alone (one thread, dnnkit set to one thread) and C outgrows
 // L2, a deeper KC (kc_alone, deep_k_blocks): on two threads, a deeper block means a narrower B block and
@@ -44,7 +44,7 @@ inline index_t nc_for_l2(const Blocking& b, index_t kc, index_t elem) {
 }
 
 // The table: per ISA and dtype, MC, KC, the cap on NC, KC alone and whether large products run B-outer
-// (the AVX2 rows: bench/RESULTS.md, "The AVX2 path's changes"; the AVX-512 rows keep the A-outer order
+// (the AVX2 rows: bench/log/2026-11-25-zen2-avx2-path.md; the AVX-512 rows keep the A-outer order
 // they were tuned for), for an L1 data cache of l1d_kib.
 struct BlockingRow {
   Blocking b;

@@ -76,7 +76,7 @@ constexpr index_t kAInPlaceCols = 512;
 // (b_in_place), where threads split n: packing costs each value of B a read from memory and a write and a
 // read in L2, which the few tiles that read it do not pay back; read in place, B streams from memory while
 // the FMAs run. Not where B's rows lie a multiple of kAliasBytes apart: a panel's rows then fall in the same
-// sets of L1 and L2 and evict each other (bench/RESULTS.md, the Sapphire Rapids section).
+// sets of L1 and L2 and evict each other (bench/log/2026-11-27-sapphire-rapids.md).
 constexpr index_t kBInPlacePanels = 8;
 constexpr index_t kAliasBytes = 4096;
 // Rows, depth and columns from which a product runs B-outer (Plan::b_outer). On fewer rows of A, a B that
@@ -109,8 +109,8 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   // Splitting n keeps each B block in one core's L2 and reuses each A micro-panel over all of it, but
   // every thread then reads the whole of A, each micro-panel of it for only its own columns: it needs
   // kSplitNCols or more columns per thread, and panels that share out about as evenly as A's, since
-  // the thread with one panel more than another sets the time (bench/RESULTS.md: "The AVX2 path's
-  // changes"; the columns, in the Zen 1 section), or a small A (kSplitNRows) and half as many columns
+  // the thread with one panel more than another sets the time (bench/log/2026-11-25-zen2-avx2-path.md;
+  // the columns, in bench/RESULTS.md's Zen 1 section), or a small A (kSplitNRows) and half as many columns
   // where splitting m would leave one thread a panel more than another. Otherwise, splitting m reuses
   // each A micro-panel over all columns.
   auto uneven = [nt](index_t panels) { return double(ceil_div(panels, index_t(nt)) * nt) / double(panels); };

@@ -109,7 +109,7 @@ inline bool copy_rows_fixed(index_t k, int width, const T* src, index_t rs, T* d
 // B's panels, which the micro-kernel reads whole) or stored at its own width (A's tail panel, which the
 // exact-height kernel runs). A line at a time, the stores of a line go to every panel, each k*W values
 // from the next: with k*W*sizeof(T) a multiple of 4 KiB they share an L1 set and evict each other; in
-// groups of 8 lines they do not (bench/RESULTS.md, "The AVX2 path's changes").
+// groups of 8 lines they do not (bench/log/2026-11-25-zen2-avx2-path.md).
 constexpr index_t kLineGroup = 8;
 
 template <typename T, int W, bool kPad>

@@ -61,8 +61,8 @@ _GEMM_EFFICIENCY = 0.62
 STREAM_EFFICIENCY = 0.5
 WT_DIRECT_EFFICIENCY = 0.62  # B never packed: at full tiles the blocked GEMM's best share
 # The tiles' float32 products (six bfloat16 ones, and the split of both operands) against the FMA kernels
-# at the same shape, on the shapes the tiles take (bench/RESULTS.md, Sapphire Rapids: tiles against the
-# FMA kernels).
+# at the same shape, on the shapes the tiles take (bench/log/2026-11-27-sapphire-rapids.md: tiles
+# against the FMA kernels).
 AMX_SPEEDUP = 1.4
 
 
