@@ -317,6 +317,15 @@ def test_explain_says_which_ceilings_its_predictions_scale_by(fresh_cache):
     assert "  predicted times: this device's measured ceilings" in str(dnnkit.explain(p)).splitlines()
     fresh_cache.put_ceilings(0.05 * cost_model.nominal_peak_flops(), 20e9)  # taken under load: not used
     assert "nominal ceilings, the stored peak of" in str(dnnkit.explain(p))
+    # A GPU problem: the GPU's nominal figures, or none where there is no GPU (and then no predictions).
+    from dnnkit.backends import cuda
+
+    gpu = dnnkit.explain(GemmProblem(64, 64, 64, device="cuda"))
+    if cuda.ceilings() is None:
+        assert "  predicted times: no GPU here, so no times are predicted" in str(gpu).splitlines()
+        assert all(c.predicted_s is None for c in gpu)
+    else:
+        assert "  predicted times: nominal ceilings, not measured on this GPU yet" in str(gpu)
 
 
 # ----------------------------------------------------------------------------------------- cost model

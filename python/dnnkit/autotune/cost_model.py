@@ -79,10 +79,15 @@ def ceilings() -> dict:
 
 
 def ceilings_source(p) -> str:
-    """What p's predicted times scale by, in words: its device's measured ceilings, or nominal ones and why."""
+    """What p's predicted times scale by, in words: its device's measured ceilings, nominal ones and why, or
+    none (a GPU problem with no GPU)."""
     if p.device == "cuda":
+        from ..backends import cuda as _cuda
+
         if _calibration("cuda")["ceilings"] is not None:
             return "measured"
+        if _cuda.ceilings() is None:
+            return "none: no GPU here, so no times are predicted"
         return "nominal: not measured on this GPU yet (dnnkit autotune measures them)"
     return ceilings()["source"]
 

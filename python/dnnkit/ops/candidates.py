@@ -74,8 +74,9 @@ class Explanation(list):
     def __str__(self) -> str:
         lines = [f"{self.problem.op} {self.problem.descriptor()}", f"  on {self.isa}"]
         lines += [f"  {self.note}"] if self.note else []
-        lines += ["  predicted times: " + ("this device's measured ceilings" if self.ceilings == "measured" else
-                                           "nominal ceilings, " + self.ceilings.removeprefix("nominal: "))]
+        kind, _, why = self.ceilings.partition(": ")
+        lines += ["  predicted times: " + {"measured": "this device's measured ceilings",
+                                           "nominal": f"nominal ceilings, {why}"}.get(kind, why)]
         lines += [str(c) for c in self]
         return "\n".join(lines)
 
