@@ -108,6 +108,13 @@ void set_past_caches_bytes(double bytes);
 inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
 inline index_t round_up(index_t a, index_t b) { return ceil_div(a, b) * b; }
 
+// Thread tid's part [lo, hi) of `units` split among nt threads: the parts differ by at most one unit,
+// the larger ones last, so that a partial last unit (a GEMM's short last panel) lies in a larger part.
+struct Share {
+  index_t lo, hi;
+};
+inline Share even_share(index_t units, int tid, int nt) { return {units * tid / nt, units * (tid + 1) / nt}; }
+
 // Rank of the calling thread in the innermost OpenMP team (0 outside one, or without OpenMP).
 inline int thread_id() {
 #ifdef _OPENMP

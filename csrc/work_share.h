@@ -55,8 +55,8 @@ class PanelShare {
       for (int tid = 0; tid < nt; ++tid) reset(set, tid);
   }
   void reset(int set, int tid) {
-    const std::uint64_t lo = static_cast<std::uint64_t>(panels_ * tid / nt_);
-    const std::uint64_t hi = static_cast<std::uint64_t>(panels_ * (tid + 1) / nt_);
+    const Share s = even_share(panels_, tid, nt_);
+    const auto lo = static_cast<std::uint64_t>(s.lo), hi = static_cast<std::uint64_t>(s.hi);
     slot(set, tid).store(lo | hi << 32, std::memory_order_relaxed);
   }
   // The next panel for thread tid in `set`: from its own range, else from another's; -1 when none is left.
@@ -96,9 +96,9 @@ class UnitCursor {
  public:
   UnitCursor(PanelShare* share, index_t units, bool reverse) : share_(share), reverse_(reverse), tid_(thread_id()) {
     if (!share) {
-      const int nth = thread_count();
-      lo_ = units * tid_ / nth;
-      hi_ = units * (tid_ + 1) / nth;
+      const Share s = even_share(units, tid_, thread_count());
+      lo_ = s.lo;
+      hi_ = s.hi;
     }
   }
   index_t next() {

@@ -381,7 +381,7 @@ void gemm_b_outer(const GemmArgs<T>& g, const UKernel<T>& uk, const Plan& p, T* 
     const int tid = thread_id(), nt = thread_count();
     // This thread's columns: an equal share of the NR-wide panels (shares differ by at most one panel), in
     // blocks of at most p.nc columns.
-    const index_t q0 = panels * tid / nt, q1 = panels * (tid + 1) / nt;
+    const auto [q0, q1] = even_share(panels, tid, nt);
     T* const ap = ea + tid * a_block;
     T* const bp = eb + tid * b_block;
     const index_t j_end = std::min(q1 * p.nr, g.n);
@@ -533,8 +533,8 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
         if (p.split_n) {
           // This thread's columns: an equal share of the NR-wide panels (a share differs from another by
           // at most one panel), in equal blocks of at most NC columns.
-          const index_t panels = ceil_div(g.n, index_t(p.nr)), q0 = panels * tid / nt;
-          const index_t share = panels * (tid + 1) / nt - q0;
+          const Share cols = even_share(ceil_div(g.n, index_t(p.nr)), tid, nt);
+          const index_t q0 = cols.lo, share = cols.hi - cols.lo;
           const index_t blocks = ceil_div(share, p.nc / p.nr);
           // Every thread reads the whole A block: its own copy (own_a), or one packed together, a run of
           // panels each; an A block of its own against one B block, a panel at a time.
@@ -542,8 +542,8 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
           if (!panel_at_a_time && (p.own_a || g.a_packed || p.a_in_place)) {
             pack_a(0, n_ir);
           } else if (!panel_at_a_time) {
-            const index_t chunk = ceil_div(n_ir, nt), r0 = std::min(n_ir, tid * chunk);
-            pack_a(r0, std::min(n_ir, r0 + chunk));
+            const Share rows = even_share(n_ir, tid, nt);
+            pack_a(rows.lo, rows.hi);
 #pragma omp barrier  // A block complete
           }
           T* const own = bbuf.data() + tid * b_block;
@@ -563,10 +563,9 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
               macro_kernel<T>(g, uk, ap, own, p.nr * kc, ic, mc, 0, n_ir, jc, nc, pc, kc, beta, last);
           }
         } else {
-          // Each thread packs and runs only its own A micro-panels: no barrier for A. Equal shares, the
-          // later threads' one panel larger, so that the last thread's partial panel sits in a larger share.
+          // Each thread packs and runs only its own A micro-panels (even_share): no barrier for A.
           T* bp = bbuf.data();
-          const index_t ir0 = n_ir * tid / nt, ir1 = n_ir * (tid + 1) / nt;
+          const auto [ir0, ir1] = even_share(n_ir, tid, nt);
           const bool panel_at_a_time = a_buffer && !g.b_panels && g.n <= p.nc;
           if (!panel_at_a_time) pack_a(ir0, ir1);
           for (index_t jc = 0; jc < g.n; jc += p.nc) {

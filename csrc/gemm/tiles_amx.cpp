@@ -643,13 +643,13 @@ bool gemm_tiles(const GemmArgs<float>& g, const Plan& p) {
     // Every value of A and B looked at first, a share of each per thread: a product with one the tiles
     // cannot split leaves before C is touched, for the FMA kernels.
     {
-      const index_t a0 = g.m * tid / nt, a1 = g.m * (tid + 1) / nt;
+      const auto [a0, a1] = even_share(g.m, tid, nt);
       bool ok = splittable(a1 - a0, g.k, g.a + a0 * g.rs_a, g.rs_a, g.cs_a);
       if (ok && panels) {
-        const index_t len = ceil_div(g.n, index_t(kBlock)) * kBlock * g.k, b0 = len * tid / nt;
-        ok = splittable(1, len * (tid + 1) / nt - b0, g.b_panels + b0, 0, 1);
+        const auto [b0, b1] = even_share(ceil_div(g.n, index_t(kBlock)) * kBlock * g.k, tid, nt);
+        ok = splittable(1, b1 - b0, g.b_panels + b0, 0, 1);
       } else if (ok) {
-        const index_t b0 = g.k * tid / nt, b1 = g.k * (tid + 1) / nt;
+        const auto [b0, b1] = even_share(g.k, tid, nt);
         ok = g.b_group_cols ? grouped_b_splittable(g, b0, b1)
                             : splittable(b1 - b0, g.n, g.b + b0 * g.rs_b, g.rs_b, g.cs_b);
       }
@@ -756,7 +756,7 @@ bool gemm_tiles(const GemmArgs<float>& g, const Plan& p) {
           }
 #pragma omp barrier
         } else {
-          const index_t chunk = ceil_div(n_ir, nt), ir0 = std::min(n_ir, tid * chunk), ir1 = std::min(n_ir, ir0 + chunk);
+          const auto [ir0, ir1] = even_share(n_ir, tid, nt);
           for (index_t ir = ir0; ir < ir1; ++ir) pack_a(ir);
           for (index_t jc = 0; jc < g.n; jc += p.nc) {
             const index_t n_jr = ceil_div(std::min(p.nc, g.n - jc), 32);

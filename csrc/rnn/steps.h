@@ -421,8 +421,8 @@ struct Columns {
 
 inline Columns owned_columns(index_t H, int nr, int tid, int nt) {
   const index_t blocks = ceil_div(H, nr);
-  const index_t c0 = blocks * tid / nt, c1 = blocks * (tid + 1) / nt;
-  return {c0, c1, std::min(H, c0 * nr), std::min(H, c1 * nr)};
+  const Share s = even_share(blocks, tid, nt);
+  return {s.lo, s.hi, std::min(H, s.lo * nr), std::min(H, s.hi * nr)};
 }
 
 inline int team_size(index_t H, int nr, int dirs) {
