@@ -110,7 +110,7 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   // every thread then reads the whole of A, each micro-panel of it for only its own columns: it needs
   // kSplitNCols or more columns per thread, and panels that share out about as evenly as A's, since
   // the thread with one panel more than another sets the time (bench/log/2026-11-25-zen2-avx2-path.md;
-  // the columns, in bench/RESULTS.md's Zen 1 section), or a small A (kSplitNRows) and half as many columns
+  // the columns, in bench/log/2026-11-26-zen1.md), or a small A (kSplitNRows) and half as many columns
   // where splitting m would leave one thread a panel more than another. Otherwise, splitting m reuses
   // each A micro-panel over all columns.
   auto uneven = [nt](index_t panels) { return double(ceil_div(panels, index_t(nt)) * nt) / double(panels); };
