@@ -155,9 +155,11 @@ void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* 
     gemm<T>(g, nthreads);
     return;
   }
-  AlignedBuffer<T> ap(static_cast<std::size_t>(std::max<index_t>(m * (k + k2), 1)));
-  T* const ap1 = ap.data();
-  T* const ap2 = ap.data() + m * k;
+  // A packed in panels of its rows; one row (contiguous along k) is its own panel, read where it lies.
+  const bool one_row = m == 1;
+  AlignedBuffer<T> ap(one_row ? 0 : static_cast<std::size_t>(std::max<index_t>(m * (k + k2), 1)));
+  const T* const ap1 = one_row ? a : ap.data();
+  const T* const ap2 = one_row ? a2 : ap.data() + m * k;
   // Rows per block: a block's k slice (rows x KC) stays in L2 (256 rows x 336 float32: 336 KB) while
   // each panel's KC x NR slice is reused from L1 across the block's micro-panels.
   // Blocks of equal height (multiples of MR): unequal ones (256 rows as 252 + 4) leave a thread to stream
@@ -178,9 +180,11 @@ void gemm_prepacked(index_t m, const T* a, index_t lda, const PackedB<T>& w, T* 
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     const int tid = thread_id(), nth = thread_count();
-    pack_a_rows_part<T>(uk, m, k, a, lda, 1, ap1, tid, nth);
-    if (w2) pack_a_rows_part<T>(uk, m, k2, a2, lda2, 1, ap2, tid, nth);
+    if (!one_row) {
+      pack_a_rows_part<T>(uk, m, k, a, lda, 1, ap.data(), tid, nth);
+      if (w2) pack_a_rows_part<T>(uk, m, k2, a2, lda2, 1, ap.data() + m * k, tid, nth);
 #pragma omp barrier
+    }
     for_each_unit(share ? &*share : nullptr, units, reverse, [&](index_t u) {
       const index_t mb = u / panels, jp0 = u % panels * per_unit, jp1 = std::min(w.panels(), jp0 + per_unit);
       const index_t i0 = mb * mc, rows = std::min(mc, m - i0);

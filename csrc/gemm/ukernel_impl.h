@@ -133,7 +133,9 @@ void ukernel_tile(dnnkit::index_t k, const typename V::T* __restrict a, const ty
   }
 }
 
-// UKernel::row_panels: one row of A against up to NP panels of NV vectors each (row_panels_fn).
+// UKernel::row_panels: one row of A against up to NP panels of NV vectors each (row_panels_fn). Each panel
+// is a stream from memory or L3 (a weight read once per call): its lines are prefetched kRowAheadBytes ahead.
+constexpr int kRowAheadBytes = 4096;
 template <class V, int NV, int NP>
 void ukernel_row_panels(dnnkit::index_t k, const typename V::T* __restrict a, const typename V::T* __restrict b,
                         dnnkit::index_t b_stride, typename V::T* c, typename V::T beta, int n,
@@ -151,12 +153,14 @@ void ukernel_row_panels(dnnkit::index_t k, const typename V::T* __restrict a, co
   for (int q = 0; q < NP; ++q)
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) acc[q][v] = V::zero();
+  constexpr int kLine = 64 / static_cast<int>(sizeof(T)), kAhead = kRowAheadBytes / static_cast<int>(sizeof(T));
 #pragma GCC unroll 2
   for (dnnkit::index_t p = 0; p < k; ++p) {
     const R av = V::broadcast(a + p);
 #pragma GCC unroll 8
     for (int q = 0; q < NP; ++q) {
-      __builtin_prefetch(bq[q] + (p + 64) * NR, 0, 3);
+#pragma GCC unroll 4
+      for (int l = 0; l < NR; l += kLine) __builtin_prefetch(bq[q] + p * NR + kAhead + l, 0, 3);
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[q][v] = V::fma(av, V::load(bq[q] + p * NR + v * W), acc[q][v]);
     }
