@@ -21,6 +21,7 @@ import sys
 
 # name -> setup code defining call(); run with `dnnkit`, `np` and R(*shape) (float32 normal) in scope.
 CASES = {
+    "gemm 256^3": "a, b = R(256, 256), R(256, 256)\ndef call(): dnnkit.gemm(a, b)",
     "gemm 512^3": "a, b = R(512, 512), R(512, 512)\ndef call(): dnnkit.gemm(a, b)",
     "gemm 1024^3": "a, b = R(1024, 1024), R(1024, 1024)\ndef call(): dnnkit.gemm(a, b)",
     "gemm 2048^3": "a, b = R(2048, 2048), R(2048, 2048)\ndef call(): dnnkit.gemm(a, b)",

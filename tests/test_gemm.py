@@ -209,6 +209,37 @@ def test_gemm_b_outer_products(isa, num_threads, dtype, no_amx):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_gemm_column_shares_of_one_block_pack_a_per_thread(isa, dtype, threads):
+    """Products whose threads split the columns, one B block each, and pack A a micro-panel at a time into
+    slots of their own: square, tall, row tails, k past KC, a share not a whole number of panels, threads
+    with no columns (four threads on two panels), beta 1; the bits those of one thread where the depth
+    blocks are the same."""
+    g = ukernel_geometry(isa, dtype)
+    mr, nr = g["MR"], g["NR"]
+    rng = np.random.default_rng(23)
+    previous = dnnkit.get_num_threads()
+    try:
+        for m, n, k in [(256, 256, 256), (2 * mr + 3, 5 * nr + 7, g["KC"] + 9), (3 * mr - 1, 600, 40),
+                        (mr, 2 * nr, 700), (2 * mr, 2 * nr - 3, 300)]:
+            a = rng.standard_normal((m, k)).astype(dtype)
+            b = rng.standard_normal((k, n)).astype(dtype)
+            c0 = rng.standard_normal((m, n)).astype(dtype)
+            want = a.astype(np.float64) @ b.astype(np.float64) + c0
+            got = []
+            for t in (1, threads):
+                dnnkit.set_num_threads(t)
+                c = c0.copy()
+                dnnkit.gemm(a, b, c, beta=1.0, algo="blocked_gemm")
+                assert rel_l2(c, want) <= tolerance(BLOCKED, dtype), (m, n, k, t)
+                got.append(c)
+            if k <= g["KC"]:
+                assert np.array_equal(got[0], got[1]), (m, n, k)
+    finally:
+        dnnkit.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("m, n, k", [(0, 5, 3), (4, 0, 3), (4, 5, 0), (0, 0, 0), (0, 5, 0), (1, 1, 0), (1, 1, 1)])
 @pytest.mark.parametrize("beta, with_c", [(0.0, True), (0.0, False), (2.0, True)], ids=["beta0", "no_c", "beta2"])
 def test_gemm_zero_size(isa, gemm_algo, dtype, m, n, k, beta, with_c):

@@ -41,6 +41,12 @@ struct Plan {
   bool own_a;    // split_n on several threads, each packing the whole A block itself: no barriers
   bool a_in_place;  // A not packed: the micro-kernel reads its rows where they lie (UKernel::fn_a)
   bool b_outer;     // the B-outer order: mc, kc from b_outer_blocking, nc a B block's columns
+  // split_n on several threads, each with one B block (its share of the columns within NC), A not own_a:
+  // each thread packs A a micro-panel at a time into a slot of its own, MR x KC, just before that panel's
+  // row of tiles (panels_then_tiles). Every thread then packs all of A, but into its own L1 and with no
+  // barrier, where a shared A block is packed half by each thread, each reading the other's half from the
+  // other core's cache (bench/log/2026-12-08-zen4.md).
+  bool a_slots;
 };
 
 // MC and KC for m and k: equal-ish blocks rather than full blocks and a sliver. They depend on m and k
@@ -129,6 +135,8 @@ Plan make_plan(index_t m, index_t n, index_t k, int nthreads, const UKernel<T>& 
   p.own_a = own_a && !p.a_in_place && p.split_n && nt > 1 && n >= kOwnACols * nt;
   // B-outer: each thread packs its own A blocks (no A read in place, no shared or copied A block).
   p.b_outer = blk.b_outer && own_a && p.split_n && m >= kBOuterRows && k >= kBOuterDepth && n >= kBOuterCols;
+  p.a_slots = own_a && !p.a_in_place && !p.own_a && !p.b_outer && p.split_n && nt > 1 &&
+              ceil_div(panels_n, index_t(nt)) <= p.nc / uk.nr;
   if (p.b_outer) {
     p.a_in_place = false;
     p.own_a = false;
@@ -441,7 +449,8 @@ index_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int nthreads) {
   const index_t stream = gemm_stream_workspace_bytes<T>(m, n, k);
   if (transposing_helps<T>(m, n, uk)) return std::max(stream, gemm_workspace_bytes<T>(n, m, k, nthreads));
   const Plan p = make_plan<T>(m, n, k, nthreads > 0 ? nthreads : get_num_threads(), uk, true);
-  const index_t a_elems = round_up(p.mc, p.mr) * p.kc * (p.own_a || p.b_outer ? p.nthreads : 1);
+  const index_t a_elems = std::max(round_up(p.mc, p.mr) * p.kc * (p.own_a || p.b_outer ? p.nthreads : 1),
+                                   p.a_slots ? index_t(p.mr) * p.kc * p.nthreads : 0);
   const index_t b_elems = p.nc * p.kc * (p.split_n ? p.nthreads : 1);
   const index_t bytes = std::max(stream, (a_elems + b_elems) * static_cast<index_t>(sizeof(T)));
   // The tiles' plan where they may take the product (the FMA kernels' where an operand turns out not to
@@ -489,7 +498,12 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
   }
   const bool a_buffer = !g.a_packed && !p.a_in_place;
   const bool b_rows = b_in_place(g, p, uk);
-  AlignedBuffer<T> abuf(a_buffer ? static_cast<std::size_t>(a_block * (p.own_a ? p.nthreads : 1)) : 0);
+  // Plan::a_slots where B is packed here (with B in place or pre-packed, the shared A block).
+  const bool a_slots = p.a_slots && a_buffer && !b_rows && !g.b_panels;
+  const index_t a_slot = index_t(p.mr) * p.kc;
+  AlignedBuffer<T> abuf(a_buffer ? static_cast<std::size_t>(std::max(a_block * (p.own_a ? p.nthreads : 1),
+                                                                     a_slots ? a_slot * p.nthreads : 0))
+                                 : 0);
   AlignedBuffer<T> bbuf(g.b_panels ? 0 : static_cast<std::size_t>(b_block * (p.split_n ? p.nthreads : 1)));
 
 #pragma omp parallel num_threads(p.nthreads) if (p.nthreads > 1)
@@ -501,6 +515,8 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
     const int tid = 0;
     const int nt = 1;
 #endif
+    // A slot each where the team is the planned one (its shares then within one B block each).
+    const bool slots = a_slots && nt == p.nthreads;
     for (index_t ic = 0; ic < g.m; ic += p.mc) {
       const index_t mc = std::min(p.mc, g.m - ic);
       const index_t n_ir = ceil_div(mc, p.mr);
@@ -509,7 +525,8 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
         const T beta = pc == 0 ? g.beta : T(1);
         const bool last = pc + kc >= g.k;
         // The A block: packed here, micro-panels [ir0, ir1) at a time, or already packed by the caller.
-        T* const own_a = p.a_in_place ? nullptr : abuf.data() + (p.own_a ? tid * a_block : 0);
+        T* const own_a =
+            p.a_in_place ? nullptr : abuf.data() + (p.own_a ? tid * a_block : slots ? tid * a_slot : 0);
         const T* const ap = g.a_packed ? g.a_packed + a_block_offset(ic, pc, p.mc, p.kc, g.k, p.mr) : own_a;
         auto pack_a = [&](index_t ir0, index_t ir1) {
           if (a_buffer) pack_a_block<T>(g.a, g.rs_a, g.cs_a, p.mr, ic, mc, pc, kc, ir0, ir1, own_a);
@@ -538,8 +555,11 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
           const index_t blocks = ceil_div(share, p.nc / p.nr);
           // Every thread reads the whole A block: its own copy (own_a), or one packed together, a run of
           // panels each; an A block of its own against one B block, a panel at a time.
-          const bool panel_at_a_time = a_buffer && !g.b_panels && !b_rows && (p.own_a || nt == 1) && blocks == 1;
-          if (!panel_at_a_time && (p.own_a || g.a_packed || p.a_in_place)) {
+          const bool panel_at_a_time =
+              a_buffer && !g.b_panels && !b_rows && (p.own_a || slots || nt == 1) && blocks == 1;
+          if (slots) {
+            // panel_at_a_time, or no columns for this thread (blocks == 0): no A block to pack
+          } else if (!panel_at_a_time && (p.own_a || g.a_packed || p.a_in_place)) {
             pack_a(0, n_ir);
           } else if (!panel_at_a_time) {
             const Share rows = even_share(n_ir, tid, nt);
@@ -588,7 +608,7 @@ void gemm(const GemmArgs<T>& g, int nthreads) {
 #pragma omp barrier
           }
         }
-        if (p.split_n && !p.own_a && !g.a_packed && !p.a_in_place) {
+        if (p.split_n && !p.own_a && !slots && !g.a_packed && !p.a_in_place) {
 #pragma omp barrier
         }  // the shared A block is free for the next pc
       }
