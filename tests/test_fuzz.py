@@ -2,8 +2,9 @@
 shapes that agree) in every layout an array can have (reversed, transposed, broadcast with a zero stride,
 Fortran-ordered, strided, read-only, NaN-filled), and now and then one argument of another dtype or
 shape, or no array at all, or a bad setting. Whatever the call, the process survives and any error is a
-TypeError, ValueError or MemoryError that names the operator. The examples are derandomized: every run
-tries the same calls."""
+TypeError, ValueError or MemoryError that names the operator. Every registered algorithm is drawn as
+algo=, so a new one is called here without an edit. The examples are derandomized: every run tries the
+same calls."""
 from __future__ import annotations
 
 import numpy as np
@@ -54,6 +55,11 @@ def arrays(draw, shape, dtype, odd=50):
     return a
 
 
+def names(op: str) -> list:
+    """The registered CPU algorithms of op (the registry's operator names): each is drawn as algo=."""
+    return [a.name for a in dnnkit.algos.algorithms(op, "cpu")]
+
+
 def survives(op: str, call) -> None:
     """Runs call(); an error must be one of ERRORS and name op."""
     try:
@@ -82,8 +88,7 @@ def test_gemm_and_linear_survive_any_arguments(data):
     survives("gemm", lambda: dnnkit.gemm(
         a, b, c, alpha=d(st.sampled_from([1.0, 0.0, -2.0, float("nan")])),
         beta=d(st.sampled_from([0.0, 1.0])) if c is not None else 0.0, trans_a=ta, trans_b=tb,
-        algo=d(st.sampled_from(["auto"] * 4 + ["blocked_gemm", "gemm_small_m", "gemm_stream", "gemm_prepacked",
-                                               "none"]))))
+        algo=d(st.sampled_from(["auto"] * 4 + names("gemm") + ["none"]))))
     lead = d(st.sampled_from([(), (d(DIMS),), (d(DIMS), d(DIMS))]))
     x, w, bias = d(arrays(lead + (k,), f)), d(arrays((n, k), f)), d(arrays((n,), f)) if d(st.booleans()) else None
     act = d(st.sampled_from([None, "relu", "tanh", "gelu", "sigmoid", "bad"]))
@@ -112,17 +117,20 @@ def test_convolutions_survive_any_arguments(data):
     x, wt = d(arrays((n, c, h, w), f)), d(arrays((o, cpg, k, k), f))
     geometry = (d(st.sampled_from([1, 1, 2, 0, -1, (1, 2)])), d(st.sampled_from([0, 1, "same", "valid", -1, (1, 0)])),
                 d(st.sampled_from([1, 1, 2, 0])), groups)
-    algo = d(st.sampled_from(["auto"] * 4 + ["im2col_gemm", "winograd_f2x2_3x3", "winograd_f4x4_3x3", "fft", "direct",
-                              "implicit_gemm", "depthwise", "none"]))
+    def algo(direction):
+        return d(st.sampled_from(["auto"] * 4 + names(direction) + ["none"]))
+
     survives("conv2d", lambda: dnnkit.conv2d(x, wt, d(arrays((o,), f)) if d(st.booleans()) else None, *geometry,
-                                             algo=algo))
+                                             algo=algo("conv2d_fwd")))
     try:
         y = dnnkit.conv2d(x, wt, None, *geometry)
     except ERRORS:
         y = d(arrays((n, o, h, w), f))
     x_shape, w_shape = getattr(x, "shape", (1, 1, 1, 1)), getattr(wt, "shape", (1, 1, 1, 1))
-    survives("conv2d_backward_data", lambda: dnnkit.conv2d_backward_data(x_shape, wt, y, *geometry, algo=algo))
-    survives("conv2d_backward_filter", lambda: dnnkit.conv2d_backward_filter(x, w_shape, y, *geometry, algo=algo))
+    survives("conv2d_backward_data",
+             lambda: dnnkit.conv2d_backward_data(x_shape, wt, y, *geometry, algo=algo("conv2d_bwd_data")))
+    survives("conv2d_backward_filter",
+             lambda: dnnkit.conv2d_backward_filter(x, w_shape, y, *geometry, algo=algo("conv2d_bwd_filter")))
 
 
 @FUZZ
