@@ -70,14 +70,8 @@ const dnnkit::ukernel_b_fn<double> kHalfF64[kMR] = {uk_b_f64<1, 1>, uk_b_f64<2, 
                                                      uk_b_f64<4, 1>, uk_b_f64<5, 1>, uk_b_f64<6, 1>};
 // UKernel::row_panels: 4 panels, 8 accumulators.
 constexpr int kRowNP = 4;
-void row_f32(dnnkit::index_t k, const float* a, const float* b, dnnkit::index_t b_stride, float* c, float beta, int n,
-             const float* bias) {
-  ukernel_row_panels<Avx2F32, 2, kRowNP>(k, a, b, b_stride, c, beta, n, bias);
-}
-void row_f64(dnnkit::index_t k, const double* a, const double* b, dnnkit::index_t b_stride, double* c, double beta,
-             int n, const double* bias) {
-  ukernel_row_panels<Avx2F64, 2, kRowNP>(k, a, b, b_stride, c, beta, n, bias);
-}
+constexpr auto kRowF32 = ukernel_row_panels<Avx2F32, 2, kRowNP>;
+constexpr auto kRowF64 = ukernel_row_panels<Avx2F64, 2, kRowNP>;
 double probe(dnnkit::index_t iters, double* flops) { return fma_probe<Avx2F32, 12>(iters, flops); }
 
 // Exact-row variants (UKernel::rows): ukernel_tile with M = 1..kMR rows and A panels of stride M.
@@ -122,11 +116,11 @@ void dot_f64(int mi, dnnkit::index_t k, const double* x, dnnkit::index_t ldx, co
 
 namespace dnnkit {
 template <> UKernel<float> ukernel_avx2<float>() {
-  return {"ukernel_6x16_avx2", kMR, 16, uk_f32, kRowsF32, uk_far_f32, nullptr, uk_a_f32, row_f32, kRowNP, kBRowsF32,
+  return {"ukernel_6x16_avx2", kMR, 16, uk_f32, kRowsF32, uk_far_f32, nullptr, uk_a_f32, kRowF32, kRowNP, kBRowsF32,
           kHalfF32};
 }
 template <> UKernel<double> ukernel_avx2<double>() {
-  return {"ukernel_6x8_avx2", kMR, 8, uk_f64, kRowsF64, uk_far_f64, nullptr, uk_a_f64, row_f64, kRowNP, kBRowsF64,
+  return {"ukernel_6x8_avx2", kMR, 8, uk_f64, kRowsF64, uk_far_f64, nullptr, uk_a_f64, kRowF64, kRowNP, kBRowsF64,
           kHalfF64};
 }
 double fma_probe_avx2(index_t iters, double* flops) { return probe(iters, flops); }

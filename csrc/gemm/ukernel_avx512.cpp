@@ -133,14 +133,8 @@ constexpr const char* kSaNamesF64[3] = {"ukernel_sa_8x8_avx512", "ukernel_sa_8x1
 // UKernel::row_panels: 4 panels, 8 accumulators: FMAs enough in flight to cover the FMA's latency on a core
 // that retires one 512-bit FMA a cycle or two, where the one-row tile keeps 2 (bench/log/2026-12-07-zen4.md).
 constexpr int kRowNP = 4;
-void row_f32(dnnkit::index_t k, const float* a, const float* b, dnnkit::index_t b_stride, float* c, float beta, int n,
-             const float* bias) {
-  ukernel_row_panels<Avx512F32, 2, kRowNP>(k, a, b, b_stride, c, beta, n, bias);
-}
-void row_f64(dnnkit::index_t k, const double* a, const double* b, dnnkit::index_t b_stride, double* c, double beta,
-             int n, const double* bias) {
-  ukernel_row_panels<Avx512F64, 2, kRowNP>(k, a, b, b_stride, c, beta, n, bias);
-}
+constexpr auto kRowF32 = ukernel_row_panels<Avx512F32, 2, kRowNP>;
+constexpr auto kRowF64 = ukernel_row_panels<Avx512F64, 2, kRowNP>;
 
 constexpr int kDotMI = 4;
 constexpr int kDotNJ = 4;
@@ -157,11 +151,11 @@ void dot_f64(int mi, dnnkit::index_t k, const double* x, dnnkit::index_t ldx, co
 
 namespace dnnkit {
 template <> UKernel<float> ukernel_avx512<float>() {
-  return {"ukernel_14x32_avx512", kMR, 32, uk_f32, kRowsF32.data(), uk_far_f32, uk_fara_f32, nullptr, row_f32,
+  return {"ukernel_14x32_avx512", kMR, 32, uk_f32, kRowsF32.data(), uk_far_f32, uk_fara_f32, nullptr, kRowF32,
           kRowNP, kBRowsF32.data(), kHalfF32.data()};
 }
 template <> UKernel<double> ukernel_avx512<double>() {
-  return {"ukernel_14x16_avx512", kMR, 16, uk_f64, kRowsF64.data(), uk_far_f64, uk_fara_f64, nullptr, row_f64,
+  return {"ukernel_14x16_avx512", kMR, 16, uk_f64, kRowsF64.data(), uk_far_f64, uk_fara_f64, nullptr, kRowF64,
           kRowNP, kBRowsF64.data(), kHalfF64.data()};
 }
 double fma_probe_avx512(index_t iters, double* flops) { return probe(iters, flops); }
